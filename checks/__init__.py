@@ -1,0 +1,20 @@
+"""Host-side checks of preflight, one module each; ``ORDER`` is the registry (and the matrix's column order)."""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import List
+
+# Stable check ids, in the order they run and appear as matrix columns.
+ORDER = [
+    "ssh",
+    "python",
+]
+
+
+def load(name: str) -> ModuleType:
+    return importlib.import_module("checks." + name)
+
+
+def all_checks() -> List[ModuleType]:
+    return [load(name) for name in ORDER]

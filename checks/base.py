@@ -1,0 +1,179 @@
+"""Vocabulary shared by every check: the status enum, findings, outcomes, and bounded host-side commands.
+
+This module runs on the hosts (shipped by the agent) and on the coordinator, so it uses only the
+standard library and stays compatible with Python 3.9.
+
+A check is one module in ``checks/`` with these attributes:
+
+    NAME: str            stable lowercase id ("libaio"), used in JSON, JUnit and ``preflight list``
+    DESCRIPTION: str     one line for ``preflight list``
+    SCOPE: str           "host"     collect(ctx) runs on every host; evaluate(facts, thresholds) -> Outcome
+                         "cluster"  coordinate(cluster) runs on the coordinator and drives host-side
+                                    functions of the module through the agent; evaluate(facts, thresholds)
+                                    -> {host name or "*": Outcome}
+    DEFAULT: bool        runs without ``--checks`` (False for checks that need an option, e.g. ds_config)
+
+``collect`` is the only code that touches a host. ``evaluate`` is pure: recorded facts in, outcome out.
+Thresholds are the merged config (``preflight/defaults.toml`` + ``--config``): ``thresholds[NAME][key]``.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+
+class Status(str, enum.Enum):
+    """PASS/WARN/FAIL are verdicts about the host; SKIP always carries a reason; ERROR means 'could not run'."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        # A definite FAIL outranks ERROR when one check has both: it is the more useful thing to show.
+        return {"skip": 0, "pass": 1, "warn": 2, "error": 3, "fail": 4}[self.value]
+
+
+@dataclass
+class Finding:
+    """One sub-result of a check (one GPU's ECC errors, one config key); the check's status is the worst."""
+
+    status: Status
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> Dict[str, str]:
+        return {"status": self.status.value, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class Outcome:
+    """What ``evaluate`` returns for one (host, check): the message states actual vs expected."""
+
+    status: Status
+    message: str
+    fix: str = ""
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    findings: List[Finding] = field(default_factory=list)
+
+
+def combine(findings: Sequence[Finding], ok_message: str, metrics: Optional[Dict[str, Any]] = None) -> Outcome:
+    """Fold findings into one outcome: worst status wins; the message lists every non-PASS finding.
+
+    With no findings at all the outcome is PASS with ``ok_message``.
+    """
+    metrics = dict(metrics or {})
+    findings = list(findings)
+    if not findings:
+        return Outcome(Status.PASS, ok_message, metrics=metrics)
+    worst = max((f.status for f in findings), key=lambda s: s.rank)
+    shown = [f for f in findings if f.status not in (Status.PASS,)] or findings
+    if worst == Status.SKIP or all(f.status == Status.SKIP for f in shown):
+        shown = [f for f in findings if f.status == Status.SKIP]
+    else:
+        shown = [f for f in shown if f.status != Status.SKIP] or shown
+    message = "; ".join(f.message for f in shown)
+    fixes: List[str] = []
+    for f in shown:
+        if f.fix and f.fix not in fixes:
+            fixes.append(f.fix)
+    if worst == Status.PASS:
+        message = ok_message if ok_message else message
+    metrics.setdefault("findings", [f.to_dict() for f in findings])
+    return Outcome(worst, message, "; ".join(fixes), metrics, findings)
+
+
+def skip(reason: str, **metrics: Any) -> Outcome:
+    return Outcome(Status.SKIP, reason, metrics=dict(metrics))
+
+
+def error(reason: str, fix: str = "", **metrics: Any) -> Outcome:
+    return Outcome(Status.ERROR, reason, fix, metrics=dict(metrics))
+
+
+# --- host side -------------------------------------------------------------------------------
+
+@dataclass
+class Cmd:
+    """Result of a bounded host-side command. rc 127: not installed; rc 124: timed out."""
+
+    rc: int
+    out: str
+    err: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]] = None,
+       input_text: Optional[str] = None, cwd: Optional[str] = None) -> Cmd:
+    """Run argv (never a shell string) with a deadline, C locale, stdout/stderr captured concurrently."""
+    full_env = dict(os.environ)
+    full_env.update({"LC_ALL": "C", "LANG": "C"})
+    if env:
+        full_env.update(env)
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd,
+                                start_new_session=True)
+    except FileNotFoundError:
+        return Cmd(127, "", "%s: command not found" % argv[0], 0.0)
+    except PermissionError as exc:
+        return Cmd(126, "", "%s: %s" % (argv[0], exc), 0.0)
+    try:
+        out, err = proc.communicate(input_text.encode() if input_text is not None else None, timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        rc = 124
+        err = err + ("\n%s: timed out after %.0fs" % (argv[0], timeout)).encode()
+    return Cmd(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - start)
+
+
+def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_text(path: str, default: Optional[str] = None) -> Optional[str]:
+    """Read a small /proc or /sys file; None (or default) when absent or unreadable."""
+    try:
+        with open(path, "r", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return default
+
+
+@dataclass
+class HostContext:
+    """What ``collect(ctx)`` receives on the host.
+
+    params: per-host options from the coordinator: {"host": name, "slots": N, "master": address,
+            "hosts": [addresses...], "nvme_paths": [...], "required_ops": [...], "gpus_expected": bool, ...}
+    deadline: time.monotonic() value by which collect must return (the agent enforces it too).
+    """
+
+    params: Dict[str, Any]
+    deadline: float
+    # Set by the agent for long-lived host-side functions (listeners, iperf3 servers, workers):
+    # ready(info) tells the coordinator the service is up (and e.g. which port it bound);
+    # wait_stop(max_s) blocks until the coordinator says stop, the deadline passes, or the SSH channel drops.
+    ready: Any = None
+    wait_stop: Any = None
+
+    def remaining(self, cap: float) -> float:
+        return max(0.5, min(cap, self.deadline - time.monotonic()))
