@@ -114,18 +114,56 @@ class Cmd:
         return self.rc == 0
 
 
-def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]] = None,
-       input_text: Optional[str] = None, cwd: Optional[str] = None) -> Cmd:
-    """Run argv (never a shell string) with a deadline, C locale, stdout/stderr captured concurrently."""
+# The agent's own code (a zip of this package) when running under the agent; None on the coordinator.
+AGENT_CODE: Optional[bytes] = None
+
+# Every child process a check starts, so the agent can kill them all on timeout, Ctrl-C or a dropped channel.
+LIVE: "set[subprocess.Popen[bytes]]" = set()
+
+
+def spawn(argv: Sequence[str], env: Optional[Dict[str, str]] = None, stdin: Any = subprocess.DEVNULL,
+          stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
+          cwd: Optional[str] = None) -> "subprocess.Popen[bytes]":
+    """Start a long-lived child (iperf3 server, worker) in its own process group, tracked for cleanup."""
     full_env = dict(os.environ)
     full_env.update({"LC_ALL": "C", "LANG": "C"})
     if env:
         full_env.update(env)
+    proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, env=full_env, cwd=cwd,
+                            start_new_session=True)
+    LIVE.add(proc)
+    return proc
+
+
+def stop(proc: "subprocess.Popen[bytes]", grace: float = 2.0) -> None:
+    """SIGTERM the child's process group, SIGKILL it after grace seconds, and forget it."""
+    import signal
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+    LIVE.discard(proc)
+
+
+def kill_all() -> None:
+    for proc in list(LIVE):
+        stop(proc, grace=0.5)
+
+
+def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]] = None,
+       input_text: Optional[str] = None, cwd: Optional[str] = None) -> Cmd:
+    """Run argv (never a shell string) with a deadline, C locale, stdout/stderr captured concurrently."""
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd,
-                                start_new_session=True)
+        proc = spawn(argv, env=env, cwd=cwd,
+                     stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL)
     except FileNotFoundError:
         return Cmd(127, "", "%s: command not found" % argv[0], 0.0)
     except PermissionError as exc:
@@ -134,19 +172,15 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
         out, err = proc.communicate(input_text.encode() if input_text is not None else None, timeout=timeout)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        stop(proc, grace=0)
         out, err = proc.communicate()
         rc = 124
         err = err + ("\n%s: timed out after %.0fs" % (argv[0], timeout)).encode()
+    finally:
+        if proc.poll() is None:  # an exception (agent deadline, SIGTERM) interrupted communicate()
+            stop(proc, grace=0)
+        LIVE.discard(proc)
     return Cmd(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - start)
-
-
-def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
-    import signal
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def read_text(path: str, default: Optional[str] = None) -> Optional[str]:

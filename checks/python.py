@@ -1,0 +1,71 @@
+"""The job's Python environment on each host: interpreter version and torch/DeepSpeed/NVML package versions.
+
+Collected by importing the packages in the interpreter given by ``--python``, e.g.:
+
+    {"python": "3.11.7", "executable": "/opt/venv/bin/python3", "torch": "2.13.0+cpu", "torch_cuda": null,
+     "nccl": null, "deepspeed": null, "nvidia_ml_py": null}
+"""
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any, Dict
+
+from checks.base import Finding, HostContext, Outcome, Status, combine
+
+NAME = "python"
+DESCRIPTION = "interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable"
+SCOPE = "host"
+DEFAULT = True
+
+
+def _version_of(dist: str) -> Any:
+    try:
+        from importlib import metadata
+        return metadata.version(dist)
+    except Exception:
+        return None
+
+
+def collect(ctx: HostContext) -> Dict[str, Any]:
+    facts: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable,
+                             "torch": None, "torch_cuda": None, "nccl": None, "torch_error": None,
+                             "deepspeed": _version_of("deepspeed"), "nvidia_ml_py": _version_of("nvidia-ml-py")}
+    try:
+        import torch
+        facts["torch"] = torch.__version__
+        facts["torch_cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            facts["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    except ImportError:
+        pass
+    except Exception as exc:  # a broken install (ABI mismatch, missing .so) is a finding, not a crash
+        facts["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+    return facts
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    limits = thresholds.get(NAME, {})
+    findings = []
+    minimum = limits.get("min_version", "3.9")
+    have = tuple(int(x) for x in facts["python"].split(".")[:2])
+    want = tuple(int(x) for x in minimum.split(".")[:2])
+    if have < want:
+        findings.append(Finding(Status.FAIL, "Python %s < %s required" % (facts["python"], minimum),
+                                "point --python at the job's interpreter (a venv with Python >= %s)" % minimum))
+    if facts.get("torch_error"):
+        findings.append(Finding(Status.FAIL, "torch is installed but fails to import: %s" % facts["torch_error"],
+                                "reinstall torch in this environment: pip install --force-reinstall torch"))
+    elif facts.get("torch") is None and limits.get("require_torch", True):
+        findings.append(Finding(Status.WARN, "torch is not importable by %s" % facts.get("executable"),
+                                "pass --python with the job's interpreter, or pip install torch"))
+    summary = "Python %s" % facts["python"] + "".join(
+        ", %s %s" % (label, facts[key]) for key, label in
+        (("torch", "torch"), ("torch_cuda", "CUDA"), ("nccl", "NCCL"), ("deepspeed", "DeepSpeed"),
+         ("nvidia_ml_py", "nvidia-ml-py")) if facts.get(key))
+    metrics = {k: facts.get(k) for k in ("python", "executable", "torch", "torch_cuda", "nccl", "deepspeed",
+                                         "nvidia_ml_py")}
+    out = combine(findings, summary, metrics)
+    if out.status != Status.PASS:
+        out.message = summary + ": " + out.message
+    return out

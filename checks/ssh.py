@@ -1,0 +1,36 @@
+"""Reachability of each host: SSH connection, authentication, remote hostname and round-trip latency.
+
+Facts come from the coordinator's connection attempt, not from the host, e.g.:
+
+    {"connected": true, "hostname": "node01", "address": "198.18.0.1", "connect_s": 0.21, "rtt_ms": 3.2}
+    {"connected": false, "error": "TCP connect to 198.18.0.9:22 timed out after 5s", "fix": "...", "status": "error"}
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from checks.base import Outcome, Status
+
+NAME = "ssh"
+DESCRIPTION = "host reachable over SSH: authenticated, hostname, connect time and round-trip latency"
+SCOPE = "connection"
+DEFAULT = True
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    limits = thresholds.get(NAME, {})
+    metrics = {k: facts[k] for k in ("hostname", "address", "connect_s", "rtt_ms", "local") if k in facts}
+    if not facts.get("connected"):
+        status = Status.FAIL if facts.get("status") == "fail" else Status.ERROR
+        return Outcome(status, facts.get("error", "could not connect"), facts.get("fix", ""), metrics)
+    if facts.get("local"):
+        return Outcome(Status.PASS, "local host, no SSH needed (hostname %s)" % facts.get("hostname"),
+                       metrics=metrics)
+    rtt = facts.get("rtt_ms")
+    message = "connected to %s as %s in %.2fs, command round trip %.1f ms" % (
+        facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0), rtt or 0.0)
+    if rtt is not None and rtt > limits.get("warn_rtt_ms", 500.0):
+        return Outcome(Status.WARN, message + " (above %.0f ms)" % limits["warn_rtt_ms"],
+                       "a slow control path slows every check and the launcher; check the network to this host",
+                       metrics)
+    return Outcome(Status.PASS, message, metrics=metrics)

@@ -1,0 +1,219 @@
+"""Command line: ``preflight run``, ``preflight list``, ``preflight --version``.
+
+Exit codes: 0 no FAIL/ERROR (warnings allowed); 1 any FAIL or ERROR (or WARN with --strict);
+2 usage or input error (nothing was run); 130 interrupted (after cleaning up on the hosts).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import checks as registry
+from preflight import __version__
+from preflight.config import ConfigError, load_thresholds
+from preflight.hostfile import HostfileError, apply_filters, load_hostfile, local_cluster, split_csv
+from preflight.transport import SSHOptions
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
+    parser.add_argument("--version", action="version", version=f"preflight {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list}")
+
+    sub.add_parser("list", help="list every check with one line of description")
+
+    run = sub.add_parser("run", help="run the checks on every host of the hostfile (default: this machine)")
+    g = run.add_argument_group("cluster")
+    g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile ('host slots=N'; node[01-04] ranges ok). "
+                   "Without it the cluster is this machine alone, run without SSH")
+    g.add_argument("-i", "--include", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
+    g.add_argument("-e", "--exclude", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
+    g.add_argument("--python", default="python3", metavar="PATH",
+                   help="interpreter on the hosts: the job's environment (default: python3)")
+    g = run.add_argument_group("checks")
+    g.add_argument("--checks", default="", metavar="A,B", help="run only these checks (see `preflight list`)")
+    g.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
+    g.add_argument("--config", metavar="FILE", help="thresholds TOML (see preflight/defaults.toml)")
+    g.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S",
+                   help="deadline of each check on a host (default 120)")
+    g.add_argument("--parallel", type=_positive_int, default=32, metavar="N",
+                   help="hosts worked on at once (default 32)")
+    g.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
+                   help="directory to measure with dd on every host (repeatable); the test file is removed")
+    g.add_argument("--master-port", type=_port, default=29500, metavar="PORT",
+                   help="torch.distributed master port to check (default 29500, DeepSpeed's default)")
+    g.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed config to validate against the cluster")
+    g.add_argument("--model-params", type=_positive_float, metavar="N",
+                   help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
+    g.add_argument("--largest-layer-params", type=_positive_float, metavar="N",
+                   help="parameters of the largest layer (ZeRO-3 estimate)")
+    g.add_argument("--min-busbw", type=_positive_float, metavar="GBPS",
+                   help="all-reduce bus bandwidth below this (GB/s) fails")
+    g = run.add_argument_group("ssh")
+    g.add_argument("--ssh-user", metavar="USER")
+    g.add_argument("--ssh-port", type=_port, metavar="PORT")
+    g.add_argument("--ssh-key", metavar="FILE", help="private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)")
+    g.add_argument("--ssh-config", default="~/.ssh/config", metavar="FILE")
+    g.add_argument("--known-hosts", default="~/.ssh/known_hosts", metavar="FILE")
+    g.add_argument("--accept-new-host-keys", action="store_true",
+                   help="record unknown host keys in --known-hosts (like StrictHostKeyChecking=accept-new); "
+                        "a changed key is always refused")
+    g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S",
+                   help="TCP connect + SSH handshake deadline per host (default 10)")
+    g = run.add_argument_group("output")
+    g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README)")
+    g.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML: one testcase per (host, check)")
+    g.add_argument("--env-file", metavar="FILE", help="write the recommended environment as .deepspeed_env lines")
+    g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
+    g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    return parser
+
+
+def select_checks(only: str, skip: str, deepspeed_config: Optional[str]) -> List[str]:
+    """Check ids to run, in registry order ('ssh' always runs: every other check needs the connection)."""
+    known = [n for n in registry.ORDER if n != "ssh"]
+    wanted = list(split_csv(only))
+    skipped = list(split_csv(skip))
+    for name in wanted + skipped:
+        if name not in registry.ORDER:
+            raise UsageError(f"unknown check {name!r}; known checks: {', '.join(registry.ORDER)}")
+    if wanted:
+        chosen = [n for n in known if n in wanted]
+    else:
+        chosen = [n for n in known if registry.load(n).DEFAULT or (n == "ds_config" and deepspeed_config)]
+    return [n for n in chosen if n not in skipped]
+
+
+def _check_output_path(option: str, path: Optional[str]) -> None:
+    if not path:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {path}: directory {parent} is not writable")
+    if Path(path).is_dir():
+        raise UsageError(f"{option} {path}: is a directory; give a file name")
+
+
+def build_options(args: argparse.Namespace):
+    from preflight.runner import RunOptions
+    for option in ("json", "junit_xml", "env_file"):
+        _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
+    thresholds = load_thresholds(args.config)
+    if args.hostfile:
+        hosts = apply_filters(load_hostfile(args.hostfile), args.include, args.exclude)
+        local = False
+    else:
+        if args.include or args.exclude:
+            raise UsageError("--include/--exclude need --hostfile")
+        hosts, local = local_cluster(), True
+    if args.deepspeed_config and not Path(args.deepspeed_config).is_file():
+        raise UsageError(f"--deepspeed-config {args.deepspeed_config}: no such file")
+    checks = select_checks(args.checks, args.skip, args.deepspeed_config)
+    extra: Dict[str, Any] = {
+        "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
+        "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
+        "min_busbw": args.min_busbw, "python": args.python,
+        "host_params": {"nvme_paths": list(args.nvme_path)},
+    }
+    ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
+                     known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
+                     connect_timeout=args.connect_timeout)
+    if args.ssh_key and not Path(args.ssh_key).expanduser().is_file():
+        raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
+    return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
+                      timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
+
+
+def cmd_list(out) -> int:
+    width = max(len(n) for n in registry.ORDER)
+    for name in registry.ORDER:
+        module = registry.load(name)
+        scope = {"host": "per host", "cluster": "cluster", "connection": "per host"}[module.SCOPE]
+        default = "" if module.DEFAULT else "  (opt-in)"
+        print(f"{name:<{width}}  [{scope}]  {module.DESCRIPTION}{default}", file=out)
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from preflight import report as rep
+    from preflight.runner import Runner
+
+    err = rep.stderr_console()
+    try:
+        options = build_options(args)
+    except (UsageError, HostfileError, ConfigError) as exc:
+        err.print(f"preflight: error: {exc}", soft_wrap=True)
+        return EXIT_USAGE
+    runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))
+    try:
+        result = runner.run()
+    except KeyboardInterrupt:
+        err.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
+        return EXIT_INTERRUPTED
+    console = Console(highlight=False)
+    rep.print_report(result, console, verbose=args.verbose, quiet=args.quiet)
+    for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file)):
+        if path:
+            try:
+                rep.write_file(path, text(result))
+            except OSError as exc:
+                err.print(f"preflight: error: cannot write {path}: {exc.strerror}")
+                return EXIT_USAGE
+    return result.exit_code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return cmd_list(sys.stdout)
+    if args.command == "run":
+        return cmd_run(args)
+    parser.print_help()
+    return EXIT_USAGE
+
+
+def entry() -> None:
+    sys.exit(main())

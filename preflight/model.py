@@ -1,0 +1,79 @@
+"""The run's structured results: every reporter (matrix, lines, JSON, JUnit, env file) reads only these."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from checks.base import Outcome, Status
+
+CLUSTER = "*"  # the host of a cluster-wide result
+
+
+@dataclass
+class Result:
+    host: str
+    check: str
+    status: Status
+    message: str
+    fix: str = ""
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @classmethod
+    def from_outcome(cls, host: str, check: str, outcome: Outcome, duration_s: float = 0.0) -> "Result":
+        return cls(host, check, outcome.status, outcome.message, outcome.fix, dict(outcome.metrics), duration_s)
+
+    @property
+    def nodeid(self) -> str:
+        return f"{self.host}::{self.check}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,
+                "fix": self.fix, "metrics": self.metrics, "duration_s": round(self.duration_s, 3)}
+
+
+@dataclass
+class HostRecord:
+    name: str
+    address: str
+    slots: int
+    reachable: bool = False
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "address": self.address, "slots": self.slots, "reachable": self.reachable}
+
+
+@dataclass
+class Report:
+    started_at: str
+    duration_s: float
+    hosts: List[HostRecord]
+    results: List[Result]
+    checks: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    reasons: Dict[str, str] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    strict: bool = False
+
+    def counts(self) -> Dict[str, int]:
+        counts = {s.value: 0 for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)}
+        for r in self.results:
+            counts[r.status.value] += 1
+        return counts
+
+    @property
+    def exit_code(self) -> int:
+        """0: no FAIL/ERROR (warnings allowed); 1: any FAIL or ERROR, or any WARN with --strict."""
+        c = self.counts()
+        if c["fail"] or c["error"] or (self.strict and c["warn"]):
+            return 1
+        return 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        summary: Dict[str, Any] = dict(self.counts())
+        summary["exit_code"] = self.exit_code
+        return {"version": 1, "started_at": self.started_at, "duration_s": round(self.duration_s, 3),
+                "hosts": [h.to_dict() for h in self.hosts],
+                "results": [r.to_dict() for r in self.results],
+                "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes)},
+                "summary": summary}

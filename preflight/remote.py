@@ -1,0 +1,123 @@
+"""Ship the host-side checks to a host and talk to the agent there, over any Transport.
+
+The checks package travels as an in-memory zip on the agent's stdin (see checks/agent.py), so a run writes
+no file on the hosts. Sample of what the agent prints and this module parses:
+
+    @@PREFLIGHT-READY {"port": 40213}
+    @@PREFLIGHT-RESULT {"ok": true, "value": {...}, "host": {"hostname": "node01", "python": "3.11.7"}}
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+from checks.agent import BOOTSTRAP, READY, RESULT
+from preflight.transport import CommandResult, RunningCommand, Transport
+
+CHECKS_DIR = Path(__file__).resolve().parent.parent / "checks"
+
+
+class AgentError(Exception):
+    """The agent could not run or answer; ``detail`` holds stderr for the report."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+
+@lru_cache(maxsize=1)
+def agent_code() -> bytes:
+    """The checks package as a zip: every .py file, no bytecode (the hosts' Python may differ)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(CHECKS_DIR.glob("*.py")):
+            zf.writestr(f"checks/{path.name}", path.read_bytes())
+    return buf.getvalue()
+
+
+def _stdin_for(request: Dict[str, Any]) -> bytes:
+    code = agent_code()
+    return b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n"
+
+
+def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith(RESULT + " "):
+            payload = json.loads(line[len(RESULT) + 1:])
+            if not payload.get("ok"):
+                raise AgentError(f"{what} failed on the host: {payload.get('error')}",
+                                 payload.get("traceback", ""))
+            return payload
+    tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
+    if res.timed_out:
+        raise AgentError(f"{what} timed out after {res.duration:.0f}s", res.stderr[-2000:])
+    if res.rc == 127 or "not found" in tail:
+        raise AgentError(f"{what}: the Python interpreter was not found on the host ({tail})", res.stderr)
+    raise AgentError(f"{what} exited with rc={res.rc} without a result: {tail or 'no output'}", res.stderr[-2000:])
+
+
+class Agent:
+    """The agent on one host: ``collect`` runs host checks; ``call``/``start`` run a host-side function."""
+
+    def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight"):
+        self.transport = transport
+        self.python = python
+        # The token appears in every agent's argv, so a last-resort cleanup can find them with pkill -f.
+        self.token = token
+        self.hostinfo: Dict[str, Any] = {}
+
+    def _argv(self) -> Sequence[str]:
+        return [self.python, "-c", BOOTSTRAP, self.token]
+
+    def _start(self, request: Dict[str, Any]) -> RunningCommand:
+        return self.transport.start(self._argv(), _stdin_for(request), keep_stdin_open=True)
+
+    def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
+        # The agent runs checks one after another, each under its own deadline; allow start-up on top.
+        budget = per_check * max(1, len(checks)) + 30
+        res = self._start({"op": "collect", "checks": list(checks), "params": params,
+                           "timeout": per_check}).wait(budget)
+        payload = _parse_result(res, "host checks")
+        self.hostinfo = payload.get("host", {})
+        return payload["value"]
+
+    def call(self, func: str, params: Dict[str, Any], timeout: float) -> Any:
+        res = self._start({"op": "call", "func": func, "params": params, "timeout": timeout}).wait(timeout + 15)
+        return _parse_result(res, func)["value"]
+
+    def start(self, func: str, params: Dict[str, Any], timeout: float) -> "Service":
+        return Service(self._start({"op": "call", "func": func, "params": params, "timeout": timeout}),
+                       func, timeout)
+
+
+class Service:
+    """A long-lived host-side function (listener, iperf3 server, worker) started through the agent."""
+
+    def __init__(self, cmd: RunningCommand, func: str, timeout: float):
+        self.cmd = cmd
+        self.func = func
+        self.timeout = timeout
+
+    def wait_ready(self, timeout: float) -> Dict[str, Any]:
+        line = self.cmd.wait_for_output(READY.encode(), timeout)
+        if line is None:
+            if self.cmd.done:
+                _parse_result(self.cmd.wait(1), self.func)  # raises with the agent's own error
+            raise AgentError(f"{self.func} did not become ready within {timeout:.0f}s")
+        return json.loads(line[len(READY) + 1:])
+
+    def stop(self, timeout: float = 15.0) -> Any:
+        """Tell the service to stop (close its stdin) and return its result."""
+        self.cmd.close_stdin()
+        return self.result(timeout)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        res = self.cmd.wait(self.timeout + 15 if timeout is None else timeout)
+        return _parse_result(res, self.func)["value"]
+
+    def kill(self) -> None:
+        self.cmd.kill()

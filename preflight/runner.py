@@ -1,0 +1,317 @@
+"""Orchestrate a run: connect to every host, run host checks through the agent, then cluster checks.
+
+The coordinator always reports the full matrix: a host that cannot be reached, a check that crashes or a
+host that hangs becomes ERROR cells for that host, and every wait is bounded by the configured timeouts.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import checks as registry
+from checks.base import Outcome, Status
+from preflight.hostfile import HostSpec
+from preflight.model import CLUSTER, HostRecord, Report, Result
+from preflight.remote import Agent, AgentError, Service
+from preflight.transport import LocalTransport, SSHOptions, SSHTransport, Transport, TransportError
+
+
+@dataclass
+class RunOptions:
+    hosts: List[HostSpec]
+    checks: List[str]
+    thresholds: Dict[str, Dict[str, Any]]
+    local: bool = False
+    python: str = "python3"
+    ssh: SSHOptions = field(default_factory=SSHOptions)
+    timeout: float = 120.0          # per check on a host
+    parallel: int = 32
+    strict: bool = False
+    # Options that checks read (nvme_paths, master_port, deepspeed_config, model_params, ...).
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+class Progress:
+    """What the runner tells the user while it works; the terminal reporter draws it."""
+
+    def phase(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, name: str, detail: str = "") -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
+def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
+    """Run fn over items with at most ``limit`` at once; an item not done by the deadline yields TimeoutError.
+
+    Daemon threads, not an executor: a thread stuck in a C call (DNS, a dead socket) must not block exit.
+    """
+    results: List[Any] = [TimeoutError(f"no answer within {timeout:.0f}s")] * len(items)
+    gate = threading.Semaphore(max(1, limit))
+    threads = []
+
+    def work(i: int, item: Any) -> None:
+        with gate:
+            try:
+                results[i] = fn(item)
+            except BaseException as exc:  # noqa: BLE001 - every failure becomes that item's result
+                results[i] = exc
+
+    for i, item in enumerate(items):
+        t = threading.Thread(target=work, args=(i, item), daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return list(results)
+
+
+@dataclass
+class Node:
+    """A host during the run: its spec, its transport, its agent, and what it told us."""
+
+    spec: HostSpec
+    transport: Transport
+    agent: Agent
+    ssh_facts: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def reachable(self) -> bool:
+        return bool(self.ssh_facts.get("connected"))
+
+
+class Cluster:
+    """What a cluster check's ``coordinate(cluster)`` sees: hosts, facts, options, and the agents."""
+
+    def __init__(self, nodes: List[Node], options: RunOptions, facts: Dict[str, Dict[str, Any]],
+                 progress: Progress):
+        self._nodes = {n.name: n for n in nodes}
+        self.all_hosts = [n.spec for n in nodes]
+        self.hosts = [n.spec for n in nodes if n.reachable]
+        self.master = self.all_hosts[0]
+        self.world_size = sum(h.slots for h in self.all_hosts)
+        self.facts = facts
+        self.options = options.extra
+        self.thresholds = options.thresholds
+        self.parallel = options.parallel
+        self.local = options.local
+        self.progress = progress
+
+    def address(self, host: str) -> str:
+        """The address the coordinator reached the host at (after ~/.ssh/config's HostName)."""
+        return self._nodes[host].transport.address
+
+    def call(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any:
+        return self._nodes[host].agent.call(func, params, timeout)
+
+    def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]:
+        """Call func on several hosts at once; each value is the result or the exception."""
+        names = list(params_by_host)
+        out = parallel_map(lambda h: self.call(h, func, params_by_host[h], timeout), names,
+                           self.parallel, timeout + 30)
+        return dict(zip(names, out))
+
+    def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:
+        return self._nodes[host].agent.start(func, params, timeout)
+
+
+def _select_modules(names: Sequence[str]) -> List[ModuleType]:
+    return [registry.load(n) for n in names]
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def _safe_evaluate(module: ModuleType, facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Any:
+    try:
+        return module.evaluate(facts, thresholds)
+    except Exception as exc:  # a bug in evaluate must cost one cell, not the run
+        return Outcome(Status.ERROR, f"preflight internal error while evaluating: {type(exc).__name__}: {exc}",
+                       "please report this with the JSON report attached")
+
+
+class Runner:
+    def __init__(self, options: RunOptions, progress: Optional[Progress] = None):
+        self.o = options
+        self.progress = progress or Progress()
+        self.token = f"preflight-{uuid.uuid4().hex[:12]}"
+        self.results: List[Result] = []
+        self.facts: Dict[str, Dict[str, Any]] = {}
+        self.nodes: List[Node] = []
+
+    # ------------------------------------------------------------------------------------------ phases
+    def _make_node(self, spec: HostSpec) -> Node:
+        transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
+        return Node(spec, transport, Agent(transport, self.o.python, self.token))
+
+    def _connect(self, node: Node) -> None:
+        if self.o.local:
+            node.ssh_facts = {"connected": True, "local": True, "hostname": socket.gethostname(),
+                              "address": "127.0.0.1"}
+            return
+        transport = node.transport
+        assert isinstance(transport, SSHTransport)
+        try:
+            transport.connect()
+        except TransportError as exc:
+            node.ssh_facts = {"connected": False, "error": str(exc), "fix": exc.fix, "status": exc.status,
+                              "address": transport.address}
+            return
+        probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
+        node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
+                          "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
+                          "rtt_ms": round(probe.duration * 1000, 1), "user": transport.user}
+        if probe.rc != 0:
+            node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
+                                        f"{probe.stderr.strip()[:200]}",
+                                  fix="check the user's login shell and ForceCommand on the host",
+                                  status="error")
+
+    def _connect_all(self) -> None:
+        self.progress.phase("connecting", len(self.nodes))
+
+        def one(node: Node) -> None:
+            self._connect(node)
+            self.progress.advance(node.name, "ok" if node.reachable else "unreachable")
+
+        timeout = self.o.ssh.connect_timeout * 2 + 10
+        for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
+            if isinstance(res, BaseException):
+                node.ssh_facts = {"connected": False, "status": "error",
+                                  "error": f"connecting did not finish: {res}", "fix": "check the host"}
+
+    def _host_params(self, node: Node) -> Dict[str, Any]:
+        master = self.nodes[0]
+        params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
+                  "master": master.transport.address, "master_name": master.name,
+                  "hosts": [n.transport.address for n in self.nodes]}
+        params.update(self.o.extra.get("host_params", {}))
+        return params
+
+    def _host_checks(self, modules: List[ModuleType]) -> None:
+        names = [m.NAME for m in modules]
+        reachable = [n for n in self.nodes if n.reachable]
+        self.progress.phase("host checks", len(reachable))
+
+        def one(node: Node) -> Dict[str, Any]:
+            try:
+                return node.agent.collect(names, self._host_params(node), self.o.timeout)
+            finally:
+                self.progress.advance(node.name)
+
+        budget = self.o.timeout * max(1, len(names)) + 60
+        outputs = parallel_map(one, reachable, self.o.parallel, budget)
+        by_host = dict(zip((n.name for n in reachable), outputs))
+        for node in self.nodes:
+            self.facts[node.name] = {"ssh": node.ssh_facts}
+            out = by_host.get(node.name)
+            for module in modules:
+                if not node.reachable:
+                    self._add(node.name, module.NAME, Outcome(Status.ERROR, "not run: the host is unreachable "
+                                                              "(see its ssh result)"))
+                elif isinstance(out, BaseException):
+                    detail = out.detail if isinstance(out, AgentError) else ""
+                    self._add(node.name, module.NAME, Outcome(
+                        Status.ERROR, f"not run: {out}", _agent_fix(str(out) + detail, self.o.python)))
+                elif "error" in out.get(module.NAME, {"error": "no result"}):
+                    entry = out.get(module.NAME, {"error": "no result from the agent"})
+                    self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",
+                                                              "see --verbose for the host-side traceback",
+                                                              {"traceback": entry.get("traceback", "")}),
+                              entry.get("duration_s", 0.0))
+                else:
+                    entry = out[module.NAME]
+                    self.facts[node.name][module.NAME] = entry["facts"]
+                    self._add(node.name, module.NAME,
+                              _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+
+    def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
+        cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
+        for module in modules:
+            start = time.monotonic()
+            self.progress.phase(module.NAME, 1)
+            if not cluster.hosts:
+                self._add(CLUSTER, module.NAME, Outcome(Status.ERROR, "not run: no host is reachable"))
+                continue
+            try:
+                facts = module.coordinate(cluster)
+                self.facts.setdefault(CLUSTER, {})[module.NAME] = facts
+                outcomes = _safe_evaluate(module, facts, self.o.thresholds)
+                if isinstance(outcomes, Outcome):
+                    outcomes = {CLUSTER: outcomes}
+            except Exception as exc:  # a coordination failure is this check's ERROR, never the run's crash
+                outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
+                                             "rerun with -v for details")}
+            elapsed = time.monotonic() - start
+            for host, outcome in outcomes.items():
+                self._add(host, module.NAME, outcome, elapsed)
+            self.progress.advance(module.NAME)
+        return cluster
+
+    def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
+        self.results.append(Result.from_outcome(host, check, outcome, duration))
+
+    def _cleanup(self) -> None:
+        """Stop everything of this run on every host, then close the connections."""
+        def one(node: Node) -> None:
+            if node.reachable:
+                try:
+                    node.agent.call("agent.reap", {"token": self.token}, timeout=10)
+                except Exception:
+                    pass  # best effort: agents also stop themselves when their channel closes
+            node.transport.close()
+
+        parallel_map(one, self.nodes, self.o.parallel, 30)
+
+    # ------------------------------------------------------------------------------------------ entry
+    def run(self) -> Report:
+        started = _now_iso()
+        t0 = time.monotonic()
+        self.nodes = [self._make_node(spec) for spec in self.o.hosts]
+        modules = _select_modules(self.o.checks)
+        try:
+            self._connect_all()
+            for node in self.nodes:
+                self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
+                                                           self.o.thresholds))
+            self._host_checks([m for m in modules if m.SCOPE == "host"])
+            cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
+            from preflight.recommend import recommend
+            env, reasons, notes = recommend(cluster, self.results)
+        finally:
+            self.progress.note("cleaning up on the hosts")
+            self._cleanup()
+            self.progress.done()
+        hosts = [HostRecord(n.name, n.transport.address, n.spec.slots, n.reachable) for n in self.nodes]
+        order = {name: i for i, name in enumerate(["ssh"] + list(self.o.checks))}
+        host_order = {n.name: i for i, n in enumerate(self.nodes)}
+        host_order[CLUSTER] = len(self.nodes)
+        self.results.sort(key=lambda r: (host_order.get(r.host, len(self.nodes)), order.get(r.check, 99)))
+        return Report(started, time.monotonic() - t0, hosts, self.results, ["ssh"] + list(self.o.checks),
+                      env, reasons, notes, self.o.strict)
+
+
+def _agent_fix(text: str, python: str) -> str:
+    if "not found" in text:
+        return f"install Python >= 3.9 on the host or pass --python with its path (tried {python!r})"
+    if "timed out" in text:
+        return "the host is slow or hung; raise --timeout, or look at the host (load, D-state processes)"
+    return "rerun with -v to see the host-side error"
