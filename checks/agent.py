@@ -62,8 +62,11 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         fn = module.__spec__.origin.split(":", 1)[1]
         exec(compile(z.read(fn), fn, "exec"), module.__dict__)
 sys.meta_path.insert(0, Finder())
-import checks.agent
-sys.exit(checks.agent.main(sys.argv[1:], code))
+import checks.agent, os
+rc = checks.agent.main(sys.argv[1:], code)
+sys.stdout.flush()
+# Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
+os._exit(rc)
 """
 
 _stop = threading.Event()

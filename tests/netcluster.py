@@ -1,0 +1,773 @@
+"""Throwaway multi-host cluster (network namespaces + real OpenSSH servers) for end-to-end tests."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import pwd
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence, Union
+
+__all__ = ["NetCluster", "NetClusterError", "Host"]
+
+SSH_PORT = 22
+ROOT_OCTET = 254  # the coordinator's (root namespace's) address on every network
+MAX_NETWORKS = 16  # keeps veth names within IFNAMSIZ (15 chars)
+MAX_NAMESPACES = 253  # host octets .1 .. .253 on each /24
+
+# Hosts mount a private tmpfs on /tmp, which would hide cluster state kept under
+# /tmp from their sshd.  /run is a root-only tmpfs that, like namespaces, is
+# emptied at boot, so state can never outlive the kernel objects it describes.
+STATE_ROOT = Path("/run")
+NETNS_DIR = Path("/run/netns")  # where `ip netns` pins named namespaces
+SYS_NET = Path("/sys/class/net")
+
+_PREFIX = "pf"
+_ID_HEX = 6
+# Every kernel object is named pf<id><kind><index>, kind h=namespace b=bridge v=veth.
+_OBJECT_RE = re.compile(rf"^{_PREFIX}([0-9a-f]{{{_ID_HEX}}})[hbv]\d")
+# The state dir name carries its owner (pid and start time, against pid reuse),
+# so ownership is claimed atomically by mkdir, before any kernel object exists.
+_STATE_RE = re.compile(rf"^pfnc-([0-9a-f]{{{_ID_HEX}}})-(\d+)-(\d+)$")
+_HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
+
+SetupCommand = Union[str, Sequence[str]]
+Ports = Union[int, str, Iterable[Union[int, str]]]
+
+_SILENT_LISTENER = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])), backlog=256)
+held = []  # accepted sockets stay open: clients must see a live but mute peer
+while True:
+    held.append(server.accept()[0])
+"""
+
+_BLACKHOLE_RULES = """
+table inet pf_blackhole {
+    chain input {
+        type filter hook input priority 0; policy drop;
+    }
+}
+"""
+
+_FIREWALL_TABLE = "pf_firewall"
+
+
+class NetClusterError(RuntimeError):
+    """Building, driving or tearing down a NetCluster failed."""
+
+
+@dataclass
+class Host:
+    """One namespace-backed machine of the cluster."""
+
+    name: str
+    ns: str
+    addresses: list[str]  # index k = address on network k
+    pid: int = 0  # sshd (or silent listener) pid; 0 for a blackhole
+    host_key_line: str = ""  # "ssh-ed25519 AAAA..." (empty for fault hosts)
+    veths: list[str] = field(default_factory=list, repr=False)  # root-side peer per network
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def known_hosts_line(self) -> str:
+        return f"{','.join([self.name, *self.addresses])} {self.host_key_line}"
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _search_path() -> str:
+    # Non-login root shells often lack the sbin dirs that ip/sshd live in.
+    return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
+
+
+@functools.lru_cache(maxsize=None)
+def _which(tool: str) -> str | None:
+    return shutil.which(tool, path=_search_path())
+
+
+def _argv(argv: Sequence[str]) -> list[str]:
+    tool = argv[0]
+    return [_which(tool) or tool, *argv[1:]]
+
+
+def _run(argv: Sequence[str], *, input: str | None = None, timeout: float = 30,
+         check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(_argv(argv), input=input, capture_output=True, text=True,
+                          timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+    if check and proc.returncode:
+        raise NetClusterError(f"{shlex.join(argv)} failed ({proc.returncode}): "
+                              f"{proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _run_all(jobs: Sequence[tuple[Sequence[str], str]], timeout: float = 30) -> None:
+    """Run (argv, stdin) jobs concurrently; namespace setup is fork-bound, not CPU-bound."""
+    procs = [(argv, subprocess.Popen(_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
+             for argv, _ in jobs]
+    failures = []
+    for (argv, proc), (_, stdin) in zip(procs, jobs):
+        _, err = proc.communicate(stdin, timeout=timeout)
+        if proc.returncode:
+            failures.append(f"{shlex.join(argv)}: {err.strip()}")
+    if failures:
+        raise NetClusterError("; ".join(failures))
+
+
+def _ip_batch(commands: Sequence[str], netns: str | None = None, force: bool = False) -> None:
+    if not commands:
+        return
+    argv = ["ip", *(["-n", netns] if netns else []), *(["-force"] if force else []), "-batch", "-"]
+    _run(argv, input="\n".join(commands) + "\n", check=not force)
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ns_identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:  # gone, or a zombie (which no longer holds namespaces)
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _processes_in(namespaces: Iterable[str]) -> dict[int, int]:
+    """{pid: ppid} of live processes inside the named netns; `ip netns pids` in one /proc pass."""
+    wanted = {ident for ns in namespaces if (ident := _ns_identity(NETNS_DIR / ns))}
+    found = {}
+    for entry in os.listdir("/proc") if wanted else ():
+        if entry.isdigit() and int(entry) != os.getpid() \
+                and _ns_identity(f"/proc/{entry}/ns/net") in wanted:
+            found[int(entry)] = _ppid(int(entry))
+    return found
+
+
+def _kill_processes_in(namespaces: Sequence[str], timeout: float = 10.0) -> None:
+    # Leaves go first so that every parent still alive reaps its children;
+    # orphans would be reparented to pid 1, which in containers may never reap.
+    deadline = time.monotonic() + timeout
+    while procs := _processes_in(namespaces):
+        if time.monotonic() > deadline:
+            raise NetClusterError(f"processes survive SIGKILL in {list(namespaces)}: {sorted(procs)}")
+        parents = set(procs.values())
+        for pid in [p for p in procs if p not in parents] or list(procs):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+
+
+def _remove_objects(links: Iterable[str], namespaces: Iterable[str]) -> None:
+    # Root-side veths are deleted explicitly: deleting a netns tears its veths
+    # down asynchronously, and a caller checking right after close() would race.
+    _ip_batch([f"link del {link}" for link in links] + [f"netns del {ns}" for ns in namespaces],
+              force=True)
+
+
+# ------------------------------------------------------------ stale leftovers
+
+
+def _existing_objects() -> tuple[list[str], list[str]]:
+    """(root-namespace links, named namespaces) that follow our naming scheme."""
+    def ours(names: Iterable[str]) -> list[str]:
+        return sorted(n for n in names if _OBJECT_RE.match(n))
+    netns = os.listdir(NETNS_DIR) if NETNS_DIR.is_dir() else []
+    return ours(os.listdir(SYS_NET)), ours(netns)
+
+
+def _state_dirs() -> dict[Path, tuple[str, bool]]:
+    """{state dir: (cluster id, owner alive)}."""
+    dirs = {}
+    for path in STATE_ROOT.glob("pfnc-*"):
+        if m := _STATE_RE.match(path.name):
+            dirs[path] = (m[1], _start_time(int(m[2])) == int(m[3]))
+    return dirs
+
+
+def _sweep_stale() -> None:
+    """Remove what crashed runs left behind, sparing clusters of live processes."""
+    dirs = _state_dirs()
+    live = {cid for cid, alive in dirs.values() if alive}
+
+    def stale(names: list[str]) -> list[str]:
+        return [n for n in names if _OBJECT_RE.match(n)[1] not in live]
+    links, namespaces = map(stale, _existing_objects())
+    _kill_processes_in(namespaces)
+    _remove_objects(links, namespaces)
+    for path, (_, alive) in dirs.items():
+        if not alive:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _reserve_state_dir() -> tuple[str, Path]:
+    links, namespaces = _existing_objects()
+    taken = {_OBJECT_RE.match(n)[1] for n in links + namespaces} | {c for c, _ in _state_dirs().values()}
+    owner = f"{os.getpid()}-{_start_time(os.getpid())}"
+    while (cid := secrets.token_hex(_ID_HEX // 2)) in taken:
+        pass
+    path = STATE_ROOT / f"pfnc-{cid}-{owner}"
+    path.mkdir(mode=0o700)
+    return cid, path
+
+
+# ----------------------------------------------------------------- files
+
+
+def _keypair(comment: str = "") -> tuple[str, str]:
+    """(OpenSSH private key, public key line); in-process, far faster than ssh-keygen."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
+    public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH)
+    return private.decode(), f"{public.decode()} {comment}".strip()
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Truncate in place (same inode) so bind mounts of the file see updates.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+    return path
+
+
+def _setup_line(command: SetupCommand) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def _nft_port_set(ports: Ports) -> str:
+    items = [ports] if isinstance(ports, (int, str)) else list(ports)
+    specs = [s.strip() for item in items for s in str(item).split(",")]
+    bad = [s for s in specs if not _PORTS_RE.match(s)]
+    if bad or not specs:
+        raise ValueError(f"not a port or port range: {bad or ports!r}")
+    return "{ " + ", ".join(specs) + " }"
+
+
+def _address(network: int, octet: int) -> str:
+    return f"198.18.{network}.{octet}"
+
+
+# ------------------------------------------------------------ availability
+
+
+@functools.lru_cache(maxsize=None)
+def _unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return f"NetCluster needs root (running as uid {os.geteuid()})"
+    for tool in ("ip", "unshare", "nsenter", "sshd"):
+        if not _which(tool):
+            return f"NetCluster needs `{tool}`, which is not installed (searched {_search_path()})"
+    try:
+        import cryptography.hazmat.primitives.asymmetric.ed25519  # noqa: F401
+    except ImportError:
+        return "NetCluster needs the Python package `cryptography` to generate ed25519 keys"
+    probe = subprocess.run(_argv(["unshare", "--net", "--mount", "--uts", "true"]),
+                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    if probe.returncode:
+        return f"creating namespaces is not permitted here: {probe.stderr.strip()}"
+    return None
+
+
+# ----------------------------------------------------------------- cluster
+
+_LIVE: set[NetCluster] = set()
+
+
+@atexit.register
+def _close_live_clusters() -> None:
+    for cluster in list(_LIVE):
+        try:
+            cluster.close()
+        except Exception as exc:  # keep closing the others; atexit cannot fail usefully
+            print(f"netcluster: {exc}", file=sys.stderr)
+
+
+class NetCluster:
+    """N hosts, each a netns with its own hostname, mounts and sshd, on bridged networks.
+
+    Network k is 198.18.k.0/24: host i is .(i+1), the root namespace (the test
+    process, acting as coordinator) is .254.  Use as a context manager.
+    """
+
+    def __init__(self, n: int = 3, networks: int = 1, names: Sequence[str] | None = None,
+                 setup: Mapping[str, Sequence[SetupCommand]] | None = None,
+                 ready_timeout: float = 20.0):
+        names = list(names) if names is not None else [f"node{i + 1:02d}" for i in range(n)]
+        setup = dict(setup or {})
+        self._validate(n, networks, names, setup)
+        self.networks = networks
+        self.hosts: list[Host] = []
+        self.fault_hosts: list[Host] = []
+        self._procs: list[subprocess.Popen] = []
+        self._closed = False
+        _sweep_stale()
+        self.id, self.dir = _reserve_state_dir()
+        _LIVE.add(self)
+        try:
+            started = time.monotonic()
+            self._build(names, setup, ready_timeout)
+            self.build_seconds = time.monotonic() - started
+        except BaseException:
+            try:
+                self.close()
+            except NetClusterError:
+                pass  # the build error is the one worth reporting
+            raise
+
+    # -- public paths ------------------------------------------------------
+
+    @property
+    def user_key(self) -> Path:
+        return self.dir / "user_key"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.dir / "authorized_keys"
+
+    def empty_known_hosts(self, path: str | Path | None = None) -> Path:
+        """An empty known_hosts file, for tests of the unknown-host-key path."""
+        return _write(Path(path) if path else self.dir / "known_hosts.empty", "")
+
+    def hostfile(self, path: str | Path | None = None, names: Sequence[str] | None = None,
+                 slots: int = 1) -> Path:
+        """Write a DeepSpeed hostfile (`name slots=N` per line) and return its path."""
+        names = [h.name for h in self.hosts] if names is None else list(names)
+        return _write(Path(path) if path else self.dir / "hostfile",
+                      "".join(f"{name} slots={slots}\n" for name in names))
+
+    # -- running things on hosts ---------------------------------------------
+
+    def host(self, host: Host | str) -> Host:
+        if isinstance(host, Host):
+            return host
+        for candidate in self.hosts + self.fault_hosts:
+            if candidate.name == host:
+                return candidate
+        raise KeyError(f"no host named {host!r} in cluster {self.id}")
+
+    def nsenter_argv(self, host: Host | str) -> list[str]:
+        """argv prefix entering the host's net, mount and uts namespaces (those of its sshd)."""
+        h = self.host(host)
+        if not h.host_key_line:
+            raise NetClusterError(f"{h.name} is a fault host and runs no sshd to enter")
+        return ["nsenter", "-t", str(h.pid), "-n", "-m", "-u", "--"]
+
+    def exec(self, host: Host | str, argv: Sequence[str] | str, timeout: float = 30,
+             check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run argv (a str runs via `sh -c`) inside the host; returns text CompletedProcess."""
+        return subprocess.run(_argv(self.nsenter_argv(host) + self._command(argv)),
+                              input=input, capture_output=True, text=True, timeout=timeout,
+                              check=check, stdin=None if input is not None else subprocess.DEVNULL)
+
+    def popen(self, host: Host | str, argv: Sequence[str] | str, **kwargs) -> subprocess.Popen:
+        """Start argv inside the host in the background; killed and reaped by close()."""
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(_argv(self.nsenter_argv(host) + self._command(argv)), **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    @staticmethod
+    def _command(argv: Sequence[str] | str) -> list[str]:
+        return ["sh", "-c", argv] if isinstance(argv, str) else list(argv)
+
+    # -- network conditions --------------------------------------------------
+
+    def shape(self, host: Host | str, mbit: float, network: int = 0) -> None:
+        """Limit both directions of the host's link on `network` to `mbit` Mbit/s."""
+        qdisc = self._tbf(mbit)
+        for argv in self._link_tc(host, network):
+            _run([*argv, "replace", *qdisc])
+
+    def unshape(self, host: Host | str, network: int = 0) -> None:
+        for argv in self._link_tc(host, network):
+            _run([*argv, "del"], check=False)  # nothing to delete is fine
+
+    def _link_tc(self, host: Host | str, network: int) -> list[list[str]]:
+        """tc argv prefixes (up to `qdisc`) for each end of the host's veth on `network`."""
+        h = self.host(host)
+        return [["tc", "qdisc"], ["tc", "-n", h.ns, "qdisc"]], \
+            [h.veths[network], f"eth{network}"] if False else [
+                ["tc", "qdisc", "dev", h.veths[network], "root"],  # toward the host
+                ["tc", "-n", h.ns, "qdisc", "dev", f"eth{network}", "root"],  # from the host
+            ]
+
+    @staticmethod
+    def _tbf(mbit: float) -> list[str]:
+        rate_bytes = mbit * 1e6 / 8
+        # A bucket below one 64 KiB GSO super-packet makes tbf split every
+        # packet; a much larger one lets short tests overshoot the rate.
+        burst = int(max(rate_bytes * 0.005, 64 * 1024 + 1514))
+        return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms"]
+
+    def firewall(self, host: Host | str, drop_tcp_dports: Ports = "1024-65535") -> None:
+        """Drop new inbound TCP to the given ports; port 22 and established flows pass."""
+        rules = f"""
+table inet {_FIREWALL_TABLE}
+delete table inet {_FIREWALL_TABLE}
+table inet {_FIREWALL_TABLE} {{
+    chain input {{
+        type filter hook input priority 0; policy accept;
+        ct state established,related accept
+        tcp dport {SSH_PORT} accept
+        tcp dport {_nft_port_set(drop_tcp_dports)} drop
+    }}
+}}
+"""
+        self._nft(self.host(host), rules)
+
+    def unfirewall(self, host: Host | str) -> None:
+        # Declaring the table first makes the delete succeed even when absent.
+        self._nft(self.host(host), f"table inet {_FIREWALL_TABLE}\ndelete table inet {_FIREWALL_TABLE}\n")
+
+    @staticmethod
+    def _nft(h: Host, rules: str) -> None:
+        _run(["ip", "netns", "exec", h.ns, "nft", "-f", "-"], input=rules)
+
+    # -- fault hosts ---------------------------------------------------------
+
+    def add_blackhole(self, name: str) -> str:
+        """A network-0 address whose namespace drops every inbound packet: connects time out."""
+        h = self._add_fault_host(name)
+        self._nft(h, _BLACKHOLE_RULES)
+        return h.addresses[0]
+
+    def add_silent(self, name: str) -> str:
+        """A network-0 address whose port 22 accepts TCP but never sends an SSH banner."""
+        h = self._add_fault_host(name)
+        h.proc = subprocess.Popen(
+            _argv(["ip", "netns", "exec", h.ns, sys.executable, "-c", _SILENT_LISTENER,
+                   h.addresses[0], str(SSH_PORT)]),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True)
+        h.pid = h.proc.pid
+        self._wait_listening([h], timeout=10)
+        return h.addresses[0]
+
+    def _add_fault_host(self, name: str) -> Host:
+        self._check_open()
+        self._validate_names([h.name for h in self.hosts + self.fault_hosts] + [name])
+        h = self._new_host(len(self.hosts) + len(self.fault_hosts), name, networks=1)
+        self.fault_hosts.append(h)
+        self._create_network([h], bridges=False)
+        self._configure_namespaces([h])
+        self._write_ssh_config()
+        return h
+
+    # -- teardown ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill everything the cluster runs, delete its kernel objects and files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        errors = []
+        for step in (self._kill_all, self._remove_network, self._remove_state):
+            try:
+                step()
+            except Exception as exc:  # later steps must still run
+                errors.append(f"{step.__name__}: {exc}")
+        if leftovers := self.leftovers():
+            errors.append(f"left behind: {leftovers}")
+        if errors:
+            raise NetClusterError(f"closing cluster {self.id}: " + "; ".join(errors))
+
+    def leftovers(self) -> list[str]:
+        """Namespaces, links, live processes and files of this cluster that still exist."""
+        mine = re.compile(rf"^{_PREFIX}{self.id}[hbv]\d")
+        links, namespaces = _existing_objects()
+        found = [n for n in links + namespaces if mine.match(n)]
+        found += [f"pid {pid}" for pid in self._pids() if _is_alive(pid)]
+        found += [str(self.dir)] if self.dir.exists() else []
+        return found
+
+    def __enter__(self) -> NetCluster:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.hosts)} hosts"
+        return f"<NetCluster {self.id} {state} at {self.dir}>"
+
+    def _kill_all(self) -> None:
+        _kill_processes_in(self._namespaces())
+        for proc in self._popens():
+            proc.kill()  # no-op when already reaped; covers a child that left its netns
+            proc.wait(timeout=10)
+
+    def _remove_network(self) -> None:
+        every = self.hosts + self.fault_hosts
+        _remove_objects([v for h in every for v in h.veths] + self._bridges(),
+                        self._namespaces())
+
+    def _remove_state(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _namespaces(self) -> list[str]:
+        return [h.ns for h in self.hosts + self.fault_hosts]
+
+    def _bridges(self) -> list[str]:
+        return [f"{_PREFIX}{self.id}b{k}" for k in range(self.networks)]
+
+    def _popens(self) -> list[subprocess.Popen]:
+        return [h.proc for h in self.hosts + self.fault_hosts if h.proc] + self._procs
+
+    def _pids(self) -> list[int]:
+        return [p.pid for p in self._popens()]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NetClusterError(f"cluster {self.id} is closed")
+
+    # -- building ------------------------------------------------------------
+
+    @classmethod
+    def _validate(cls, n: int, networks: int, names: list[str], setup: dict) -> None:
+        if len(names) != n:
+            raise ValueError(f"{len(names)} names given for {n} hosts")
+        if not 1 <= n <= MAX_NAMESPACES:
+            raise ValueError(f"n must be 1..{MAX_NAMESPACES}, not {n}")
+        if not 1 <= networks <= MAX_NETWORKS:
+            raise ValueError(f"networks must be 1..{MAX_NETWORKS}, not {networks}")
+        cls._validate_names(names)
+        if unknown := set(setup) - set(names):
+            raise ValueError(f"setup for unknown hosts: {sorted(unknown)}")
+
+    @staticmethod
+    def _validate_names(names: list[str]) -> None:
+        if bad := [name for name in names if not _HOSTNAME_RE.match(name)]:
+            raise ValueError(f"not valid host names: {bad}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate host names in {names}")
+        if len(names) > MAX_NAMESPACES:
+            raise ValueError(f"at most {MAX_NAMESPACES} hosts and fault hosts per cluster")
+
+    def _build(self, names: list[str], setup: dict, ready_timeout: float) -> None:
+        self.hosts = [self._new_host(i, name, self.networks) for i, name in enumerate(names)]
+        self._write_files(setup)
+        self._create_network(self.hosts, bridges=True)
+        self._configure_namespaces(self.hosts)
+        for h in self.hosts:
+            self._start_sshd(h)
+        self._wait_listening(self.hosts, ready_timeout)
+
+    def _new_host(self, index: int, name: str, networks: int) -> Host:
+        return Host(name=name, ns=f"{_PREFIX}{self.id}h{index}",
+                    addresses=[_address(k, index + 1) for k in range(networks)],
+                    veths=[f"{_PREFIX}{self.id}v{index}n{k}" for k in range(networks)])
+
+    def _host_dir(self, h: Host) -> Path:
+        return self.dir / "hosts" / h.name
+
+    def _write_files(self, setup: dict) -> None:
+        user_private, user_public = _keypair(f"netcluster-{self.id}")
+        _write(self.user_key, user_private, 0o600)
+        _write(self.authorized_keys, user_public + "\n")
+        for h in self.hosts:
+            host_private, h.host_key_line = _keypair()
+            _write(self._host_dir(h) / "ssh_host_ed25519_key", host_private, 0o600)
+        known_hosts = "".join(h.known_hosts_line + "\n" for h in self.hosts)
+        _write(self.known_hosts, known_hosts)
+        self._write_ssh_config()
+        etc_hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + \
+            "".join(f"{h.addresses[0]}\t{h.name}\n" for h in self.hosts)
+        for h in self.hosts:
+            self._write_host_files(h, etc_hosts, known_hosts, user_private, user_public,
+                                   setup.get(h.name, ()))
+
+    def _write_ssh_config(self) -> None:
+        entries = "".join(f"Host {h.name}\n    HostName {h.addresses[0]}\n"
+                          for h in self.hosts + self.fault_hosts)
+        _write(self.ssh_config, f"""# coordinator view of NetCluster {self.id}
+{entries}
+Host *
+    User root
+    Port {SSH_PORT}
+    IdentityFile {self.user_key}
+    IdentitiesOnly yes
+    UserKnownHostsFile {self.known_hosts}
+    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    BatchMode yes
+""")
+
+    def _write_host_files(self, h: Host, etc_hosts: str, known_hosts: str, user_private: str,
+                          user_public: str, setup: Sequence[SetupCommand]) -> None:
+        hdir = self._host_dir(h)
+        _write(hdir / "etc_hosts", etc_hosts)
+        dot_ssh = hdir / "dot_ssh"  # becomes /root/.ssh on the host
+        _write(dot_ssh / "id_ed25519", user_private, 0o600)
+        _write(dot_ssh / "id_ed25519.pub", user_public + "\n")
+        _write(dot_ssh / "authorized_keys", user_public + "\n")
+        _write(dot_ssh / "known_hosts", known_hosts)
+        _write(dot_ssh / "config", "Host *\n    StrictHostKeyChecking yes\n    BatchMode yes\n")
+        _write(hdir / "sshd_config", self._sshd_config(h))
+        _write(hdir / "boot.sh", self._boot_script(h, setup))
+
+    def _sshd_config(self, h: Host) -> str:
+        hdir = self._host_dir(h)
+        listen = "".join(f"ListenAddress {addr}:{SSH_PORT}\n" for addr in h.addresses)
+        # No AcceptEnv line: the client's environment must not leak into checks.
+        return f"""{listen}HostKey {hdir / 'ssh_host_ed25519_key'}
+PidFile {hdir / 'sshd.pid'}
+AuthorizedKeysFile {self.authorized_keys}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+MaxStartups 200
+MaxSessions 100
+PrintMotd no
+Subsystem sftp internal-sftp
+"""
+
+    def _boot_script(self, h: Host, setup: Sequence[SetupCommand]) -> str:
+        """Shell run in the host's fresh uts+mount namespaces; ends by exec'ing sshd."""
+        hdir = self._host_dir(h)
+        home = Path(pwd.getpwuid(0).pw_dir)
+        q = shlex.quote
+        lines = ["set -eu", f"hostname {q(h.name)}",
+                 "mount -t tmpfs -o mode=1777 tmpfs /tmp",
+                 f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts"]
+        if not (home / ".ssh").is_dir():
+            # Binding needs a mountpoint; an overlay provides one without
+            # creating the real ~/.ssh (and keeps the rest of home visible).
+            upper, work = hdir / "home_upper", hdir / "home_work"
+            (upper / ".ssh").mkdir(parents=True)
+            work.mkdir()
+            os.chmod(upper, home.stat().st_mode & 0o7777)
+            lines.append(f"mount -t overlay overlay -o "
+                         f"{q(f'lowerdir={home},upperdir={upper},workdir={work}')} {q(str(home))}")
+        lines.append(f"mount --bind {q(str(hdir / 'dot_ssh'))} {q(str(home / '.ssh'))}")
+        lines += [_setup_line(cmd) for cmd in setup]
+        lines.append(f"exec {q(_which('sshd'))} -D -e -f {q(str(hdir / 'sshd_config'))}")
+        return "\n".join(lines) + "\n"
+
+    def _create_network(self, hosts: list[Host], bridges: bool) -> None:
+        commands = []
+        for k, bridge in enumerate(self._bridges() if bridges else []):
+            commands += [f"link add {bridge} type bridge",
+                         f"addr add {_address(k, ROOT_OCTET)}/24 dev {bridge}",
+                         f"link set {bridge} up"]
+        for h in hosts:
+            commands.append(f"netns add {h.ns}")
+            # The peer is born inside the namespace already named eth<k>,
+            # which saves a move and a rename per interface.
+            commands += [f"link add {veth} master {bridge} up type veth peer name eth{k} netns {h.ns}"
+                         for k, (veth, bridge) in enumerate(zip(h.veths, self._bridges()))]
+        _ip_batch(commands)
+
+    @staticmethod
+    def _configure_namespaces(hosts: list[Host]) -> None:
+        def commands(h: Host) -> str:
+            lines = ["link set lo up"]
+            for k, addr in enumerate(h.addresses):
+                lines += [f"addr add {addr}/24 dev eth{k}", f"link set eth{k} up"]
+            return "\n".join(lines) + "\n"
+        _run_all([(["ip", "-n", h.ns, "-batch", "-"], commands(h)) for h in hosts])
+
+    def _start_sshd(self, h: Host) -> None:
+        hdir = self._host_dir(h)
+        with open(hdir / "sshd.log", "wb") as log:
+            # ip netns exec, unshare (without --fork) and the script's final
+            # `exec` all replace themselves, so the Popen pid is sshd's pid.
+            h.proc = subprocess.Popen(
+                _argv(["ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount",
+                       "--propagation", "private", "--", "sh", str(hdir / "boot.sh")]),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        h.pid = h.proc.pid
+
+    def _wait_listening(self, hosts: list[Host], timeout: float) -> None:
+        """Block until every host accepts TCP on port 22; fail fast if its server died."""
+        deadline = time.monotonic() + timeout
+        pending = list(hosts)
+        while pending:
+            for h in list(pending):
+                if h.proc.poll() is not None:
+                    raise NetClusterError(f"{h.name}: server exited with {h.proc.returncode}: "
+                                          f"{self._server_output(h)}")
+                if _accepts(h.addresses[0], SSH_PORT):
+                    pending.remove(h)
+            if pending and time.monotonic() > deadline:
+                raise NetClusterError(f"not listening on port {SSH_PORT} after {timeout}s: "
+                                      + "; ".join(f"{h.name}: {self._server_output(h)}" for h in pending))
+            if pending:
+                time.sleep(0.01)
+
+    def _server_output(self, h: Host) -> str:
+        log = self._host_dir(h) / "sshd.log"
+        if log.exists():
+            return log.read_text(errors="replace").strip()[-2000:] or "(no output)"
+        if h.proc and h.proc.stderr and h.proc.poll() is not None:
+            return h.proc.stderr.read().decode(errors="replace").strip()[-2000:] or "(no output)"
+        return "(no output yet)"
+
+    # -- availability --------------------------------------------------------
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this machine cannot build a NetCluster, or None when it can."""
+        return _unavailable_reason()
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _is_alive(pid: int) -> bool:
+    """True for a running process; zombies count as gone (they hold no resources)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

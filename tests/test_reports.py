@@ -1,0 +1,89 @@
+"""Reporters read only structured results: JSON contract, JUnit (loaded with junitparser), env file, lines."""
+import json
+
+import junitparser
+
+from checks.base import Status
+from preflight.model import HostRecord, Report, Result
+from preflight.report import matrix, result_line, summary_line, to_env_file, to_json, to_junit
+
+
+def sample(strict=False):
+    results = [
+        Result("node01", "ssh", Status.PASS, "connected", duration_s=0.2),
+        Result("node01", "libaio", Status.FAIL, "libaio.so.1 not found", "apt-get install libaio-dev"),
+        Result("node02", "ssh", Status.ERROR, "TCP connect timed out", "check the host"),
+        Result("node02", "libaio", Status.ERROR, "not run: the host is unreachable"),
+        Result("node01", "gpu", Status.SKIP, "no NVIDIA driver on this host"),
+        Result("node01", "nvme", Status.WARN, "write 0.8 GB/s < 1.0 GB/s", "use a faster disk"),
+        Result("*", "versions", Status.PASS, "all hosts agree", metrics={"torch": "2.13.0"}),
+    ]
+    return Report("2026-11-23T10:00:00+00:00", 4.25, [HostRecord("node01", "198.18.0.1", 8, True),
+                                                     HostRecord("node02", "198.18.0.2", 8, False)],
+                  results, ["ssh", "libaio", "gpu", "nvme", "versions"],
+                  env={"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "=eth1"},
+                  reasons={"NCCL_DEBUG": "why", "NCCL_SOCKET_IFNAME": "fastest"}, strict=strict)
+
+
+def test_json_contract():
+    data = json.loads(to_json(sample()))
+    assert data["version"] == 1 and data["started_at"].startswith("2026-11-23")
+    assert data["hosts"][1] == {"name": "node02", "address": "198.18.0.2", "slots": 8, "reachable": False}
+    first = data["results"][1]
+    assert set(first) == {"host", "check", "status", "message", "fix", "metrics", "duration_s"}
+    assert first["status"] == "fail" and first["fix"] == "apt-get install libaio-dev"
+    assert data["results"][-1]["host"] == "*"
+    assert data["recommendations"]["env"]["NCCL_SOCKET_IFNAME"] == "=eth1"
+    assert data["recommendations"]["reasons"]["NCCL_SOCKET_IFNAME"] == "fastest"
+    assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "exit_code": 1}
+
+
+def test_exit_codes():
+    ok = Report("t", 1.0, [], [Result("a", "x", Status.PASS, ""), Result("a", "y", Status.WARN, ""),
+                               Result("a", "z", Status.SKIP, "why")], ["x", "y", "z"])
+    assert ok.exit_code == 0
+    ok.strict = True
+    assert ok.exit_code == 1
+    assert sample().exit_code == 1
+
+
+def test_junit_loads_with_a_junit_parser(tmp_path):
+    path = tmp_path / "r.xml"
+    path.write_text(to_junit(sample()))
+    xml = junitparser.JUnitXml.fromfile(str(path))
+    suite = next(iter(xml))
+    cases = {(c.classname, c.name): c for c in suite}
+    assert len(cases) == 7
+    assert suite.tests == 7 and suite.failures == 1 and suite.errors == 2 and suite.skipped == 1
+    fail = cases[("node01", "libaio")].result[0]
+    assert isinstance(fail, junitparser.Failure) and fail.message == "libaio.so.1 not found"
+    assert "apt-get install libaio-dev" in fail.text
+    assert isinstance(cases[("node02", "ssh")].result[0], junitparser.Error)
+    assert isinstance(cases[("node01", "gpu")].result[0], junitparser.Skipped)
+    assert cases[("node01", "nvme")].result == []  # a warning passes unless --strict
+
+
+def test_junit_strict_turns_warnings_into_failures(tmp_path):
+    path = tmp_path / "r.xml"
+    path.write_text(to_junit(sample(strict=True)))
+    suite = next(iter(junitparser.JUnitXml.fromfile(str(path))))
+    assert suite.failures == 2
+
+
+def test_env_file_is_deepspeed_env_format():
+    text = to_env_file(sample())
+    assert text == "NCCL_DEBUG=WARN\nNCCL_SOCKET_IFNAME==eth1\n"
+    assert "\n\n" not in text and not text.startswith("\n")
+
+
+def test_lines_and_summary_in_pytest_form():
+    report = sample()
+    assert result_line(report.results[1]) == \
+        "node01::libaio FAILED - libaio.so.1 not found; fix: apt-get install libaio-dev"
+    assert summary_line(report) == "2 passed, 1 failed, 1 warned, 1 skipped, 2 errors in 4.2s"
+
+
+def test_matrix_has_hosts_as_rows_and_checks_as_columns():
+    table = matrix(sample())
+    assert [c.header for c in table.columns] == ["host", "ssh", "libaio", "gpu", "nvme", "versions"]
+    assert table.row_count == 3  # two hosts and the cluster row

@@ -1,0 +1,49 @@
+"""The local transport and the agent protocol, for real on this machine."""
+import os
+import sys
+import time
+
+from preflight.remote import Agent, AgentError
+from preflight.transport import LocalTransport
+
+
+def test_run_reads_large_stdout_and_stderr_concurrently():
+    t = LocalTransport()
+    # 4 MiB on each stream: a reader that drains one stream first would deadlock on the other's pipe.
+    code = "import sys; sys.stdout.write('o'*(4<<20)); sys.stderr.write('e'*(4<<20))"
+    res = t.run([sys.executable, "-c", code], timeout=30)
+    assert res.rc == 0 and len(res.stdout) == 4 << 20 and len(res.stderr) == 4 << 20
+
+
+def test_deadline_kills_the_whole_process_tree(tmp_path):
+    marker = tmp_path / "child.pid"
+    t = LocalTransport()
+    start = time.monotonic()
+    res = t.run(["sh", "-c", f"sleep 60 & echo $! > {marker}; wait"], timeout=1)
+    assert res.timed_out and res.rc == 124
+    assert time.monotonic() - start < 10
+    child = int(marker.read_text())
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the background child survived the deadline")
+
+
+def test_missing_interpreter_is_an_agent_error_not_a_crash():
+    agent = Agent(LocalTransport(), "/nonexistent/python3", "tok")
+    try:
+        agent.collect(["python"], {}, 10)
+    except AgentError as exc:
+        assert "not found" in str(exc)
+    else:
+        raise AssertionError("expected AgentError")
+
+
+def test_agent_collects_facts_and_reports_check_errors_per_check():
+    agent = Agent(LocalTransport(), sys.executable, "tok")
+    out = agent.collect(["python", "no_such_check"], {}, 30)
+    assert out["python"]["facts"]["python"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}")
+    assert "ModuleNotFoundError" in out["no_such_check"]["error"]
+    assert agent.hostinfo["hostname"]
