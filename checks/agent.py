@@ -163,6 +163,32 @@ def _wait_stop(max_s: float) -> bool:
     return _stop.wait(max_s)
 
 
+def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Dict[str, str] = None):
+    """Start another agent on this host running ``func`` (e.g. one all-reduce rank), tracked for cleanup.
+
+    The child gets the same in-memory code as this agent; its stdin stays open as its lifeline (closing the
+    Popen's stdin, or this agent dying, stops it). Read its result with ``read_result(proc.stdout.read())``.
+    """
+    import subprocess
+    code = base.AGENT_CODE
+    if code is None:
+        raise RuntimeError("spawn_call works only inside the agent")
+    token = os.environ.get(RUN_ENV, "preflight")
+    proc = base.spawn([sys.executable, "-c", BOOTSTRAP, token], env=env, stdin=subprocess.PIPE)
+    request = {"op": "call", "func": func, "params": params, "timeout": timeout}
+    proc.stdin.write(b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    return proc
+
+
+def read_result(stdout: bytes) -> Dict[str, Any]:
+    """The RESULT payload of an agent's stdout ({"ok": ..., "value": ...} or {"ok": False, "error": ...})."""
+    for line in reversed(stdout.decode(errors="replace").splitlines()):
+        if line.startswith(RESULT + " "):
+            return json.loads(line[len(RESULT) + 1:])
+    return {"ok": False, "error": "no result (the process died?)"}
+
+
 def _ancestors(pid: int) -> set:
     chain = set()
     while pid > 1 and pid not in chain:
