@@ -9,6 +9,10 @@ from typing import List
 ORDER = [
     "ssh",
     "python",
+    "driver_cuda",
+    "gpu",
+    "ds_report",
+    "versions",
 ]
 
 

@@ -263,7 +263,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     else:
         smi = sh(["nvidia-smi"], timeout=ctx.remaining(30))
         if smi.rc == 124:
-            facts["tool_timeout"] = "nvidia-smi timed out after %.0fs" % ctx.remaining(30)
+            facts["tool_timeout"] = "nvidia-smi timed out after %.0fs" % smi.duration
         if smi.ok:
             head = parse_nvidia_smi_header(smi.out)
             if head["driver"]:
@@ -300,9 +300,22 @@ def _threshold(thresholds: Dict[str, Any], key: str) -> Any:
     return (thresholds.get(NAME) or {}).get(key, _DEFAULTS[key])
 
 
-def _wheel_tag(cuda: str) -> str:
-    major, minor = version_tuple(cuda)[:2]
-    return "cu%d%d" % (major, minor)
+# CUDA variants PyTorch publishes wheels for at https://download.pytorch.org/whl/<tag> (recent releases).
+TORCH_WHEEL_CUDA = ["11.8", "12.1", "12.4", "12.6", "12.8", "12.9", "13.0"]
+
+
+def _torch_wheel(cuda: Optional[str]) -> Optional[str]:
+    """The newest published torch CUDA wheel index this driver CUDA can run fully, e.g. '12.4' -> 'cu124'."""
+    have = version_tuple(cuda)[:2]
+    fits = [v for v in TORCH_WHEEL_CUDA if have and version_tuple(v) <= have]
+    return "cu" + fits[-1].replace(".", "") if fits else None
+
+
+def _torch_install_hint(cuda: Optional[str]) -> str:
+    tag = _torch_wheel(cuda)
+    if not tag:
+        return ""
+    return "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/%s" % tag
 
 
 def _driver_for(cuda: str) -> Optional[str]:
@@ -356,13 +369,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             findings.append(Finding(Status.SKIP, "torch %s is a ROCm build: NVIDIA driver compatibility does "
                                                  "not apply" % facts["torch"]))
         else:
-            tag = _wheel_tag(driver_cuda) if driver_cuda else "cu130"
             findings.append(Finding(
                 Status.FAIL,
                 "torch %s is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver %s "
                 "and %s GPU(s): DeepSpeed cannot use the GPUs" % (facts["torch"], driver,
                                                                    facts.get("gpu_count")),
-                "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/%s" % tag))
+                _torch_install_hint(driver_cuda) or "install a CUDA build of torch that driver %s supports"
+                % driver))
     else:
         findings.extend(_compat_findings(driver, driver_cuda, torch_cuda, facts, thresholds))
 
@@ -457,10 +470,10 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
             "compatibility (limited feature set: no JIT of newer PTX, newer APIs fail with "
             "cudaErrorCallRequiresNewerDriver); full support needs driver >= %s" % (
                 driver, driver_cuda or "unknown", torch_cuda, need),
-            "upgrade the NVIDIA driver to >= %s (or install the torch build for CUDA %s: pip install torch "
-            "--index-url https://download.pytorch.org/whl/%s)" % (
-                need, driver_cuda or "of the driver", _wheel_tag(driver_cuda) if driver_cuda else "cu118"))]
-    tag = _wheel_tag(driver_cuda) if driver_cuda else None
+            "upgrade the NVIDIA driver to >= %s%s" % (
+                need, " (or use a torch build for CUDA <= %s: %s)" % (driver_cuda, _torch_install_hint(driver_cuda))
+                if _torch_wheel(driver_cuda) else ""))]
+    hint = _torch_install_hint(driver_cuda)
     return [Finding(
         Status.FAIL,
         "driver %s supports CUDA up to %s but torch %s needs CUDA %s (driver >= %s%s): CUDA initialisation "
@@ -468,5 +481,4 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
             driver, driver_cuda or "unknown", facts.get("torch"), torch_cuda, need,
             "; minor-version compatibility needs >= %s" % minor_min if minor_min else ""),
         "upgrade the NVIDIA driver to >= %s%s" % (
-            need, " or install a torch build for CUDA <= %s (pip install torch --index-url "
-                  "https://download.pytorch.org/whl/%s)" % (driver_cuda, tag) if tag else ""))]
+            need, " or use a torch build for CUDA <= %s: %s" % (driver_cuda, hint) if hint else ""))]

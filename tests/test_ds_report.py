@@ -1,0 +1,244 @@
+"""ds_report: parser on the recorded ds_report output, evaluate with faults, collect for real (API child + fallback)."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from checks import ds_report as dr
+from checks.base import HostContext, Status
+from preflight.config import load_defaults
+
+FIX = Path(__file__).parent / "fixtures" / "h100-host"
+INCOMPATIBLE_ON_FIXTURE = {"async_io", "evoformer_attn", "gds"}
+
+
+def _read(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+@pytest.fixture
+def thresholds():
+    return load_defaults()
+
+
+@pytest.fixture
+def healthy():
+    """Facts as collect records them on the recorded H100 via the ds_report fallback."""
+    parsed = dr.parse_ds_report(_read("ds_report.txt"))
+    return {
+        "deepspeed": parsed["deepspeed"], "torch": parsed["torch"], "torch_cuda": parsed["torch_cuda"],
+        "ops": parsed["ops"], "ninja": True, "ninja_module": parsed["ninja"], "ninja_binary": "/usr/bin/ninja",
+        "shm_bytes": parsed["shm_bytes"], "source": "ds_report", "installed": False,
+        "import_error": "ModuleNotFoundError: No module named 'deepspeed'", "python": "/usr/bin/python3",
+        "api_error": None, "ds_report_error": None, "tool_timeout": None, "required_ops": [],
+    }
+
+
+# --- parser on the real fixture ----------------------------------------------------------------
+
+def test_parse_ds_report_fixture():
+    text = _read("ds_report.txt")
+    assert "\x1b[" in text  # the fixture really is coloured
+    parsed = dr.parse_ds_report(text)
+    assert parsed["deepspeed"] == "0.19.8" and parsed["torch"] == "2.11.0+cu130"
+    assert parsed["torch_cuda"] == "13.0" and parsed["nvcc"] == "13.0"
+    assert parsed["ninja"] is True
+    assert parsed["shm_bytes"] == 128 * 1024 ** 3
+    ops = parsed["ops"]
+    assert len(ops) == 23
+    assert {n for n, e in ops.items() if not e["compatible"]} == INCOMPATIBLE_ON_FIXTURE
+    assert not any(e["installed"] for e in ops.values())
+    assert "libaio" in ops["async_io"]["note"] and "libaio" in ops["gds"]["note"]
+    assert "CUTLASS" in ops["evoformer_attn"]["note"]
+    assert ops["fused_adam"] == {"installed": False, "compatible": True, "note": None}
+    assert ops["stochastic_transformer"]["compatible"] is True  # the one-dot row
+
+
+def test_parse_helpers():
+    assert dr.strip_ansi("\x1b[93m[NO]\x1b[0m") == "[NO]"
+    assert dr.parse_size("128.00 GB") == 128 * 1024 ** 3
+    assert dr.parse_size("64.00 MB") == 64 * 1024 ** 2
+    assert dr.parse_size("UNKNOWN") is None
+    assert dr.parse_api_output("noise\n" + dr._MARK + '{"deepspeed": "1.0"}\n') == {"deepspeed": "1.0"}
+    assert dr.parse_api_output("Segmentation fault\n") is None
+    failed = dr.parse_ds_report("ninja .................. \x1b[91m[FAIL]\x1b[0m\nop name ........ installed .. compatible\n"
+                                "cpu_adam ............... \x1b[92m[YES]\x1b[0m ...... \x1b[92m[OKAY]\x1b[0m\n")
+    assert failed["ninja"] is False and failed["ops"]["cpu_adam"]["installed"] is True
+
+
+# --- evaluate ---------------------------------------------------------------------------------
+
+def test_fixture_host_warns_about_incompatible_ops(healthy, thresholds):
+    out = dr.evaluate(healthy, thresholds)
+    assert out.status == Status.WARN
+    for op in INCOMPATIBLE_ON_FIXTURE:
+        assert "op %s is not compatible" % op in out.message
+    assert "libaio-dev" in out.fix and "CUTLASS_PATH" in out.fix
+    assert out.metrics["ops_usable"] == 20 and out.metrics["ops_total"] == 23
+
+
+def test_ignored_ops_pass(healthy, thresholds):
+    t = copy.deepcopy(thresholds)
+    t["ds_report"]["ignore_ops"] = sorted(INCOMPATIBLE_ON_FIXTURE)
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.PASS and "0.19.8" in out.message and "20/23" in out.message
+
+
+def test_required_async_io_without_libaio_fails(healthy, thresholds):
+    t = copy.deepcopy(thresholds)
+    t["ds_report"]["required_ops"] = ["async_io"]
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.FAIL
+    assert "required op async_io" in out.message and "libaio" in out.message
+    assert "libaio-dev" in out.fix
+    # the same through the coordinator's per-host param
+    assert dr.evaluate(dict(healthy, required_ops=["async_io"]), thresholds).status == Status.FAIL
+    # a pre-built op does not need JIT compatibility
+    healthy["ops"]["async_io"]["installed"] = True
+    assert "required op async_io" not in dr.evaluate(healthy, t).message
+
+
+def test_required_compatible_op_and_unknown_op(healthy, thresholds):
+    t = copy.deepcopy(thresholds)
+    t["ds_report"].update(required_ops=["cpu_adam"], ignore_ops=sorted(INCOMPATIBLE_ON_FIXTURE))
+    assert dr.evaluate(healthy, t).status == Status.PASS
+    t["ds_report"]["required_ops"] = ["cpu_adamw"]
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.FAIL and "'cpu_adamw' is not a DeepSpeed" in out.message
+
+
+def test_small_shm_warns(healthy, thresholds):
+    t = copy.deepcopy(thresholds)
+    t["ds_report"]["ignore_ops"] = sorted(INCOMPATIBLE_ON_FIXTURE)
+    healthy["shm_bytes"] = 64 * 1024 ** 2  # docker's default
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.WARN and "/dev/shm is 64 MiB, below 512 MiB" in out.message
+    assert "--shm-size" in out.fix
+    healthy["shm_bytes"] = 512 * 1024 ** 2
+    assert dr.evaluate(healthy, t).status == Status.PASS
+
+
+def test_missing_ninja(healthy, thresholds):
+    t = copy.deepcopy(thresholds)
+    t["ds_report"]["ignore_ops"] = sorted(INCOMPATIBLE_ON_FIXTURE)
+    healthy.update(ninja=False, ninja_module=False)
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.WARN and "ninja is missing" in out.message and "pip install ninja" in out.fix
+    t["ds_report"]["required_ops"] = ["fused_adam"]  # not pre-built: needs a JIT build, hence ninja
+    assert dr.evaluate(healthy, t).status == Status.FAIL
+
+
+def test_deepspeed_not_installed_skips_or_fails_when_ops_required(thresholds):
+    facts = {"deepspeed": None, "torch": "2.13.0+cpu", "ops": {}, "ninja": False, "ninja_module": False,
+             "ninja_binary": None, "shm_bytes": 8 * 1024 ** 3, "source": None, "installed": False,
+             "import_error": "ModuleNotFoundError: No module named 'deepspeed'", "python": "/usr/bin/python3",
+             "api_error": None, "ds_report_error": "rc=127: ds_report: command not found", "tool_timeout": None,
+             "required_ops": []}
+    out = dr.evaluate(facts, thresholds)
+    assert out.status == Status.SKIP and "not installed" in out.message
+    assert out.fix == "/usr/bin/python3 -m pip install deepspeed"
+    out = dr.evaluate(dict(facts, required_ops=["async_io"]), thresholds)
+    assert out.status == Status.FAIL and "async_io" in out.message
+    broken = dict(facts, installed=True, import_error="ImportError: libcudart.so.12: cannot open shared object file")
+    out = dr.evaluate(broken, thresholds)
+    assert out.status == Status.FAIL and "libcudart" in out.message
+    assert dr.evaluate(dict(facts, installed=None, api_error="rc=124: timed out",
+                            tool_timeout="ds_report timed out after 240s"), thresholds).status == Status.ERROR
+
+
+def test_defaults_match_toml():
+    assert load_defaults()["ds_report"] == dr._DEFAULTS
+
+
+# --- collect, for real -------------------------------------------------------------------------
+
+def _no_deepspeed_here():
+    if importlib.util.find_spec("deepspeed") is not None or shutil.which("ds_report"):
+        pytest.skip("DeepSpeed is installed on this machine")
+
+
+def test_collect_without_deepspeed_on_this_machine(monkeypatch):
+    _no_deepspeed_here()
+    facts = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
+    json.dumps(facts)
+    assert facts["deepspeed"] is None and facts["installed"] is False and facts["source"] is None
+    assert isinstance(facts["shm_bytes"], int) and facts["shm_bytes"] > 0
+    out = dr.evaluate(facts, load_defaults())
+    assert out.status == Status.SKIP and "DeepSpeed is not installed" in out.message and "pip install" in out.fix
+
+
+# A stand-in with the API surface the child uses, as in DeepSpeed 0.19 (op_builder/all_ops.py ALL_OPS,
+# OpBuilder.is_compatible/warning/error_log, git_version_info.installed_ops/accelerator_name,
+# accelerator.get_accelerator()._name).
+_FAKE_ALL_OPS = '''
+class _Builder:
+    def __init__(self, name, ok, log=None):
+        self.name, self._ok, self._log, self.error_log = name, ok, log, None
+    def is_compatible(self, verbose=False):
+        if not self._ok:
+            self.error_log = self._log
+            print(" [WARNING]  " + self._log)  # DeepSpeed prints its warnings to stdout
+        return self._ok
+class _Broken:
+    name = "broken_op"
+    def is_compatible(self, verbose=False):
+        raise RuntimeError("nvcc exploded")
+ALL_OPS = {
+    "async_io": _Builder("async_io", False, "async_io requires the dev libaio .so object and headers but these were not found."),
+    "cpu_adam": _Builder("cpu_adam", True),
+    "fused_adam": _Builder("fused_adam", True),
+    "broken_op": _Broken(),
+}
+'''
+
+
+@pytest.fixture
+def fake_deepspeed(tmp_path, monkeypatch):
+    _no_deepspeed_here()
+    pkg = tmp_path / "site" / "deepspeed"
+    (pkg / "ops" / "op_builder").mkdir(parents=True)
+    (pkg / "accelerator").mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '0.19.8'\nprint('[INFO] Setting ds_accelerator to cuda')\n")
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "op_builder" / "__init__.py").write_text("")
+    (pkg / "ops" / "op_builder" / "all_ops.py").write_text(_FAKE_ALL_OPS)
+    (pkg / "git_version_info.py").write_text("installed_ops = {'cpu_adam': True}\naccelerator_name = 'cuda'\n")
+    (pkg / "accelerator" / "__init__.py").write_text(
+        "class _Acc:\n    _name = 'cuda'\n\ndef get_accelerator():\n    return _Acc()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    return pkg
+
+
+def test_collect_through_deepspeed_api(fake_deepspeed, thresholds):
+    facts = dr.collect(HostContext(params={"required_ops": ["async_io"]}, deadline=time.monotonic() + 240))
+    json.dumps(facts)
+    assert facts["source"] == "api" and facts["deepspeed"] == "0.19.8" and facts["installed"] is True
+    ops = facts["ops"]
+    assert ops["async_io"]["compatible"] is False and "libaio" in ops["async_io"]["note"]
+    assert ops["cpu_adam"] == {"installed": True, "compatible": True, "note": None}
+    assert ops["fused_adam"]["installed"] is False and ops["fused_adam"]["compatible"] is True
+    assert ops["broken_op"]["compatible"] is False and "nvcc exploded" in ops["broken_op"]["note"]
+    assert facts["required_ops"] == ["async_io"]
+    out = dr.evaluate(facts, thresholds)
+    assert out.status == Status.FAIL and "required op async_io" in out.message and "libaio-dev" in out.fix
+
+
+def test_collect_falls_back_to_ds_report_on_path(tmp_path, monkeypatch, thresholds):
+    _no_deepspeed_here()
+    script = tmp_path / "ds_report"
+    script.write_text("#!/bin/sh\ncat '%s'\n" % (FIX / "ds_report.txt"))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ.get("PATH", "")))
+    facts = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
+    json.dumps(facts)
+    assert facts["source"] == "ds_report" and facts["deepspeed"] == "0.19.8" and facts["torch"] == "2.11.0+cu130"
+    assert len(facts["ops"]) == 23 and facts["ninja_module"] is True
+    out = dr.evaluate(facts, thresholds)
+    assert out.status in (Status.WARN, Status.FAIL) and "op async_io is not compatible" in out.message
