@@ -12,6 +12,9 @@ ORDER = [
     "driver_cuda",
     "gpu",
     "ds_report",
+    "libaio",
+    "nvme",
+    "interfaces",
     "versions",
 ]
 

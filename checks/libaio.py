@@ -38,8 +38,8 @@ LINK_PROBE_C = "void io_submit(void); int main(int argc, char** argv) { io_submi
 # The op's sources include <libaio.h>; has_function does not check it, the real build does.
 HEADER_PROBE_C = ("#include <libaio.h>\n"
                   "int preflight_probe(io_context_t ctx, struct iocb **cbs) { return io_submit(ctx, 1, cbs); }\n")
-REPRODUCE = ("echo 'void io_submit(void); int main(void){io_submit();return 0;}' | cc -x c - -laio -o /dev/null"
-             " && echo '#include <libaio.h>' | cc -x c -fsyntax-only -")
+REPRODUCE = ("echo 'void io_submit(void); int main(void){io_submit();return 0;}' | ${CC:-cc} $CFLAGS -x c - $LDFLAGS"
+             " -laio -o /dev/null && echo '#include <libaio.h>' | ${CC:-cc} $CFLAGS -x c -fsyntax-only -")
 
 _RUNTIME_RE = re.compile(r"^libaio\.so\.\d")
 
@@ -313,6 +313,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         extra_l = ["-L" + d for d in extra_dirs]
         extra_i = ["-I" + os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
         with tempfile.TemporaryDirectory(prefix=".preflight-libaio-") as tmp:
+            # sh() kills the compiler's process group when a signal interrupts it, so the dir can go.
             with open(os.path.join(tmp, "probe.c"), "w") as fh:
                 fh.write(LINK_PROBE_C)
             with open(os.path.join(tmp, "header.c"), "w") as fh:
@@ -368,11 +369,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     findings: List[Finding] = []
     async_no = "DeepSpeed's async_io op (NVMe offload) will report [NO]"
 
-    if not runtime_ours and not facts.get("find_library") and not link_ok:
+    by_name = facts.get("find_library") if not facts.get("soname_error") else None
+    if not runtime_ours and not by_name and not link_ok:
         findings.append(Finding(
             Status.FAIL,
-            "libaio is not installed: no libaio.so.1 in the ldconfig cache or %d library dirs, no libaio.h "
-            "(expected the libaio runtime plus %s); %s" % (len(facts.get("search_dirs", [])), hint["dev"], async_no),
+            "libaio is not installed: no libaio.so.1 in the ldconfig cache or %d library dirs%s "
+            "(expected the libaio runtime plus %s); %s" % (len(facts.get("search_dirs", [])),
+                                                           "" if headers else ", no libaio.h", hint["dev"], async_no),
             hint["install_dev"]))
         if not have_cc:
             findings.append(_no_compiler(compiler, hint))
@@ -384,13 +387,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         why = bad.get("load_error") or "load failed"
         fix = hint["reinstall_runtime"]
         if over:
-            fix = "umount %s  (a file is mounted over the library); then %s" % (bad["realpath"], fix)
+            fix = "umount %s && %s" % (bad["realpath"], fix)
         else:
             fix = "ls -lL %s; %s" % (bad["path"], fix)
         findings.append(Finding(
             Status.FAIL,
             "libaio is present but cannot be loaded: %s (%s bytes%s): %s (expected a loadable shared library); "
-            "%s" % (bad["path"], bad.get("size"), ", a mount covers it" if over else "", why, async_no),
+            "%s" % (bad["path"], bad.get("size"), ", a file is mounted over it" if over else "", why, async_no),
             fix))
         return combine(findings, "", metrics)
 
@@ -401,10 +404,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         missing.append("no libaio.h")
     if missing:
         rt = (loadable or runtime_ours)
-        where = rt[0]["path"] if rt else (facts.get("find_library") or "libaio.so.1")
+        where = rt[0]["path"] if rt else (by_name or "libaio.so.1")
         fix = hint["install_dev"]
         if not have_cc:
-            fix += "  # and a C compiler: " + hint["install_compiler"]
+            fix += " && " + hint["install_compiler"].replace("apt-get update && ", "")
         detail = ""
         if link and not link_ok:
             detail = "; the test link says: %s" % first_error_line(link.get("stderr", ""))
@@ -424,15 +427,16 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         if probe and not probe.get("ok"):
             if probe.get("timed_out"):
                 findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler (%s) timed out"
-                                        % compiler.get("path"), "run by hand: " + REPRODUCE))
+                                        % compiler.get("path"), REPRODUCE))
             else:
                 findings.append(Finding(
                     Status.FAIL,
-                    "libaio dev files are present (%s, %s) but %s: %s; %s"
+                    "libaio dev files are present (%s, %s) but %s: %s; %s (check CC/CFLAGS/LDFLAGS: -I/-L must "
+                    "point at libaio)"
                     % ((dev_links[0]["path"] if dev_links else "libaio.so ?"), (headers[0] if headers else
                        "libaio.h ?"), what, first_error_line(probe.get("stderr", "")), async_no),
-                    "check CFLAGS/LDFLAGS (-I/-L pointing at libaio), then reproduce: " + REPRODUCE))
-    rt = loadable[0]["path"] if loadable else (facts.get("find_library") or "?")
+                    "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
+    rt = loadable[0]["path"] if loadable else (by_name or "found by the linker")
     ok = "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
         rt, dev_links[0]["path"] if dev_links else "libaio.so (found by the linker)",
         headers[0] if headers else "libaio.h (found by the compiler)", compiler.get("path"))

@@ -14,7 +14,6 @@ import errno
 import os
 import re
 import secrets
-import signal
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -98,38 +97,9 @@ def params_from_thresholds(thresholds: Dict[str, Any]) -> Dict[str, Any]:
 
 # --- host side -------------------------------------------------------------------------------
 
-def _kill_strays(marker: str) -> None:
-    """Kill our own child processes whose command line names marker (a dd left running by a signal)."""
-    me = os.getpid()
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return
-    for p in pids:
-        stat_text = read_text("/proc/%s/stat" % p)
-        if not stat_text:
-            continue
-        try:
-            ppid = int(stat_text.rsplit(")", 1)[1].split()[1])
-        except (IndexError, ValueError):
-            continue
-        if ppid != me:
-            continue
-        try:
-            with open("/proc/%s/cmdline" % p, "rb") as fh:
-                cmdline = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            try:
-                os.kill(int(p), signal.SIGKILL)
-                os.waitpid(int(p), 0)
-            except (OSError, ChildProcessError):
-                pass
-
-
-def _remove(path: str, marker: str) -> None:
-    _kill_strays(marker)
+def _remove(path: str) -> None:
+    # sh() has already killed an interrupted dd (its finally stops the process group); dd runs with
+    # conv=nocreat, so it cannot re-create the file after this.
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -146,12 +116,14 @@ def _dd(argv: List[str], ctx: HostContext, cap: float) -> Tuple[Any, float]:
 def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext, cap: float) -> None:
     """Write then read test_file with dd; fills write_Bps/read_Bps/direct/error in entry."""
     base_w = ["dd", "if=/dev/zero", "of=" + test_file, "bs=1M", "count=%d" % count]
-    res, timeout = _dd(base_w + ["oflag=direct", "conv=fdatasync,nocreat"], ctx, cap)
-    direct = True
-    if not res.ok and res.rc != 124 and "Invalid argument" in res.err:
-        entry["direct_error"] = dd_error_line(res.err)
-        direct = False
-        res, timeout = _dd(base_w + ["conv=fdatasync,nocreat"], ctx, cap)
+    direct = entry["direct_error"] is None
+    if direct:
+        res, timeout = _dd(base_w + ["oflag=direct,nofollow", "conv=fdatasync,nocreat"], ctx, cap)
+        if not res.ok and res.rc != 124 and "Invalid argument" in res.err:
+            entry["direct_error"] = dd_error_line(res.err)
+            direct = False
+    if not direct:
+        res, timeout = _dd(base_w + ["oflag=nofollow", "conv=fdatasync,nocreat"], ctx, cap)
     entry["direct"] = direct
     entry["timeout_s"] = timeout
     if res.rc == 124:
@@ -168,11 +140,11 @@ def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext
     entry["write_Bps"] = parsed["Bps"]
 
     base_r = ["dd", "if=" + test_file, "of=/dev/null", "bs=1M"]
-    res, timeout = _dd(base_r + (["iflag=direct"] if direct else []), ctx, cap)
+    res, timeout = _dd(base_r + (["iflag=direct,nofollow"] if direct else ["iflag=nofollow"]), ctx, cap)
     if direct and not res.ok and res.rc != 124 and "Invalid argument" in res.err:
         entry["direct_error"] = dd_error_line(res.err)
         entry["direct"] = False
-        res, timeout = _dd(base_r, ctx, cap)
+        res, timeout = _dd(base_r + ["iflag=nofollow"], ctx, cap)
     if res.rc == 124:
         entry["timed_out"] = "read"
         entry["timeout_s"] = timeout
@@ -218,11 +190,16 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         entry["fstype"], entry["mountpoint"], entry["device"] = m["fstype"], m["mountpoint"], m["device"]
     if not stat.S_ISDIR(st.st_mode):
         entry["error"] = "is a %s, not a directory" % entry["kind"]
+        if stat.S_ISBLK(st.st_mode):
+            entry["device_mounts"] = [x["mountpoint"] for x in mounts
+                                      if x["device"].startswith("/") and os.path.realpath(x["device"]) == real]
         return entry
     entry["is_dir"] = True
+    size_known = False
     try:
         sv = os.statvfs(real)
-        entry["free_bytes"] = sv.f_bavail * sv.f_frsize
+        size_known = sv.f_blocks > 0  # ramfs and some pseudo filesystems report no size at all
+        entry["free_bytes"] = sv.f_bavail * sv.f_frsize if size_known else None
     except OSError as exc:
         entry["error"] = "statvfs failed: %s" % exc.strerror
     if not os.access(real, os.W_OK | os.X_OK):
@@ -239,6 +216,16 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
             entry["error"] = "cannot create a file: %s" % (exc.strerror or errno.errorcode.get(exc.errno, exc))
             return entry
         entry["writable"] = True
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if o_direct:  # DeepSpeed opens its swap files with O_DIRECT: test that on its own, before any dd
+            try:
+                os.close(os.open(test_file, os.O_WRONLY | o_direct))
+            except OSError as exc:
+                entry["direct_error"] = "open(O_DIRECT): %s" % exc.strerror
+        if not size_known:
+            entry["measure_skipped"] = ("the filesystem reports no size (statvfs f_blocks = 0), so free space is "
+                                        "unknown and no test file is written")
+            return entry
         free = entry["free_bytes"] or 0
         budget = min(want_bytes, int(free * fraction))
         count = budget // MiB
@@ -249,7 +236,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         entry["test_bytes"] = count * MiB
         _measure(entry, test_file, count, ctx, cap)
     finally:
-        _remove(test_file, marker)
+        _remove(test_file)
     return entry
 
 
@@ -300,17 +287,20 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         p = e["path"]
         where = "%s%s" % (p, " (%s on %s)" % (e["fstype"], e.get("mountpoint")) if e.get("fstype") else "")
         if not e.get("exists"):
-            findings.append(Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the NVMe "
-                                                 "filesystem)" % (p, e.get("error") or "does not exist"),
-                                    "mount the NVMe filesystem and create the directory: mkdir -p %s && findmnt -T %s"
-                                    % (p, p)))
+            findings.append(Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
+                                                 "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
+                                    "mkdir -p %s && findmnt -T %s" % (p, p)))
             continue
         if not e.get("is_dir"):
-            if e.get("kind") == "block device":
-                fix = ("nvme_path must be a directory on a mounted filesystem, not the device: mount %s on e.g. "
-                       "/local_nvme (after creating a filesystem if it has none) and pass --nvme-path /local_nvme" % p)
+            if e.get("kind") == "block device" and e.get("device_mounts"):
+                mp = e["device_mounts"][0]
+                fix = ("mkdir -p %s/offload, then set nvme_path / --nvme-path to %s/offload (%s is mounted on %s)"
+                       % (mp.rstrip("/"), mp.rstrip("/"), p, mp))
+            elif e.get("kind") == "block device":
+                fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
+                       "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (p, p))
             else:
-                fix = "point nvme_path / --nvme-path at a directory (e.g. mkdir -p /local_nvme/offload)"
+                fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
             findings.append(Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
                                                  "files into nvme_path)" % (p, e.get("kind") or "non-directory"), fix))
             continue
@@ -318,23 +308,28 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             findings.append(Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
                                                  "the training user can create files in)"
                                     % (where, e.get("uid", "?"), e.get("error") or "?"),
-                                    "chown $(id -u):$(id -g) %s && chmod u+rwx %s  (if the filesystem is read-only: "
-                                    "mount -o remount,rw %s)" % (p, p, e.get("mountpoint") or p)))
+                                    ("mount -o remount,rw %s" % (e.get("mountpoint") or p))
+                                    if "Read-only" in (e.get("error") or "") else
+                                    "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
+                                    "user's ids" % (p, p)))
             continue
-        if e.get("measure_skipped"):
-            findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s; only %s free"
-                                    % (where, e["measure_skipped"], _size(e.get("free_bytes"))),
-                                    "free space on %s (df -h %s); ZeRO-Infinity swaps parameters/optimizer states "
-                                    "there" % (p, p)))
-            continue
-        if not e.get("direct") and e.get("direct_error"):
+        if e.get("direct_error"):
             st = Status.FAIL if require_direct else Status.WARN
+            measured = ("; measured buffered (not direct) instead: write %s, read %s"
+                        % (_gb(e.get("write_Bps")), _gb(e.get("read_Bps")))) if e.get("write_Bps") else ""
             findings.append(Finding(st, "nvme path %s does not support O_DIRECT (%s); DeepSpeed's async_io opens its "
-                                        "swap files with O_DIRECT, so NVMe offload there fails; the numbers below "
-                                        "are buffered (not direct): write %s, read %s"
-                                    % (where, e["direct_error"], _gb(e.get("write_Bps")), _gb(e.get("read_Bps"))),
-                                    "use a directory on a local NVMe filesystem that supports O_DIRECT (ext4, xfs):"
-                                    " --nvme-path /local_nvme/offload (check: findmnt -T DIR)"))
+                                        "swap files with O_DIRECT, so NVMe offload there fails%s"
+                                    % (where, e["direct_error"], measured),
+                                    "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
+                                    "ext4/xfs mount" % p))
+        if e.get("measure_skipped"):
+            free = e.get("free_bytes")
+            findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
+                                    % (where, e["measure_skipped"],
+                                       "; only %s free" % _size(free) if free is not None else ""),
+                                    "df -h %s; du -xsh %s/* | sort -h | tail" % (p, p) if free is not None else
+                                    "findmnt -T %s" % p))
+            continue
         if e.get("error"):
             if e.get("timed_out"):
                 bound = (e.get("test_bytes") or 0) / float(e.get("timeout_s") or 1)
@@ -345,24 +340,26 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                                                      _gb(op_min)), _slow_fix(p)))
                 else:
                     findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
-                                            "rerun with more time (--timeout) or a smaller nvme test size"))
+                                            "rerun with a longer --timeout or a smaller [nvme] test_mib"))
             elif "Input/output error" in e["error"] or "No space left" in e["error"]:
                 findings.append(Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
                                         "check the device: dmesg | tail -50; df -h %s" % p))
             else:
                 findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
-                                        "reproduce: dd if=/dev/zero of=%s/ddtest bs=1M count=256 oflag=direct "
-                                        "conv=fdatasync; rm -f %s/ddtest" % (p, p)))
+                                        "dd if=/dev/zero of=%s/.preflight-ddtest bs=1M count=256 oflag=direct "
+                                        "conv=fdatasync; rm -f %s/.preflight-ddtest" % (p, p)))
             continue
         tag = "" if e.get("direct") else " (buffered, not direct)"
         w, r = e.get("write_Bps"), e.get("read_Bps")
         if w is not None and w < min_w:
             findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
-                                                 "typically > 3 GB/s)" % (where, _gb(w), tag, _gb(min_w)),
+                                                 "typically > 3 GB/s; check what backs the path and the device's "
+                                                 "health)" % (where, _gb(w), tag, _gb(min_w)),
                                     _slow_fix(p)))
         if r is not None and r < min_r:
             findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
-                                                 "typically > 3 GB/s)" % (where, _gb(r), tag, _gb(min_r)),
+                                                 "typically > 3 GB/s; check what backs the path and the device's "
+                                                 "health)" % (where, _gb(r), tag, _gb(min_r)),
                                     _slow_fix(p)))
         oks.append("%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
                                                                   " (direct)" if e.get("direct") else tag,
@@ -374,5 +371,5 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 
 
 def _slow_fix(p: str) -> str:
-    return ("check what backs %s: findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; a network or HDD filesystem or a "
-            "busy/throttled device is slow (nvme smart-log /dev/nvmeXn1 for thermal throttling)" % (p, p))
+    # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)?
+    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; nvme smart-log /dev/nvme0n1" % p

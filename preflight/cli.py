@@ -192,7 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         err.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
         return EXIT_INTERRUPTED
-    console = Console(highlight=False)
+    # Piped output (CI logs, files) gets a wide fixed width so the matrix is never truncated.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     rep.print_report(result, console, verbose=args.verbose, quiet=args.quiet)
     for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file)):
         if path:

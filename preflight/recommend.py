@@ -1,79 +1,222 @@
 """Recommend the NCCL/Gloo environment for the job from the facts of this run, each with its reason.
 
-Sources: NCCL's env.rst (NCCL_SOCKET_IFNAME syntax, NCCL_IB_HCA '=' exact form, NCCL_IB_DISABLE) and
-PyTorch's TORCH_NCCL_ASYNC_ERROR_HANDLING; see ../shared/reference/facts.md in the design notes.
+Inputs: ``cluster.facts["*"]["iperf3"]["chosen"]`` (the network that reaches all hosts with the best measured
+bandwidth), ``cluster.facts[host]["interfaces"]`` (NICs, IB/RoCE ports and GIDs, nvidia_peermem) and, when
+present, the NCCL version from the python/driver_cuda facts. Sources: NCCL's env.rst (NCCL_SOCKET_IFNAME prefix
+list, '=' exact, '^' exclude, applying to the whole list; NCCL_IB_HCA '=' exact; NCCL_IB_GID_INDEX dynamic since
+2.21), PyTorch's distributed docs (GLOO_SOCKET_IFNAME: a comma list of exact interface names, each of which must
+exist on every process) and TORCH_NCCL_ASYNC_ERROR_HANDLING; see shared/reference/facts.md of the design notes.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+import ipaddress
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from checks.base import Status
 
 Env = Dict[str, str]
 
+# Folklore that must never be recommended, with what to say instead.
+NEVER = {
+    "NCCL_TIMEOUT": "NCCL_TIMEOUT does not exist: set the collective timeout with "
+                    "torch.distributed.init_process_group(timeout=datetime.timedelta(minutes=N)) "
+                    "(DeepSpeed: deepspeed.init_distributed(timeout=...)); the default is 10 minutes",
+    "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS is deprecated (NCCL_MIN_CTAS replaces it); NCCL tunes channels itself",
+    "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name: use "
+                                 "TORCH_NCCL_ASYNC_ERROR_HANDLING (recommended above)",
+}
+# NCCL picks the RoCE GID index dynamically from this version on (NCCL_IB_GID_INDEX default -1).
+DYNAMIC_GID_NCCL = (2, 21)
+IPV4_MAPPED_GID = "0000:0000:0000:0000:0000:ffff:"
+EXCLUDED_KINDS = ("loopback", "docker", "bridge")
 
-def _common_fact(cluster: Any, check: str) -> Dict[str, Dict[str, Any]]:
-    return {h.name: cluster.facts.get(h.name, {}).get(check) for h in cluster.hosts
-            if cluster.facts.get(h.name, {}).get(check) is not None}
+
+def _host_facts(cluster: Any, check: str) -> Dict[str, Dict[str, Any]]:
+    facts = getattr(cluster, "facts", {}) or {}
+    return {h.name: facts[h.name][check] for h in cluster.hosts
+            if isinstance(facts.get(h.name), dict) and facts[h.name].get(check) is not None}
 
 
-def socket_ifname(names: List[str]) -> str:
+def socket_ifname(names: Sequence[str]) -> str:
     """One NCCL_SOCKET_IFNAME value matching the chosen interface on every host.
 
-    Same name everywhere: the '=' exact form (so eth1 does not also match eth10). Different names: their
-    longest common prefix when it still excludes nothing else we know of; else a comma list of exact names.
+    '=' makes the whole list exact (without it, eth1 would also match eth10..eth19). Different names across
+    hosts: '=a,b' still matches exactly one interface on each host, provided no host also has the other name.
     """
-    unique = sorted(set(names))
+    return "=" + ",".join(sorted(set(names)))
+
+
+def _allowed(name: Optional[str], itf_facts: Optional[Dict[str, Any]]) -> bool:
+    """Never lo, docker* or bridges, whatever the measurements say."""
+    if not name or name == "lo" or name.startswith("docker"):
+        return False
+    for itf in (itf_facts or {}).get("interfaces") or []:
+        if itf.get("name") == name and (itf.get("kind") in EXCLUDED_KINDS or itf.get("bridge_master")):
+            return False
+    return True
+
+
+def _version(text: Any) -> Optional[Tuple[int, int]]:
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except (ValueError, TypeError):
+        return None
+
+
+def _nccl_versions(cluster: Any) -> Dict[str, Optional[Tuple[int, int]]]:
+    facts = getattr(cluster, "facts", {}) or {}
+    out = {}
+    for h in cluster.hosts:
+        hf = facts.get(h.name) or {}
+        raw = (hf.get("python") or {}).get("nccl") or (hf.get("driver_cuda") or {}).get("nccl")
+        out[h.name] = _version(raw) if raw else None
+    return out
+
+
+def roce_gid_index(ports: Sequence[Dict[str, Any]]) -> Tuple[Optional[int], str]:
+    """The GID index of a RoCE v2 IPv4 GID common to every given RoCE port, or (None, why not)."""
+    common: Optional[set] = None
+    for p in ports:
+        idx = {g.get("index") for g in p.get("gids") or []
+               if "v2" in (g.get("type") or "").lower() and str(g.get("gid", "")).startswith(IPV4_MAPPED_GID)}
+        if not idx:
+            return None, "%s:%s has no RoCE v2 GID of an IPv4 address" % (p.get("device"), p.get("port"))
+        common = idx if common is None else common & idx
+    if not common:
+        return None, "the RoCE v2 IPv4 GID sits at different indexes on different ports"
+    return min(common), ""
+
+
+def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[str, Any]]) -> None:
+    hosts = [h.name for h in cluster.hosts]
+    iperf3 = (getattr(cluster, "facts", {}) or {}).get("*", {}).get("iperf3") or {}
+    chosen = iperf3.get("chosen")
+    if chosen:
+        devices: List[str] = list(chosen["devices"])
+        named = list(zip(chosen.get("hosts") or iperf3.get("hosts") or hosts, devices))
+        why = ("network %s reaches all hosts with the best measured bandwidth (%.3g Gbit/s median iperf3)"
+               % (chosen["network"], chosen["median_gbps"]))
+        others = [n for n in iperf3.get("networks") or [] if n.get("network") != chosen["network"]]
+        if others:
+            why += "; also measured: " + ", ".join("%s %.3g Gbit/s" % (n["network"], n.get("median_gbps") or 0)
+                                                   for n in others)
+    elif iperf3 and not iperf3.get("skipped"):
+        notes.append("iperf3 found no network that reaches all hosts: NCCL_SOCKET_IFNAME is not recommended "
+                     "until that is fixed (see the iperf3 results)")
+        return
+    elif iface and len(iface) == len(hosts) and len(hosts) > 1:
+        named = [(h, ((iface[h].get("route_to_master") or {}).get("dev"))) for h in hosts]
+        devices = [d for _, d in named]
+        why = ("the interface each host routes to the master over (no bandwidth measured: run the iperf3 check "
+               "to pick the fastest network)")
+    else:
+        return
+    bad = [(h, d) for h, d in named if not _allowed(d, iface.get(h))]
+    if bad:
+        notes.append("not recommending NCCL_SOCKET_IFNAME: %s is loopback, docker or a bridge (or unknown); NCCL "
+                     "must use the hosts' real NICs" % ", ".join("%s on %s" % (d, h) for h, d in bad))
+        return
+    value = socket_ifname(devices)
+    unique = sorted(set(devices))
+    if len(unique) > 1:
+        why += "; the interface names differ across hosts (%s), so the exact list matches one on each" % ", ".join(
+            "%s %s" % (h, d) for h, d in named)
+        clash = [(h, d, o) for h, d in named for o in unique
+                 if o != d and any(i.get("name") == o for i in (iface.get(h) or {}).get("interfaces") or [])]
+        if clash:
+            notes.append("NCCL_SOCKET_IFNAME=%s also matches %s: NCCL would use that interface too; rename the "
+                         "interfaces to one name, or set NCCL_SOCKET_IFNAME per host"
+                         % (value, ", ".join("%s on %s (chosen: %s)" % (o, h, d) for h, d, o in clash)))
+    put("NCCL_SOCKET_IFNAME", value, why)
     if len(unique) == 1:
-        return "=" + unique[0]
-    return ",".join(unique)
+        put("GLOO_SOCKET_IFNAME", unique[0],
+            "same interface as NCCL, for torch.distributed's gloo (CPU collectives, and the object collectives "
+            "DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax")
+    else:
+        net = chosen["network"] if chosen else None
+        how = ("GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to %s | awk '{print $2}')" % net) if net else \
+            "GLOO_SOCKET_IFNAME=<that host's interface>"
+        notes.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
+                     "fails on a host that lacks any of them, and the names differ (%s); set it per host in the "
+                     "launch script, e.g. export %s" % (", ".join("%s %s" % (h, d) for h, d in named), how))
+    if chosen:
+        master = hosts[0] if hosts else None
+        addr = chosen.get("addresses", {}).get(master)
+        ssh_addr = None
+        try:
+            ssh_addr = cluster.address(master) if master and hasattr(cluster, "address") else None
+            on_chosen = ipaddress.ip_address(ssh_addr) in ipaddress.ip_network(chosen["network"])
+        except (ValueError, TypeError, KeyError):
+            on_chosen = None  # a name, not an address: unknown
+        if addr and on_chosen is False:
+            notes.append("the hostfile names resolve to another network (%s is %s) than the fastest one: launch with "
+                         "deepspeed --master_addr=%s so that the rendezvous uses %s too"
+                         % (master, ssh_addr, addr, chosen["network"]))
+
+
+def _ib_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[str, Any]]) -> None:
+    hosts = [h.name for h in cluster.hosts]
+    if not iface or len(iface) < len(hosts):
+        if hosts:
+            notes.append("no interfaces facts for %s: run the interfaces check for the IB/RoCE recommendation"
+                         % ", ".join(h for h in hosts if h not in iface))
+        return
+    active = {h: [p for p in iface[h].get("ib") or [] if p.get("active")] for h in hosts}
+    if not any(active.values()):
+        put("NCCL_IB_DISABLE", "1", "no host has an active InfiniBand/RoCE port: NCCL must use TCP sockets (without "
+                                    "it NCCL probes for IB devices at every start)")
+        return
+    without = [h for h in hosts if not active[h]]
+    if without:
+        notes.append("%s %s no active IB/RoCE port while the others do: NCCL cannot mix IB and sockets in one job; "
+                     "fix the port, leave the host out, or set NCCL_IB_DISABLE=1 (sockets only, much slower)"
+                     % (", ".join(without), "has" if len(without) == 1 else "have"))
+    ports = [p for h in hosts for p in active[h]]
+    hcas = sorted({"%s:%s" % (p["device"], p["port"]) for p in ports})
+    put("NCCL_IB_HCA", "=" + ",".join(hcas),
+        "the active IB/RoCE ports; '=' makes NCCL match exact names (without it mlx5_1 also matches mlx5_10..)")
+    roce = [p for p in ports if (p.get("link_layer") or "").lower() == "ethernet"]
+    if roce:
+        versions = _nccl_versions(cluster)
+        if versions and all(v is not None and v >= DYNAMIC_GID_NCCL for v in versions.values()):
+            notes.append("RoCE: NCCL >= 2.21 on every host picks the GID index itself; NCCL_IB_GID_INDEX not needed")
+        else:
+            idx, why_not = roce_gid_index(roce)
+            if idx is None:
+                notes.append("RoCE: cannot recommend NCCL_IB_GID_INDEX (%s); NCCL < 2.21 defaults to index 0 (RoCE "
+                             "v1/link-local), which usually fails across subnets" % why_not)
+            else:
+                put("NCCL_IB_GID_INDEX", str(idx),
+                    "RoCE ports: index %d holds the RoCE v2 GID of an IPv4 address on every active RoCE port; NCCL "
+                    "< 2.21 uses index 0 unless told (newer NCCL finds the same index itself)" % idx)
+    if all(iface[h].get("peermem") for h in hosts) and not without:
+        put("NCCL_NET_GDR_LEVEL", "PHB",
+            "nvidia_peermem is loaded on every host: allow GPUDirect RDMA when the GPU and NIC share a CPU socket")
 
 
 def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], List[str]]:
+    """(env, {var: reason}, notes) for the job; the runner prints them and writes the --env-file."""
     env: Env = {}
     reasons: Dict[str, str] = {}
     notes: List[str] = []
 
     def put(name: str, value: str, why: str) -> None:
+        if name in NEVER:  # a guard against regressions: these must never reach a user's environment
+            raise ValueError("refusing to recommend %s" % name)
         env[name] = value
         reasons[name] = why
 
-    chosen = cluster.facts.get("*", {}).get("iperf3", {}).get("chosen") if hasattr(cluster, "facts") else None
-    iface_facts = _common_fact(cluster, "interfaces")
-    if chosen:
-        put("NCCL_SOCKET_IFNAME", socket_ifname(chosen["devices"]),
-            f"network {chosen['network']} reaches all hosts with the best measured bandwidth "
-            f"({chosen['median_gbps']:.2f} Gbit/s median iperf3)")
-        put("GLOO_SOCKET_IFNAME", env["NCCL_SOCKET_IFNAME"].lstrip("="),
-            "same network as NCCL, for torch.distributed's gloo bootstrap and CPU collectives")
-    elif iface_facts and len(iface_facts) == len(cluster.hosts):
-        devs = [(f.get("route_to_master") or {}).get("dev") for f in iface_facts.values()]
-        if all(devs) and not any(d == "lo" for d in devs) and len(cluster.hosts) > 1:
-            put("NCCL_SOCKET_IFNAME", socket_ifname(devs),
-                "the interface each host routes to the master over (no bandwidth measured: run the iperf3 check "
-                "to pick the fastest network)")
-            put("GLOO_SOCKET_IFNAME", env["NCCL_SOCKET_IFNAME"].lstrip("="), "same network as NCCL")
-    if iface_facts and len(iface_facts) == len(cluster.hosts):
-        active = {h: [p for p in f.get("ib", []) if p.get("active")] for h, f in iface_facts.items()}
-        if not any(active.values()):
-            put("NCCL_IB_DISABLE", "1", "no host has an active InfiniBand/RoCE port: NCCL must use sockets")
-        else:
-            hcas = sorted({f"{p['device']}:{p['port']}" for ports in active.values() for p in ports})
-            put("NCCL_IB_HCA", "=" + ",".join(hcas),
-                "the active IB/RoCE ports found; '=' makes NCCL match exact names (mlx5_1 would also match mlx5_10)")
-            if any(p.get("link_layer") == "Ethernet" for ports in active.values() for p in ports):
-                notes.append("RoCE ports found: NCCL >= 2.21 picks NCCL_IB_GID_INDEX dynamically; set it (usually 3 "
-                             "for RoCEv2 over IPv4) only if your NCCL is older")
-        if all(f.get("peermem") for f in iface_facts.values()) and any(active.values()):
-            put("NCCL_NET_GDR_LEVEL", "PHB", "nvidia_peermem is loaded on every host: GPUDirect RDMA is available")
-    put("NCCL_DEBUG", "WARN", "NCCL prints the reason of a failure instead of hanging silently")
+    iface = _host_facts(cluster, "interfaces")
+    _socket_env(cluster, put, notes, iface)
+    _ib_env(cluster, put, notes, iface)
+    put("NCCL_DEBUG", "WARN", "NCCL prints the reason of a failure instead of failing silently; INFO for more")
     put("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
-        "a failed collective aborts the job instead of hanging until the timeout (the legacy NCCL_ASYNC_ERROR_HANDLING "
-        "is deprecated)")
-    notes.append("NCCL_TIMEOUT does not exist: set the collective timeout with "
-                 "torch.distributed.init_process_group(timeout=datetime.timedelta(minutes=N)) "
-                 "(DeepSpeed: deepspeed.init_distributed(timeout=...))")
+        "a failed or timed-out collective aborts the job instead of hanging it (the legacy "
+        "NCCL_ASYNC_ERROR_HANDLING is deprecated)")
+    notes.extend(NEVER.values())
     failing = [r for r in results if r.check in ("interfaces", "iperf3") and r.status == Status.FAIL]
     if failing:
-        notes.append("network checks failed: fix them before trusting the interface recommendation")
+        notes.append("network checks failed (%s): fix them before trusting the interface recommendation"
+                     % ", ".join(sorted({r.host for r in failing})))
     return env, reasons, notes

@@ -198,11 +198,15 @@ class Runner:
                 node.ssh_facts = {"connected": False, "status": "error",
                                   "error": f"connecting did not finish: {res}", "fix": "check the host"}
 
-    def _host_params(self, node: Node) -> Dict[str, Any]:
+    def _host_params(self, node: Node, modules: List[ModuleType]) -> Dict[str, Any]:
         master = self.nodes[0]
         params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
                   "master": master.transport.address, "master_name": master.name,
                   "hosts": [n.transport.address for n in self.nodes]}
+        # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
+        for module in modules:
+            if hasattr(module, "params_from_thresholds"):
+                params.update(module.params_from_thresholds(self.o.thresholds))
         params.update(self.o.extra.get("host_params", {}))
         return params
 
@@ -213,7 +217,7 @@ class Runner:
 
         def one(node: Node) -> Dict[str, Any]:
             try:
-                return node.agent.collect(names, self._host_params(node), self.o.timeout)
+                return node.agent.collect(names, self._host_params(node, modules), self.o.timeout)
             finally:
                 self.progress.advance(node.name)
 

@@ -6,6 +6,7 @@ remote shell. ``transport.start(...)`` returns a RunningCommand for long-lived h
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shlex
@@ -20,6 +21,12 @@ from typing import List, Optional, Sequence
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
+
+# paramiko's transport thread logs tracebacks of failed handshakes to stderr; each failure already
+# becomes a precise TransportError, so its log would only be noise in front of the report.
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
 
 
 @dataclass
@@ -335,6 +342,21 @@ class SSHTransport(Transport):
             sock.close()
             raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
                                  "check the network path to the host")
+        # Wait for the server's first bytes ourselves (peeking, so paramiko still reads the banner): a port
+        # that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
+        try:
+            sock.settimeout(max(1.0, timeout - (time.monotonic() - start)))
+            if not sock.recv(4, socket.MSG_PEEK):
+                raise ConnectionResetError("closed before the SSH banner")
+        except socket.timeout:
+            sock.close()
+            raise TransportError(f"{host}:{port} accepted TCP but sent no SSH banner within {timeout:g}s "
+                                 "(hung sshd, overloaded host, or not an SSH server on this port)",
+                                 "check sshd on the host (systemctl status ssh; MaxStartups) and the port")
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"{host}:{port} closed the connection before the SSH banner: {exc}",
+                                 "check sshd on the host (hosts.deny, MaxStartups, sshd logs)")
         client = paramiko.SSHClient()
         known = Path(self.options.known_hosts).expanduser()
         if known.is_file():
