@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import pwd
 import re
@@ -24,6 +23,7 @@ __all__ = ["NetCluster", "NetClusterError", "Host"]
 
 SSH_PORT = 22
 ROOT_OCTET = 254  # the coordinator's (root namespace's) address on every network
+SUBNETS = 512  # /24s in the benchmarking range 198.18.0.0/15
 MAX_NETWORKS = 16  # keeps veth names within IFNAMSIZ (15 chars)
 MAX_NAMESPACES = 253  # host octets .1 .. .253 on each /24
 
@@ -37,7 +37,7 @@ SYS_NET = Path("/sys/class/net")
 _PREFIX = "pf"
 _ID_HEX = 6
 # Every kernel object is named pf<id><kind><index>, kind h=namespace b=bridge v=veth.
-_OBJECT_RE = re.compile(rf"^{_PREFIX}([0-9a-f]{{{_ID_HEX}}})[hbv]\d")
+_OBJECT_RE = re.compile(rf"^{_PREFIX}([0-9a-f]{{{_ID_HEX}}})([hbv])\d")
 # The state dir name carries its owner (pid and start time, against pid reuse),
 # so ownership is claimed atomically by mkdir, before any kernel object exists.
 _STATE_RE = re.compile(rf"^pfnc-([0-9a-f]{{{_ID_HEX}}})-(\d+)-(\d+)$")
@@ -116,15 +116,20 @@ def _run(argv: Sequence[str], *, input: str | None = None, timeout: float = 30,
 
 
 def _run_all(jobs: Sequence[tuple[Sequence[str], str]], timeout: float = 30) -> None:
-    """Run (argv, stdin) jobs concurrently; namespace setup is fork-bound, not CPU-bound."""
-    procs = [(argv, subprocess.Popen(_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True))
-             for argv, _ in jobs]
+    """Run (argv, stdin) jobs concurrently; per-namespace setup waits on forks, not CPU."""
+    procs = [subprocess.Popen(_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for argv, _ in jobs]
     failures = []
-    for (argv, proc), (_, stdin) in zip(procs, jobs):
-        _, err = proc.communicate(stdin, timeout=timeout)
-        if proc.returncode:
-            failures.append(f"{shlex.join(argv)}: {err.strip()}")
+    try:
+        for proc, (argv, stdin) in zip(procs, jobs):
+            _, err = proc.communicate(stdin, timeout=timeout)
+            if proc.returncode:
+                failures.append(f"{shlex.join(argv)}: {err.strip()}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # only after a timeout
+                proc.kill()
+                proc.wait()
     if failures:
         raise NetClusterError("; ".join(failures))
 
@@ -186,22 +191,33 @@ def _kill_processes_in(namespaces: Sequence[str], timeout: float = 10.0) -> None
         time.sleep(0.005)
 
 
-def _remove_objects(links: Iterable[str], namespaces: Iterable[str]) -> None:
-    # Root-side veths are deleted explicitly: deleting a netns tears its veths
-    # down asynchronously, and a caller checking right after close() would race.
-    _ip_batch([f"link del {link}" for link in links] + [f"netns del {ns}" for ns in namespaces],
+def _kind(name: str) -> str:
+    return _OBJECT_RE.match(name)[2]
+
+
+def _remove_objects(names: Iterable[str], veth_grace: float = 2.0) -> None:
+    """Delete our namespaces and root-namespace links, told apart by their names."""
+    names = list(names)
+    veths = [n for n in names if _kind(n) == "v"]
+    # Deleting a namespace frees all its veth pairs in one batched kernel pass,
+    # much faster than `ip link del` per veth (~20 ms each), but asynchronously
+    # and only once nothing pins the namespace; stragglers are deleted by name.
+    _ip_batch([f"netns del {n}" for n in names if _kind(n) == "h"], force=True)
+    deadline = time.monotonic() + veth_grace
+    while set(veths) & set(os.listdir(SYS_NET)) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    present = set(os.listdir(SYS_NET))
+    _ip_batch([f"link del {n}" for n in veths + [n for n in names if _kind(n) == "b"] if n in present],
               force=True)
 
 
 # ------------------------------------------------------------ stale leftovers
 
 
-def _existing_objects() -> tuple[list[str], list[str]]:
-    """(root-namespace links, named namespaces) that follow our naming scheme."""
-    def ours(names: Iterable[str]) -> list[str]:
-        return sorted(n for n in names if _OBJECT_RE.match(n))
+def _existing_objects() -> list[str]:
+    """Named namespaces and root-namespace links that follow our naming scheme."""
     netns = os.listdir(NETNS_DIR) if NETNS_DIR.is_dir() else []
-    return ours(os.listdir(SYS_NET)), ours(netns)
+    return sorted(n for n in os.listdir(SYS_NET) + netns if _OBJECT_RE.match(n))
 
 
 def _state_dirs() -> dict[Path, tuple[str, bool]]:
@@ -215,22 +231,22 @@ def _state_dirs() -> dict[Path, tuple[str, bool]]:
 
 def _sweep_stale() -> None:
     """Remove what crashed runs left behind, sparing clusters of live processes."""
+    # Objects are listed before state dirs: an object seen here belongs to a
+    # cluster whose state dir already existed, so a cluster being built right
+    # now by another process cannot be mistaken for an ownerless one.
+    objects = _existing_objects()
     dirs = _state_dirs()
     live = {cid for cid, alive in dirs.values() if alive}
-
-    def stale(names: list[str]) -> list[str]:
-        return [n for n in names if _OBJECT_RE.match(n)[1] not in live]
-    links, namespaces = map(stale, _existing_objects())
-    _kill_processes_in(namespaces)
-    _remove_objects(links, namespaces)
+    stale = [n for n in objects if _OBJECT_RE.match(n)[1] not in live]
+    _kill_processes_in([n for n in stale if _kind(n) == "h"])
+    _remove_objects(stale)
     for path, (_, alive) in dirs.items():
         if not alive:
             shutil.rmtree(path, ignore_errors=True)
 
 
 def _reserve_state_dir() -> tuple[str, Path]:
-    links, namespaces = _existing_objects()
-    taken = {_OBJECT_RE.match(n)[1] for n in links + namespaces} | {c for c, _ in _state_dirs().values()}
+    taken = {_OBJECT_RE.match(n)[1] for n in _existing_objects()} | {c for c, _ in _state_dirs().values()}
     owner = f"{os.getpid()}-{_start_time(os.getpid())}"
     while (cid := secrets.token_hex(_ID_HEX // 2)) in taken:
         pass
@@ -276,8 +292,30 @@ def _nft_port_set(ports: Ports) -> str:
     return "{ " + ", ".join(specs) + " }"
 
 
-def _address(network: int, octet: int) -> str:
-    return f"198.18.{network}.{octet}"
+def _address(subnet: int, octet: int) -> str:
+    """Address `octet` in the subnet-th /24 of 198.18.0.0/15."""
+    return f"198.{18 + subnet // 256}.{subnet % 256}.{octet}"
+
+
+def _routed_subnets() -> set[int]:
+    routes = _run(["ip", "-4", "-o", "route", "show", "table", "main"]).stdout
+    return {(int(m[1]) - 18) * 256 + int(m[2])
+            for m in re.finditer(r"^198\.(18|19)\.(\d+)\.0/24 ", routes, re.M)}
+
+
+def _claim_subnet(bridge: str, taken: set[int]) -> int:
+    """Route the first free /24 to `bridge`; the kernel's route table is the lock.
+
+    Concurrent clusters (other processes, or a module fixture alongside a test's
+    own cluster) share the root namespace, so each needs distinct subnets, and
+    `ip route add` of an existing prefix fails atomically with EEXIST.
+    """
+    for subnet in range(SUBNETS):
+        if subnet not in taken and _run(["ip", "route", "add", f"{_address(subnet, 0)}/24",
+                                         "dev", bridge], check=False).returncode == 0:
+            taken.add(subnet)
+            return subnet
+    raise NetClusterError("no free /24 left in 198.18.0.0/15")
 
 
 # ------------------------------------------------------------ availability
@@ -308,7 +346,8 @@ _LIVE: set[NetCluster] = set()
 
 @atexit.register
 def _close_live_clusters() -> None:
-    for cluster in list(_LIVE):
+    # A forked child inherits _LIVE; only the creating process may tear down.
+    for cluster in [c for c in _LIVE if c.owner_pid == os.getpid()]:
         try:
             cluster.close()
         except Exception as exc:  # keep closing the others; atexit cannot fail usefully
@@ -318,21 +357,30 @@ def _close_live_clusters() -> None:
 class NetCluster:
     """N hosts, each a netns with its own hostname, mounts and sshd, on bridged networks.
 
-    Network k is 198.18.k.0/24: host i is .(i+1), the root namespace (the test
-    process, acting as coordinator) is .254.  Use as a context manager.
+    Network k is a /24 of 198.18.0.0/15 (198.18.k.0/24 when no other cluster is
+    alive): host i is .(i+1) on it and the root namespace, i.e. the test process
+    acting as coordinator, is .254.  Use as a context manager.
     """
 
     def __init__(self, n: int = 3, networks: int = 1, names: Sequence[str] | None = None,
                  setup: Mapping[str, Sequence[SetupCommand]] | None = None,
                  ready_timeout: float = 20.0):
+        """Build and start the cluster; on any failure, remove what was built and raise.
+
+        names: host names, default node01, node02, ...
+        setup: {host name: commands} run in that host's namespaces before sshd
+            starts; a str command is a shell line, a sequence is an argv (quoted).
+        """
         names = list(names) if names is not None else [f"node{i + 1:02d}" for i in range(n)]
         setup = dict(setup or {})
         self._validate(n, networks, names, setup)
         self.networks = networks
+        self._subnets: list[int] = []  # index into the /24s of 198.18.0.0/15, per network
         self.hosts: list[Host] = []
         self.fault_hosts: list[Host] = []
         self._procs: list[subprocess.Popen] = []
         self._closed = False
+        self.owner_pid = os.getpid()
         _sweep_stale()
         self.id, self.dir = _reserve_state_dir()
         _LIVE.add(self)
@@ -347,7 +395,17 @@ class NetCluster:
                 pass  # the build error is the one worth reporting
             raise
 
-    # -- public paths ------------------------------------------------------
+    # -- addresses and coordinator-side files ---------------------------------
+
+    @property
+    def subnets(self) -> list[str]:
+        """CIDR of each network; 198.18.k.0/24 unless other clusters hold those."""
+        return [f"{_address(subnet, 0)}/24" for subnet in self._subnets]
+
+    @property
+    def coordinator_addresses(self) -> list[str]:
+        """The root namespace's (test process's) address on each network."""
+        return [_address(subnet, ROOT_OCTET) for subnet in self._subnets]
 
     @property
     def user_key(self) -> Path:
@@ -388,6 +446,7 @@ class NetCluster:
 
     def nsenter_argv(self, host: Host | str) -> list[str]:
         """argv prefix entering the host's net, mount and uts namespaces (those of its sshd)."""
+        self._check_open()
         h = self.host(host)
         if not h.host_key_line:
             raise NetClusterError(f"{h.name} is a fault host and runs no sshd to enter")
@@ -415,30 +474,28 @@ class NetCluster:
 
     def shape(self, host: Host | str, mbit: float, network: int = 0) -> None:
         """Limit both directions of the host's link on `network` to `mbit` Mbit/s."""
-        qdisc = self._tbf(mbit)
-        for argv in self._link_tc(host, network):
-            _run([*argv, "replace", *qdisc])
+        for netns, dev in self._link_ends(host, network):
+            _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", *self._tbf(mbit)])
 
     def unshape(self, host: Host | str, network: int = 0) -> None:
-        for argv in self._link_tc(host, network):
-            _run([*argv, "del"], check=False)  # nothing to delete is fine
+        for netns, dev in self._link_ends(host, network):
+            _run(["tc", *netns, "qdisc", "del", "dev", dev, "root"], check=False)  # may be unshaped
 
-    def _link_tc(self, host: Host | str, network: int) -> list[list[str]]:
-        """tc argv prefixes (up to `qdisc`) for each end of the host's veth on `network`."""
+    def _link_ends(self, host: Host | str, network: int) -> list[tuple[list[str], str]]:
+        """(tc namespace option, device) for both ends of the host's veth on `network`."""
         h = self.host(host)
-        return [["tc", "qdisc"], ["tc", "-n", h.ns, "qdisc"]], \
-            [h.veths[network], f"eth{network}"] if False else [
-                ["tc", "qdisc", "dev", h.veths[network], "root"],  # toward the host
-                ["tc", "-n", h.ns, "qdisc", "dev", f"eth{network}", "root"],  # from the host
-            ]
+        # A qdisc shapes egress only: the root-side end's egress is traffic to
+        # the host, the host-side end's egress is traffic from it.
+        return [([], h.veths[network]), (["-n", h.ns], f"eth{network}")]
 
     @staticmethod
     def _tbf(mbit: float) -> list[str]:
-        rate_bytes = mbit * 1e6 / 8
-        # A bucket below one 64 KiB GSO super-packet makes tbf split every
-        # packet; a much larger one lets short tests overshoot the rate.
-        burst = int(max(rate_bytes * 0.005, 64 * 1024 + 1514))
-        return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms"]
+        # veths pass 64 KiB GSO super-packets.  A bucket smaller than one makes
+        # tbf split every packet, and a queue shorter than a few of them makes
+        # TCP collapse at low rates (10 Mbit measured ~55%); 200 ms of queue and
+        # a 5 ms (min 64 KiB) bucket measure 94-98% of the rate from 1 to 1000 Mbit.
+        burst = int(max(mbit * 1e6 / 8 * 0.005, 64 * 1024 + 1514))
+        return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms"]
 
     def firewall(self, host: Host | str, drop_tcp_dports: Ports = "1024-65535") -> None:
         """Drop new inbound TCP to the given ports; port 22 and established flows pass."""
@@ -475,12 +532,7 @@ table inet {_FIREWALL_TABLE} {{
     def add_silent(self, name: str) -> str:
         """A network-0 address whose port 22 accepts TCP but never sends an SSH banner."""
         h = self._add_fault_host(name)
-        h.proc = subprocess.Popen(
-            _argv(["ip", "netns", "exec", h.ns, sys.executable, "-c", _SILENT_LISTENER,
-                   h.addresses[0], str(SSH_PORT)]),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
-        h.pid = h.proc.pid
+        self._spawn_server(h, [sys.executable, "-c", _SILENT_LISTENER, h.addresses[0], str(SSH_PORT)])
         self._wait_listening([h], timeout=10)
         return h.addresses[0]
 
@@ -489,7 +541,7 @@ table inet {_FIREWALL_TABLE} {{
         self._validate_names([h.name for h in self.hosts + self.fault_hosts] + [name])
         h = self._new_host(len(self.hosts) + len(self.fault_hosts), name, networks=1)
         self.fault_hosts.append(h)
-        self._create_network([h], bridges=False)
+        self._create_hosts_network([h])
         self._configure_namespaces([h])
         self._write_ssh_config()
         return h
@@ -515,9 +567,7 @@ table inet {_FIREWALL_TABLE} {{
 
     def leftovers(self) -> list[str]:
         """Namespaces, links, live processes and files of this cluster that still exist."""
-        mine = re.compile(rf"^{_PREFIX}{self.id}[hbv]\d")
-        links, namespaces = _existing_objects()
-        found = [n for n in links + namespaces if mine.match(n)]
+        found = [n for n in _existing_objects() if _OBJECT_RE.match(n)[1] == self.id]
         found += [f"pid {pid}" for pid in self._pids() if _is_alive(pid)]
         found += [str(self.dir)] if self.dir.exists() else []
         return found
@@ -539,9 +589,8 @@ table inet {_FIREWALL_TABLE} {{
             proc.wait(timeout=10)
 
     def _remove_network(self) -> None:
-        every = self.hosts + self.fault_hosts
-        _remove_objects([v for h in every for v in h.veths] + self._bridges(),
-                        self._namespaces())
+        _remove_objects(self._namespaces() + self._bridges()
+                        + [v for h in self.hosts + self.fault_hosts for v in h.veths])
 
     def _remove_state(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -586,17 +635,21 @@ table inet {_FIREWALL_TABLE} {{
             raise ValueError(f"at most {MAX_NAMESPACES} hosts and fault hosts per cluster")
 
     def _build(self, names: list[str], setup: dict, ready_timeout: float) -> None:
+        self._create_bridges()
         self.hosts = [self._new_host(i, name, self.networks) for i, name in enumerate(names)]
         self._write_files(setup)
-        self._create_network(self.hosts, bridges=True)
+        self._create_hosts_network(self.hosts)
         self._configure_namespaces(self.hosts)
+        # sshd refuses to start without its privilege-separation chroot dir,
+        # which only exists here if the system sshd has run since boot.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for h in self.hosts:
             self._start_sshd(h)
         self._wait_listening(self.hosts, ready_timeout)
 
     def _new_host(self, index: int, name: str, networks: int) -> Host:
         return Host(name=name, ns=f"{_PREFIX}{self.id}h{index}",
-                    addresses=[_address(k, index + 1) for k in range(networks)],
+                    addresses=[_address(self._subnets[k], index + 1) for k in range(networks)],
                     veths=[f"{_PREFIX}{self.id}v{index}n{k}" for k in range(networks)])
 
     def _host_dir(self, h: Host) -> Path:
@@ -646,6 +699,10 @@ Host *
         _write(dot_ssh / "config", "Host *\n    StrictHostKeyChecking yes\n    BatchMode yes\n")
         _write(hdir / "sshd_config", self._sshd_config(h))
         _write(hdir / "boot.sh", self._boot_script(h, setup))
+        if _needs_home_overlay():
+            (hdir / "home_upper" / ".ssh").mkdir(parents=True)
+            (hdir / "home_work").mkdir()
+            os.chmod(hdir / "home_upper", _ROOT_HOME.stat().st_mode & 0o7777)
 
     def _sshd_config(self, h: Host) -> str:
         hdir = self._host_dir(h)
@@ -669,31 +726,33 @@ Subsystem sftp internal-sftp
     def _boot_script(self, h: Host, setup: Sequence[SetupCommand]) -> str:
         """Shell run in the host's fresh uts+mount namespaces; ends by exec'ing sshd."""
         hdir = self._host_dir(h)
-        home = Path(pwd.getpwuid(0).pw_dir)
         q = shlex.quote
-        lines = ["set -eu", f"hostname {q(h.name)}",
+        # -x traces each step into server.log, so a failing setup line is named there.
+        lines = ["set -eux", f"hostname {q(h.name)}",
+                 # The private copy of /run/netns would pin every namespace that
+                 # exists now, other clusters' included, for this host's lifetime.
+                 f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi",
                  "mount -t tmpfs -o mode=1777 tmpfs /tmp",
                  f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts"]
-        if not (home / ".ssh").is_dir():
-            # Binding needs a mountpoint; an overlay provides one without
-            # creating the real ~/.ssh (and keeps the rest of home visible).
-            upper, work = hdir / "home_upper", hdir / "home_work"
-            (upper / ".ssh").mkdir(parents=True)
-            work.mkdir()
-            os.chmod(upper, home.stat().st_mode & 0o7777)
-            lines.append(f"mount -t overlay overlay -o "
-                         f"{q(f'lowerdir={home},upperdir={upper},workdir={work}')} {q(str(home))}")
-        lines.append(f"mount --bind {q(str(hdir / 'dot_ssh'))} {q(str(home / '.ssh'))}")
+        if _needs_home_overlay():
+            options = f"lowerdir={_ROOT_HOME},upperdir={hdir / 'home_upper'},workdir={hdir / 'home_work'}"
+            lines.append(f"mount -t overlay overlay -o {q(options)} {q(str(_ROOT_HOME))}")
+        lines.append(f"mount --bind {q(str(hdir / 'dot_ssh'))} {q(str(_ROOT_HOME / '.ssh'))}")
         lines += [_setup_line(cmd) for cmd in setup]
         lines.append(f"exec {q(_which('sshd'))} -D -e -f {q(str(hdir / 'sshd_config'))}")
         return "\n".join(lines) + "\n"
 
-    def _create_network(self, hosts: list[Host], bridges: bool) -> None:
+    def _create_bridges(self) -> None:
+        _ip_batch([cmd for bridge in self._bridges()
+                   for cmd in (f"link add {bridge} type bridge", f"link set {bridge} up")])
+        taken = _routed_subnets()
+        self._subnets = [_claim_subnet(bridge, taken) for bridge in self._bridges()]
+        # noprefixroute: the claimed route already exists and must stay the only one.
+        _ip_batch([f"addr add {_address(subnet, ROOT_OCTET)}/24 noprefixroute dev {bridge}"
+                   for subnet, bridge in zip(self._subnets, self._bridges())])
+
+    def _create_hosts_network(self, hosts: list[Host]) -> None:
         commands = []
-        for k, bridge in enumerate(self._bridges() if bridges else []):
-            commands += [f"link add {bridge} type bridge",
-                         f"addr add {_address(k, ROOT_OCTET)}/24 dev {bridge}",
-                         f"link set {bridge} up"]
         for h in hosts:
             commands.append(f"netns add {h.ns}")
             # The peer is born inside the namespace already named eth<k>,
@@ -712,15 +771,19 @@ Subsystem sftp internal-sftp
         _run_all([(["ip", "-n", h.ns, "-batch", "-"], commands(h)) for h in hosts])
 
     def _start_sshd(self, h: Host) -> None:
-        hdir = self._host_dir(h)
-        with open(hdir / "sshd.log", "wb") as log:
-            # ip netns exec, unshare (without --fork) and the script's final
-            # `exec` all replace themselves, so the Popen pid is sshd's pid.
-            h.proc = subprocess.Popen(
-                _argv(["ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount",
-                       "--propagation", "private", "--", "sh", str(hdir / "boot.sh")]),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+        self._spawn_server(h, ["unshare", "--uts", "--mount", "--propagation", "private", "--",
+                               "sh", str(self._host_dir(h) / "boot.sh")])
+
+    def _spawn_server(self, h: Host, argv: list[str]) -> None:
+        """Start the host's one server process, logging to its server.log."""
+        log_path = self._host_dir(h) / "server.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            # ip netns exec, unshare (without --fork) and sh's `exec` all
+            # replace themselves, so the Popen pid is the server's own pid.
+            h.proc = subprocess.Popen(_argv(["ip", "netns", "exec", h.ns, *argv]),
+                                      stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
         h.pid = h.proc.pid
 
     def _wait_listening(self, hosts: list[Host], timeout: float) -> None:
@@ -730,8 +793,8 @@ Subsystem sftp internal-sftp
         while pending:
             for h in list(pending):
                 if h.proc.poll() is not None:
-                    raise NetClusterError(f"{h.name}: server exited with {h.proc.returncode}: "
-                                          f"{self._server_output(h)}")
+                    raise NetClusterError(f"{h.name}: server exited with {h.proc.returncode}; "
+                                          f"its output: {self._server_output(h)}")
                 if _accepts(h.addresses[0], SSH_PORT):
                     pending.remove(h)
             if pending and time.monotonic() > deadline:
@@ -741,12 +804,8 @@ Subsystem sftp internal-sftp
                 time.sleep(0.01)
 
     def _server_output(self, h: Host) -> str:
-        log = self._host_dir(h) / "sshd.log"
-        if log.exists():
-            return log.read_text(errors="replace").strip()[-2000:] or "(no output)"
-        if h.proc and h.proc.stderr and h.proc.poll() is not None:
-            return h.proc.stderr.read().decode(errors="replace").strip()[-2000:] or "(no output)"
-        return "(no output yet)"
+        log = self._host_dir(h) / "server.log"
+        return log.read_text(errors="replace").strip()[-2000:] or "(no output)"
 
     # -- availability --------------------------------------------------------
 
@@ -754,6 +813,15 @@ Subsystem sftp internal-sftp
     def unavailable_reason() -> str | None:
         """Why this machine cannot build a NetCluster, or None when it can."""
         return _unavailable_reason()
+
+
+_ROOT_HOME = Path(pwd.getpwuid(0).pw_dir)
+
+
+def _needs_home_overlay() -> bool:
+    # Binding a private ~/.ssh needs a mountpoint.  Where root has no ~/.ssh,
+    # an overlay on home provides one without creating the real directory.
+    return not (_ROOT_HOME / ".ssh").is_dir()
 
 
 def _accepts(address: str, port: int) -> bool:
