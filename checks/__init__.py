@@ -16,6 +16,8 @@ ORDER = [
     "nvme",
     "interfaces",
     "versions",
+    "ports",
+    "launcher_ssh",
 ]
 
 

@@ -124,8 +124,9 @@ class Cluster:
     def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]:
         """Call func on several hosts at once; each value is the result or the exception."""
         names = list(params_by_host)
+        batches = -(-len(names) // max(1, self.parallel))  # hosts beyond --parallel wait for a free slot
         out = parallel_map(lambda h: self.call(h, func, params_by_host[h], timeout), names,
-                           self.parallel, timeout + 30)
+                           self.parallel, timeout * batches + 30)
         return dict(zip(names, out))
 
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:

@@ -1,0 +1,240 @@
+"""launcher_ssh: ssh stderr classification, evaluate on recorded facts, the host-side probe with a stand-in ssh,
+and the real thing from node01 of a namespace cluster (healthy; a refused key and an unknown host key)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks import launcher_ssh as ls
+from checks.base import HostContext, Status
+from preflight.config import load_thresholds
+
+ROOT = Path(__file__).resolve().parent.parent
+THRESHOLDS = load_thresholds()
+
+# stderr of OpenSSH 9.2 clients (rc 255 unless noted), as recorded from real failures.
+SAMPLES = {
+    "auth": "root@node03: Permission denied (publickey).",
+    "auth_password": "deploy@gpu-7: Permission denied (publickey,password).",
+    "host_key_unknown": "No ED25519 host key is known for node02 and you have requested strict checking.\r\n"
+                        "Host key verification failed.",
+    "host_key_changed": (
+        "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+        "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+        "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+        "IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n"
+        "Host key for node04 has changed and you have requested strict checking.\n"
+        "Host key verification failed."),
+    "unresolved": "ssh: Could not resolve hostname node09: Name or service not known",
+    "unresolved_dns": "ssh: Could not resolve hostname gpu-12: Temporary failure in name resolution",
+    "refused": "ssh: connect to host 198.18.0.5 port 22: Connection refused",
+    "timeout": "ssh: connect to host 198.18.0.6 port 22: Connection timed out",
+    "unreachable": "ssh: connect to host 10.1.0.7 port 22: No route to host",
+    "closed": "kex_exchange_identification: Connection closed by remote host\r\n"
+              "Connection closed by 198.18.0.8 port 22",
+    "perms": "Bad owner or permissions on /root/.ssh/config",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_classify_recorded_stderr(name):
+    assert ls.classify(255, SAMPLES[name]) == name.split("_password")[0].split("_dns")[0]
+
+
+def test_fallback_limits_match_defaults_toml():
+    assert ls.FALLBACK == THRESHOLDS["launcher_ssh"]
+
+
+def test_classify_rc_only_cases():
+    assert ls.classify(0, "Warning: Permanently added 'node02' (ED25519) to the list of known hosts.") == "ok"
+    assert ls.classify(127, "ssh: command not found") == "no_client"
+    assert ls.classify(124, "\nssh: timed out after 20s") == "timeout"
+    assert ls.classify(255, "something new and strange") == "other"
+
+
+def test_explain_names_host_master_and_the_fix():
+    why, fix = ls.explain("auth", "node03", "node01", SAMPLES["auth_password"])
+    assert "Permission denied (publickey,password)" in why and "ask for a password" in why
+    assert "ssh-copy-id node03" in fix and fix.startswith("on node01")
+    why, fix = ls.explain("host_key_unknown", "node02", "node01", SAMPLES["host_key_unknown"])
+    assert "node02" in why and "ssh-keyscan -H node02 >> ~/.ssh/known_hosts" in fix
+    assert "ssh-keygen -R node04" in ls.explain("host_key_changed", "node04", "node01", "")[1]
+    assert "/etc/hosts" in ls.explain("unresolved", "node09", "node01", SAMPLES["unresolved"])[1]
+    for kind in ("refused", "timeout", "unreachable", "closed", "perms", "no_client", "other"):
+        why, fix = ls.explain(kind, "nodeX", "node01", SAMPLES.get(kind, ""))
+        assert why and fix
+
+
+# Facts of launcher_ssh.coordinate recorded on a 3-host namespace cluster where node01's known_hosts lacked
+# node02 and node01's ssh config gave node03 a key node03 does not accept.
+RECORDED = json.loads(r"""
+{"master": "node01", "targets": ["node01", "node02", "node03"], "error": null,
+ "client": "OpenSSH_9.2p1 Debian-2+deb12u10, OpenSSL 3.0.19 27 Jan 2026", "pdsh": null, "user": "root",
+ "results": {
+  "node02": {"rc": 255, "hostname": "", "duration_s": 0.175,
+             "stderr": "No ED25519 host key is known for node02 and you have requested strict checking.\r\nHost key verification failed."},
+  "node03": {"rc": 255, "hostname": "", "duration_s": 0.315, "stderr": "root@node03: Permission denied (publickey)."},
+  "node01": {"rc": 0, "hostname": "node01", "stderr": "", "duration_s": 0.563}}}
+""")
+
+
+def test_evaluate_recorded_failures_per_target_host():
+    out = ls.evaluate(RECORDED, THRESHOLDS)
+    assert out["node01"].status == Status.PASS and out["node01"].metrics["hostname"] == "node01"
+    assert out["node02"].status == Status.FAIL and "node02" in out["node02"].message
+    assert "Host key verification failed" in out["node02"].message and "ssh-keyscan" in out["node02"].fix
+    assert out["node03"].status == Status.FAIL and "Permission denied (publickey)" in out["node03"].message
+    assert "from node01 to node03" in out["node03"].message and "ssh-copy-id node03" in out["node03"].fix
+    assert out["node03"].metrics["kind"] == "auth"
+
+
+def test_evaluate_healthy_single_host_missing_and_agent_failures():
+    healthy = json.loads(json.dumps(RECORDED))
+    for h in ("node02", "node03"):
+        healthy["results"][h] = {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.2}
+    assert all(o.status == Status.PASS for o in ls.evaluate(healthy, THRESHOLDS).values())
+
+    empty = json.loads(json.dumps(healthy))
+    empty["results"]["node02"]["hostname"] = ""
+    assert ls.evaluate(empty, THRESHOLDS)["node02"].status == Status.FAIL
+
+    missing = json.loads(json.dumps(healthy))
+    del missing["results"]["node03"]
+    out = ls.evaluate(missing, THRESHOLDS)
+    assert out["node03"].status == Status.ERROR and "time budget" in out["node03"].message
+
+    single = ls.evaluate({"master": "solo", "targets": ["solo"], "single_host": True}, THRESHOLDS)
+    assert single["solo"].status == Status.SKIP and "locally" in single["solo"].message
+
+    failed = ls.evaluate({"master": "node01", "targets": ["node01", "node02"],
+                          "error": "the probe on node01 failed: timed out"}, THRESHOLDS)
+    assert {o.status for o in failed.values()} == {Status.ERROR}
+
+    noclient = ls.evaluate({"master": "node01", "targets": ["node01", "node02"], "client": None,
+                            "client_error": "ssh: command not found", "results": {}}, THRESHOLDS)
+    assert noclient["node01"].status == Status.FAIL and "no ssh client on node01" in noclient["node01"].message
+    assert "openssh-client" in noclient["node01"].fix and noclient["node02"].status == Status.ERROR
+
+
+# --- host side with a stand-in ssh --------------------------------------------------------------
+
+FAKE_SSH = r"""#!/bin/sh
+# Stand-in for ssh: the host name (the argument before the command) decides what happens.
+if [ "$1" = "-V" ]; then echo "OpenSSH_fake" >&2; exit 0; fi
+for a; do [ "$a" = "hostname" ] && break; host=$a; done
+echo "$@" >> "$FAKE_SSH_LOG"
+case "$host" in
+  good*) echo "$host" ;;
+  denied*) echo "root@$host: Permission denied (publickey)." >&2; exit 255 ;;
+  slow*) sleep 30 ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "ssh"
+    script.write_text(FAKE_SSH)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setenv("FAKE_SSH_LOG", str(tmp_path / "calls"))
+    return tmp_path / "calls"
+
+
+def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
+    hosts = ["good%d" % i for i in range(20)] + ["denied1", "slow1", "slow2"]
+    ctx = HostContext(params={}, deadline=time.monotonic() + 30)
+    start = time.monotonic()
+    out = ls.probe({"hosts": hosts, "connect_timeout": 3, "command_timeout": 2.0, "parallel": 8}, ctx)
+    assert time.monotonic() - start < 10  # 23 hosts, 8 at a time, slow ones cut at 2 s
+    assert out["client"] == "OpenSSH_fake"
+    res = out["results"]
+    assert set(res) == set(hosts)
+    assert all(res["good%d" % i]["rc"] == 0 and res["good%d" % i]["hostname"] == "good%d" % i for i in range(20))
+    assert res["denied1"]["rc"] == 255 and "Permission denied" in res["denied1"]["stderr"]
+    assert res["slow1"]["rc"] == 124 and ls.classify(124, res["slow1"]["stderr"]) == "timeout"
+    calls = fake_ssh.read_text().splitlines()
+    assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x good0 hostname" in calls
+
+
+def test_probe_respects_the_overall_deadline(fake_ssh):
+    hosts = ["slow%d" % i for i in range(6)]
+    ctx = HostContext(params={}, deadline=time.monotonic() + 5)
+    start = time.monotonic()
+    out = ls.probe({"hosts": hosts, "connect_timeout": 3, "command_timeout": 20.0, "parallel": 2}, ctx)
+    assert time.monotonic() - start < 6
+    # The first two are cut at the deadline; the rest never start and are reported missing (ERROR), not passed.
+    assert len(out["results"]) < len(hosts)
+    assert all(r["rc"] == 124 for r in out["results"].values())
+
+
+def test_probe_without_an_ssh_client(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = ls.probe({"hosts": ["a", "b"]}, HostContext(params={}, deadline=time.monotonic() + 10))
+    assert out["client"] is None and out["results"] == {}
+    outcome = ls.evaluate(dict(out, master="a", targets=["a", "b"]), THRESHOLDS)
+    assert outcome["a"].status == Status.FAIL and outcome["b"].status == Status.ERROR
+
+
+# --- real hosts: from node01 of a namespace cluster over real SSH --------------------------------
+
+CLI = ("import sys, checks\n"
+       "checks.ORDER += [n for n in ('ports', 'launcher_ssh') if n not in checks.ORDER]\n"
+       "from preflight.cli import main\n"
+       "sys.exit(main(sys.argv[1:]))\n")
+
+
+def run_cli(cluster, tmp_path, timeout=120):
+    report = tmp_path / "report.json"
+    argv = [sys.executable, "-c", CLI, "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--checks", "launcher_ssh", "--json", str(report)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    data = json.loads(report.read_text())
+    return proc, {r["host"]: r for r in data["results"] if r["check"] == "launcher_ssh"}
+
+
+def test_real_healthy_cluster_passes(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(3)
+    proc, cells = run_cli(cluster, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(cells) == {"node01", "node02", "node03"}
+    for name, cell in cells.items():
+        assert cell["status"] == "pass", cell
+        assert cell["metrics"]["hostname"] == name and cell["metrics"]["from"] == "node01"
+
+
+def test_real_refused_key_and_unknown_host_key_fail_naming_the_host(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(3)
+    # Every sshd of the cluster reads one shared authorized_keys, and the coordinator uses the same key, so a
+    # target cannot refuse node01's key alone. node01's side is per host: its ssh config gives node03 a key
+    # nobody accepts, and its known_hosts forgets node02 (both files are node01's private /root/.ssh).
+    cluster.exec("node01", ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", "/root/.ssh/unknown_key"],
+                 check=True)
+    config = cluster.exec("node01", ["cat", "/root/.ssh/config"], check=True).stdout
+    cluster.exec("node01", ["sh", "-c", "cat > /root/.ssh/config"], check=True,
+                 input="Host node03\n    IdentityFile /root/.ssh/unknown_key\n    IdentitiesOnly yes\n" + config)
+    known = cluster.exec("node01", ["cat", "/root/.ssh/known_hosts"], check=True).stdout
+    kept = "".join(line + "\n" for line in known.splitlines() if not line.split(",")[0].startswith("node02"))
+    assert kept != known
+    cluster.exec("node01", ["sh", "-c", "cat > /root/.ssh/known_hosts"], check=True, input=kept)
+
+    proc, cells = run_cli(cluster, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert cells["node01"]["status"] == "pass", cells["node01"]
+    assert cells["node02"]["status"] == "fail" and "to node02" in cells["node02"]["message"]
+    assert "Host key verification failed" in cells["node02"]["message"]
+    assert "ssh-keyscan -H node02" in cells["node02"]["fix"]
+    assert cells["node03"]["status"] == "fail" and "to node03" in cells["node03"]["message"]
+    assert "Permission denied (publickey)" in cells["node03"]["message"]
+    assert "ssh-copy-id node03" in cells["node03"]["fix"]
