@@ -18,6 +18,7 @@ ORDER = [
     "versions",
     "ports",
     "launcher_ssh",
+    "iperf3",
 ]
 
 

@@ -56,6 +56,19 @@ def _allowed(name: Optional[str], itf_facts: Optional[Dict[str, Any]]) -> bool:
     return True
 
 
+def _route_dev(itf_facts: Dict[str, Any]) -> Optional[str]:
+    """The interface a host reaches the master over; on the master itself (route via lo) the interface that
+    holds the master's address."""
+    route = itf_facts.get("route_to_master") or {}
+    if route.get("dev") and route["dev"] != "lo":
+        return route["dev"]
+    for addr in (route.get("ip"), route.get("src")):
+        for i in itf_facts.get("interfaces") or []:
+            if addr and i.get("name") != "lo" and any(a.split("/")[0] == addr for a in i.get("ipv4") or []):
+                return i["name"]
+    return route.get("dev")
+
+
 def _version(text: Any) -> Optional[Tuple[int, int]]:
     try:
         major, minor = str(text).split(".")[:2]
@@ -106,7 +119,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
                      "until that is fixed (see the iperf3 results)")
         return
     elif iface and len(iface) == len(hosts) and len(hosts) > 1:
-        named = [(h, ((iface[h].get("route_to_master") or {}).get("dev"))) for h in hosts]
+        named = [(h, _route_dev(iface[h])) for h in hosts]
         devices = [d for _, d in named]
         why = ("the interface each host routes to the master over (no bandwidth measured: run the iperf3 check "
                "to pick the fastest network)")

@@ -1,0 +1,253 @@
+"""The NCCL/Gloo environment recommendation, on facts dicts (the recorded H100 host, differing names, IB, RoCE)."""
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from checks.base import Status
+from preflight.recommend import NEVER, recommend, roce_gid_index, socket_ifname
+
+H100 = Path(__file__).parent / "fixtures" / "h100-host"
+
+
+def make_cluster(facts, hosts=None, addresses=None):
+    names = hosts or [h for h in facts if h != "*"]
+    cluster = SimpleNamespace(facts=facts, hosts=[SimpleNamespace(name=n, slots=1, index=i)
+                                                   for i, n in enumerate(names)])
+    cluster.address = lambda name: (addresses or {}).get(name, name)
+    return cluster
+
+
+def itf(name, ipv4=(), kind="physical", **extra):
+    d = {"name": name, "ipv4": list(ipv4), "ipv6": [], "operstate": "up", "speed_mbps": None, "mtu": 1500,
+         "virtual": kind != "physical", "kind": kind}
+    d.update(extra)
+    return d
+
+
+def iface_facts(interfaces, ib=(), peermem=False, route_dev=None):
+    return {"interfaces": list(interfaces), "ib": list(ib), "peermem": peermem,
+            "route_to_master": {"dev": route_dev, "src": None} if route_dev else None}
+
+
+def chosen(network, devices, hosts, median=9.4):
+    return {"network": network, "devices": list(devices), "hosts": list(hosts), "median_gbps": median,
+            "addresses": {h: "10.0.0.%d" % (i + 1) for i, h in enumerate(hosts)}}
+
+
+def iperf3_facts(ch, networks=()):
+    return {"hosts": list(ch["hosts"]) if ch else [], "chosen": ch, "networks": list(networks)}
+
+
+def h100_interfaces(host_octet):
+    """The recorded H100 host's interfaces (net-speed.txt, proc-net-route.txt, infiniband.txt, lsmod.txt).
+
+    Its IPv4 address was not recorded: the route table gives the subnet (192.0.2.0/24 via eth0), the host
+    octet is made up.
+    """
+    out = []
+    for line in (H100 / "net-speed.txt").read_text().splitlines():
+        name, *fields = line.split()
+        f = dict(x.split("=", 1) for x in fields)
+        kind = "loopback" if name == "lo" else "other" if name.startswith("ifb") else "physical"
+        speed = int(f["speed"]) if f["speed"].lstrip("-").isdigit() and int(f["speed"]) >= 0 else None
+        out.append(itf(name, kind=kind, operstate=f["oper"], mtu=int(f["mtu"]), speed_mbps=speed))
+    routes = [ln.split() for ln in (H100 / "proc-net-route.txt").read_text().splitlines()[1:] if ln.strip()]
+    subnet = next(r for r in routes if r[1] != "00000000")
+    net = ".".join(str(b) for b in reversed(bytes.fromhex(subnet[1])))
+    for i in out:
+        if i["name"] == subnet[0]:
+            i["ipv4"] = ["%s.%d/24" % (net.rsplit(".", 1)[0], host_octet)]
+    ib_listing = (H100 / "infiniband.txt").read_text()
+    assert "mlx" not in ib_listing  # the recorded host has no IB devices
+    peermem = "nvidia_peermem" in (H100 / "lsmod.txt").read_text()
+    return iface_facts(out, ib=[], peermem=peermem, route_dev=next(r[0] for r in routes if r[1] == "00000000"))
+
+
+def assert_never_folklore(env, notes):
+    assert not set(env) & set(NEVER)
+    assert env["NCCL_DEBUG"] == "WARN"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert any("init_process_group(timeout=" in n for n in notes)
+
+
+def test_h100_host_eth0_only_no_ib():
+    hosts = ["gpu01", "gpu02"]
+    facts = {h: {"interfaces": h100_interfaces(2 + i)} for i, h in enumerate(hosts)}
+    facts["*"] = {"iperf3": iperf3_facts(chosen("192.0.2.0/24", ["eth0", "eth0"], hosts))}
+    env, reasons, notes = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_DISABLE"] == "1"
+    assert "NCCL_IB_HCA" not in env and "NCCL_NET_GDR_LEVEL" not in env and "NCCL_IB_GID_INDEX" not in env
+    assert "192.0.2.0/24" in reasons["NCCL_SOCKET_IFNAME"]
+    assert set(reasons) == set(env)
+    assert_never_folklore(env, notes)
+
+
+def test_without_iperf3_falls_back_to_the_route_to_the_master():
+    hosts = ["gpu01", "gpu02"]
+    facts = {h: {"interfaces": h100_interfaces(2 + i)} for i, h in enumerate(hosts)}
+    env, reasons, _ = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert "no bandwidth measured" in reasons["NCCL_SOCKET_IFNAME"]
+
+
+def test_fallback_on_the_master_itself_uses_the_interface_holding_its_address():
+    hosts = ["m", "w"]
+    facts = {"m": {"interfaces": iface_facts([itf("lo", ["127.0.0.1/8"], kind="loopback"),
+                                              itf("ens5", ["10.0.0.1/24"])])},
+             "w": {"interfaces": iface_facts([itf("ens5", ["10.0.0.2/24"])], route_dev="ens5")}}
+    facts["m"]["interfaces"]["route_to_master"] = {"dev": "lo", "src": "10.0.0.1", "ip": "10.0.0.1"}
+    env, _, _ = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=ens5"
+
+
+def test_measured_network_wins_over_the_one_the_names_resolve_to():
+    hosts = ["n1", "n2"]
+    facts = {h: {"interfaces": iface_facts([itf("eth0", ["10.0.0.%d/24" % (i + 1)], kind="veth"),
+                                            itf("eth1", ["10.1.0.%d/24" % (i + 1)], kind="veth")],
+                                           route_dev="eth0")} for i, h in enumerate(hosts)}
+    ch = chosen("10.1.0.0/24", ["eth1", "eth1"], hosts, median=0.38)
+    ch["addresses"] = {"n1": "10.1.0.1", "n2": "10.1.0.2"}
+    facts["*"] = {"iperf3": iperf3_facts(ch, [{"network": "10.0.0.0/24", "median_gbps": 0.048},
+                                              {"network": "10.1.0.0/24", "median_gbps": 0.38}])}
+    env, reasons, notes = recommend(make_cluster(facts, hosts, {"n1": "10.0.0.1", "n2": "10.0.0.2"}), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth1"  # a veth is a real NIC in a container
+    assert env["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert "10.0.0.0/24" in reasons["NCCL_SOCKET_IFNAME"]  # the slower network is named in the reason
+    assert any("--master_addr=10.1.0.1" in n for n in notes)
+
+
+def test_names_differ_across_hosts():
+    hosts = ["a", "b", "c"]
+    facts = {"a": {"interfaces": iface_facts([itf("eth1", ["10.1.0.1/24"])])},
+             "b": {"interfaces": iface_facts([itf("ens5", ["10.1.0.2/24"])])},
+             "c": {"interfaces": iface_facts([itf("ens5", ["10.1.0.3/24"])])}}
+    facts["*"] = {"iperf3": iperf3_facts(chosen("10.1.0.0/24", ["eth1", "ens5", "ens5"], hosts))}
+    env, reasons, notes = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=ens5,eth1"
+    # gloo creates a device for every listed name and fails where one is missing: no single value works
+    assert "GLOO_SOCKET_IFNAME" not in env
+    assert any("GLOO_SOCKET_IFNAME" in n and "per host" in n and "10.1.0.0/24" in n for n in notes)
+    assert "differ" in reasons["NCCL_SOCKET_IFNAME"]
+
+
+def test_names_differ_and_one_host_also_has_the_other_name():
+    hosts = ["a", "b"]
+    facts = {"a": {"interfaces": iface_facts([itf("eth1", ["10.1.0.1/24"]), itf("ens5", ["10.9.0.1/24"])])},
+             "b": {"interfaces": iface_facts([itf("ens5", ["10.1.0.2/24"])])}}
+    facts["*"] = {"iperf3": iperf3_facts(chosen("10.1.0.0/24", ["eth1", "ens5"], hosts))}
+    env, _, notes = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_SOCKET_IFNAME"] == "=ens5,eth1"
+    assert any("also matches ens5 on a" in n for n in notes)
+
+
+@pytest.mark.parametrize("bad", [("docker0", "docker"), ("br0", "bridge"), ("lo", "loopback")])
+def test_never_lo_docker_or_bridges(bad):
+    name, kind = bad
+    hosts = ["a", "b"]
+    facts = {h: {"interfaces": iface_facts([itf(name, ["172.17.0.%d/16" % (i + 2)], kind=kind)], route_dev=name)}
+             for i, h in enumerate(hosts)}
+    env, _, notes = recommend(make_cluster(facts, hosts), [])
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert any("loopback, docker or a bridge" in n for n in notes)
+
+
+def test_iperf3_without_a_network_reaching_all_hosts():
+    hosts = ["a", "b"]
+    facts = {h: {"interfaces": h100_interfaces(2 + i)} for i, h in enumerate(hosts)}
+    facts["*"] = {"iperf3": {"hosts": hosts, "chosen": None, "networks": []}}
+    results = [SimpleNamespace(host="*", check="iperf3", status=Status.FAIL)]
+    env, _, notes = recommend(make_cluster(facts, hosts), results)
+    assert "NCCL_SOCKET_IFNAME" not in env
+    assert any("no network that reaches all hosts" in n for n in notes)
+    assert any("network checks failed" in n for n in notes)
+
+
+def ib_port(device, port=1, active=True, link_layer="InfiniBand", gids=()):
+    return {"device": device, "port": port, "state": "ACTIVE" if active else "DOWN",
+            "phys_state": "LinkUp" if active else "Polling", "rate_gbps": 400.0, "link_layer": link_layer,
+            "active": active, "gids": list(gids)}
+
+
+def test_infiniband_present():
+    hosts = ["a", "b"]
+    ports = [ib_port("mlx5_0"), ib_port("mlx5_1", active=False), ib_port("mlx5_10")]
+    facts = {h: {"interfaces": iface_facts([itf("eth0", ["10.0.0.%d/24" % (i + 1)])], ib=ports, peermem=True)}
+             for i, h in enumerate(hosts)}
+    env, reasons, notes = recommend(make_cluster(facts, hosts), [])
+    assert "NCCL_IB_DISABLE" not in env
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_10:1"  # exact: the down mlx5_1 must not match mlx5_10
+    assert env["NCCL_NET_GDR_LEVEL"] == "PHB"
+    assert "NCCL_IB_GID_INDEX" not in env  # InfiniBand, not RoCE
+    assert_never_folklore(env, notes)
+
+
+def test_gdr_only_when_peermem_is_loaded_everywhere():
+    hosts = ["a", "b"]
+    facts = {h: {"interfaces": iface_facts([], ib=[ib_port("mlx5_0")], peermem=(h == "a"))} for h in hosts}
+    env, _, _ = recommend(make_cluster(facts, hosts), [])
+    assert "NCCL_NET_GDR_LEVEL" not in env
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1"
+
+
+def test_ib_on_some_hosts_only_is_reported():
+    hosts = ["a", "b"]
+    facts = {"a": {"interfaces": iface_facts([], ib=[ib_port("mlx5_0")], peermem=True)},
+             "b": {"interfaces": iface_facts([], ib=[ib_port("mlx5_0", active=False)], peermem=True)}}
+    env, _, notes = recommend(make_cluster(facts, hosts), [])
+    assert any(n.startswith("b has no active IB/RoCE port") for n in notes)
+    assert "NCCL_NET_GDR_LEVEL" not in env
+
+
+V2_GID = {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a00:0001", "type": "RoCE v2", "ndev": "eth2"}
+V1_GID = {"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:0a00:0001", "type": "IB/RoCE v1", "ndev": "eth2"}
+LINK_LOCAL = {"index": 1, "gid": "fe80:0000:0000:0000:0000:0000:0000:0001", "type": "RoCE v2", "ndev": "eth2"}
+
+
+def roce_cluster(gids_by_host, nccl=None):
+    hosts = sorted(gids_by_host)
+    facts = {}
+    for h in hosts:
+        facts[h] = {"interfaces": iface_facts([], ib=[ib_port("mlx5_0", link_layer="Ethernet",
+                                                              gids=gids_by_host[h])])}
+        if nccl:
+            facts[h]["python"] = {"nccl": nccl}
+    return make_cluster(facts, hosts)
+
+
+def test_roce_gid_index_recommended_for_old_or_unknown_nccl():
+    env, reasons, _ = recommend(roce_cluster({"a": [LINK_LOCAL, V1_GID, V2_GID], "b": [LINK_LOCAL, V2_GID]}), [])
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+    assert "RoCE v2" in reasons["NCCL_IB_GID_INDEX"]
+    env, _, _ = recommend(roce_cluster({"a": [V2_GID], "b": [V2_GID]}, nccl="2.18.5"), [])
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_roce_gid_index_not_needed_with_nccl_2_21():
+    env, _, notes = recommend(roce_cluster({"a": [V2_GID], "b": [V2_GID]}, nccl="2.28.9"), [])
+    assert "NCCL_IB_GID_INDEX" not in env
+    assert any("picks the GID index itself" in n for n in notes)
+
+
+def test_roce_gid_index_inconsistent_or_missing():
+    other = dict(V2_GID, index=5)
+    env, _, notes = recommend(roce_cluster({"a": [V2_GID], "b": [other]}), [])
+    assert "NCCL_IB_GID_INDEX" not in env
+    assert any("different indexes" in n for n in notes)
+    assert roce_gid_index([ib_port("mlx5_0", link_layer="Ethernet", gids=[LINK_LOCAL, V1_GID])])[0] is None
+
+
+def test_socket_ifname_syntax():
+    assert socket_ifname(["eth1", "eth1"]) == "=eth1"
+    assert socket_ifname(["eth1", "ens5", "eth1"]) == "=ens5,eth1"
+
+
+def test_never_recommends_folklore_even_if_asked():
+    # The guard inside put(): NEVER names can't be emitted. Every key here is from the known-good list.
+    env, reasons, notes = recommend(make_cluster({}, ["solo"]), [])
+    assert set(env) <= {"NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+    assert_never_folklore(env, notes)
+    assert any("NCCL_MIN_NRINGS" in n for n in notes)
