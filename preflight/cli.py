@@ -134,6 +134,18 @@ def _check_output_path(option: str, path: Optional[str]) -> None:
         raise UsageError(f"{option} {path}: is a directory; give a file name")
 
 
+def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
+    """What the job's config asks of every host: its nvme_path runs the nvme check there, its ops ds_report.
+
+    A config that does not parse adds nothing here; ds_config reports the parse error with line and column.
+    """
+    from checks import ds_config
+    config, _ = ds_config.load_config(path)
+    if not config:
+        return {}
+    return {"nvme_paths": ds_config.nvme_paths(config), "required_ops": ds_config.required_ops(config)}
+
+
 def build_options(args: argparse.Namespace):
     from preflight.runner import RunOptions
     for option in ("json", "junit_xml", "env_file"):
@@ -149,11 +161,16 @@ def build_options(args: argparse.Namespace):
     if args.deepspeed_config and not Path(args.deepspeed_config).is_file():
         raise UsageError(f"--deepspeed-config {args.deepspeed_config}: no such file")
     checks = select_checks(args.checks, args.skip, args.deepspeed_config)
+    host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
+    if args.deepspeed_config and "ds_config" in checks:
+        from_config = _params_from_deepspeed_config(args.deepspeed_config)
+        host_params["nvme_paths"] += [p for p in from_config.get("nvme_paths", [])
+                                      if p not in host_params["nvme_paths"]]
+        host_params["required_ops"] = from_config.get("required_ops", [])
     extra: Dict[str, Any] = {
         "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
-        "min_busbw": args.min_busbw, "python": args.python,
-        "host_params": {"nvme_paths": list(args.nvme_path)},
+        "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,

@@ -1,0 +1,53 @@
+"""ds_config on the namespace cluster: the config's nvme_path is checked on every host automatically."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.test_cli_cluster import preflight
+
+CONFIGS = Path(__file__).resolve().parent / "ds_configs"
+
+
+def test_nvme_path_missing_on_one_host_fails_on_that_host(cluster3, tmp_path):
+    path = "/tmp/preflight-ds-nvme"
+    config = json.loads((CONFIGS / "zero3_nvme.json").read_text())
+    for section in ("offload_optimizer", "offload_param"):
+        config["zero_optimization"][section]["nvme_path"] = path
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps(config))
+    thresholds = tmp_path / "t.toml"
+    # Tiny dd and near-zero speed floors: this is about the path, not about the speed of a busy CI disk.
+    thresholds.write_text("[nvme]\ntest_mib = 8\nmin_test_mib = 8\nmin_write_gbps = 0.01\nmin_read_gbps = 0.01\n")
+    for host in ("node01", "node03"):  # private /tmp per host: node02 lacks the directory
+        cluster3.exec(host, ["mkdir", "-p", path], check=True)
+    try:
+        out = tmp_path / "r.json"
+        # No --nvme-path: the nvme check gets the path from the DeepSpeed config.
+        proc = preflight(cluster3, "--hostfile", cluster3.hostfile(tmp_path / "hf"), "--deepspeed-config", ds,
+                         "--checks", "nvme,ds_config", "--config", thresholds, "--json", out)
+        res = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
+        assert proc.returncode == 1
+        assert res[("node02", "nvme")]["status"] == "fail" and path in res[("node02", "nvme")]["message"]
+        assert res[("node02", "ds_config")]["status"] == "fail"
+        assert path in res[("node02", "ds_config")]["message"]
+        for host in ("node01", "node03"):
+            assert res[(host, "nvme")]["status"] == "pass", res[(host, "nvme")]["message"]
+            assert (host, "ds_config") not in res or res[(host, "ds_config")]["status"] != "fail"
+    finally:
+        for host in ("node01", "node03"):
+            cluster3.exec(host, ["rm", "-rf", path])
+
+
+def test_valid_config_without_gpus_skips_memory_findings_with_the_reason(cluster3, tmp_path):
+    out = tmp_path / "r.json"
+    proc = preflight(cluster3, "--hostfile", cluster3.hostfile(tmp_path / "hf", slots=1), "--deepspeed-config",
+                     CONFIGS / "real_hf_zero2_auto.json", "--model-params", "1e8", "--checks", "gpu,ds_config",
+                     "--json", out)
+    res = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
+    star = res[("*", "ds_config")]
+    # A WARN may be real here (this machine's memlock limit is small for pinned offload); never a FAIL.
+    assert star["status"] in ("pass", "skip", "warn"), star["message"]
+    findings = star["metrics"]["findings"]
+    assert any(f["status"] == "skip" and "GPU" in f["message"] for f in findings), findings
+    assert proc.returncode == 0, proc.stdout
