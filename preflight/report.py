@@ -53,7 +53,10 @@ class TerminalProgress(Progress):
     def phase(self, name: str, total: int) -> None:
         with self._lock:
             self._phase, self._total, self._done = name, total, 0
-            self._show()
+            if not self.console.is_terminal and not self.quiet:
+                self.console.print(f"[{time.monotonic() - self._t0:5.1f}s] {name}", highlight=False)
+            else:
+                self._show()
 
     def advance(self, name: str, detail: str = "") -> None:
         with self._lock:
@@ -77,7 +80,7 @@ class TerminalProgress(Progress):
                 self._status.start()
             else:
                 self._status.update(self._line())
-        elif self._total <= 1:
+        else:
             self.console.print(self._line(), highlight=False)
 
     def done(self) -> None:

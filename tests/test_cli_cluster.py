@@ -162,3 +162,32 @@ def test_local_run_without_hostfile_needs_no_ssh(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert [h["name"] for h in data["hosts"]] == ["localhost"]
     assert {r["check"]: r["status"] for r in data["results"]} == {"ssh": "pass", "python": "pass"}
+
+
+def test_ctrl_c_mid_run_cleans_up_every_host(cluster3, tmp_path):
+    """SIGINT while iperf3 servers and clients run: exit 130, and no process or file of the run remains."""
+    config = tmp_path / "t.toml"
+    config.write_text("[iperf3]\nduration_s = 20.0\n")  # long enough to be interrupted mid-measurement
+    argv = [sys.executable, "-m", "preflight", "run", "--python", sys.executable,
+            "--ssh-config", str(cluster3.ssh_config), "--ssh-key", str(cluster3.user_key),
+            "--known-hosts", str(cluster3.known_hosts), "--hostfile", str(cluster3.hostfile(tmp_path / "hf")),
+            "--checks", "interfaces,iperf3", "--config", str(config)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:  # progress lines: wait until the iperf3 phase has started
+            seen.append(line)
+            if "iperf3" in line or time.monotonic() > deadline:
+                break
+        assert any("iperf3" in line for line in seen), seen
+        time.sleep(3)  # servers up, clients measuring
+        proc.send_signal(2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in out + err
+    assert_nothing_left(cluster3)
