@@ -19,6 +19,7 @@ ORDER = [
     "ports",
     "launcher_ssh",
     "iperf3",
+    "allreduce",
     "ds_config",
 ]
 

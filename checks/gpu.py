@@ -18,7 +18,7 @@ import errno
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from checks.base import Finding, HostContext, Outcome, Status, combine, error, read_text, sh, skip
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import socket
 import statistics
 import subprocess

@@ -203,6 +203,20 @@ def _claim_master_port(port: int, socks: List[socket.socket]) -> Dict[str, Any]:
     return info
 
 
+def _accept_pending(sock: socket.socket, accepted: Dict[int, int]) -> None:
+    """Accept (and close) every connection waiting on a non-blocking listener."""
+    port = sock.getsockname()[1]
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        accepted[port] = accepted.get(port, 0) + 1
+        conn.close()  # a completed handshake is all a probe needs
+
+
 def _accept_loop(socks: Sequence[socket.socket], stop: threading.Event, accepted: Dict[int, int]) -> None:
     sel = selectors.DefaultSelector()
     try:
@@ -211,13 +225,10 @@ def _accept_loop(socks: Sequence[socket.socket], stop: threading.Event, accepted
             sel.register(s, selectors.EVENT_READ)
         while not stop.is_set():
             for key, _ in sel.select(0.2):
-                try:
-                    conn, _ = key.fileobj.accept()
-                except OSError:
-                    continue
-                port = key.fileobj.getsockname()[1]
-                accepted[port] = accepted.get(port, 0) + 1
-                conn.close()  # a completed handshake is all a probe needs
+                _accept_pending(key.fileobj, accepted)
+        # Probes whose handshake completed in the kernel's backlog before the stop count too (and get closed).
+        for s in socks:
+            _accept_pending(s, accepted)
     except (OSError, ValueError):
         pass  # the sockets were closed under us: the main thread is cleaning up
     finally:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional, TextIO
+from typing import Dict, Optional, TextIO
 
 from rich.console import Console
 from rich.table import Table

@@ -1,7 +1,6 @@
 """Host checks for real on the namespace cluster: one broken host among healthy ones is named."""
 from __future__ import annotations
 
-import ctypes.util
 import glob
 import importlib.util
 import json

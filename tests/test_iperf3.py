@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import checks
 from checks import iperf3
 from checks.base import Status
 from preflight.config import load_defaults
@@ -375,12 +374,7 @@ CLI_TIMEOUT = 240  # a 4-host run takes ~10 s; a hang must fail the test, not st
 
 
 def cli_prefix():
-    if {"interfaces", "iperf3"} <= set(checks.ORDER):
-        return [sys.executable, "-m", "preflight"]
-    # Until the registry (checks/__init__.py, owned by the lead) lists these checks, register them for this
-    # process only; everything else is the real CLI.
-    return [sys.executable, "-c", "import sys, checks; checks.ORDER += [n for n in ('interfaces', 'iperf3') "
-            "if n not in checks.ORDER]; from preflight.cli import main; sys.exit(main(sys.argv[1:]))"]
+    return [sys.executable, "-m", "preflight"]
 
 
 def run_cli(cluster, tmp_path, checks_arg="interfaces,iperf3"):

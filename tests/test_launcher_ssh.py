@@ -187,15 +187,11 @@ def test_probe_without_an_ssh_client(tmp_path, monkeypatch):
 
 # --- real hosts: from node01 of a namespace cluster over real SSH --------------------------------
 
-CLI = ("import sys, checks\n"
-       "checks.ORDER += [n for n in ('ports', 'launcher_ssh') if n not in checks.ORDER]\n"
-       "from preflight.cli import main\n"
-       "sys.exit(main(sys.argv[1:]))\n")
 
 
 def run_cli(cluster, tmp_path, timeout=120):
     report = tmp_path / "report.json"
-    argv = [sys.executable, "-c", CLI, "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--checks", "launcher_ssh", "--json", str(report)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -407,16 +407,11 @@ def test_probe_times_out_and_stays_within_its_budget_against_a_silent_port():
 
 # --- real hosts: namespace cluster over real SSH ------------------------------------------------
 
-# Registers the cluster checks if the registry does not list them yet, then runs the real CLI.
-CLI = ("import sys, checks\n"
-       "checks.ORDER += [n for n in ('ports', 'launcher_ssh') if n not in checks.ORDER]\n"
-       "from preflight.cli import main\n"
-       "sys.exit(main(sys.argv[1:]))\n")
 
 
 def run_cli(cluster, tmp_path, checks, *args, timeout=120):
     report = tmp_path / "report.json"
-    argv = [sys.executable, "-c", CLI, "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--checks", checks, "--json", str(report), *args]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)

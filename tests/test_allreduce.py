@@ -1,0 +1,486 @@
+"""The allreduce check: evaluate on recorded facts, and real gloo all-reduces across the namespace cluster."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks import allreduce
+from checks.base import Status
+
+REPO = Path(__file__).resolve().parent.parent
+THRESHOLDS = {"allreduce": dict(allreduce.DEFAULTS), "python": {"require_torch": True}}
+
+# Facts recorded from a gloo run on the namespace cluster: 3 hosts, 1 slot each, links shaped to 200 Mbit/s.
+HEALTHY = {
+    "hosts": ["node01", "node02", "node03"], "slots": {"node01": 1, "node02": 1, "node03": 1}, "world_size": 3,
+    "master_port": 29500, "min_busbw": None, "unreachable": [], "master": "node01", "master_addr": "198.18.0.1",
+    "network": None, "iperf3_median_gbps": None, "init_timeout_s": 10.0, "torch": {"node01": "2.13.0+cpu"},
+    "interfaces": {h: {"ifname": "eth0", "address": a, "source": "route to MASTER_ADDR"}
+                   for h, a in (("node01", "198.18.0.1"), ("node02", "198.18.0.2"), ("node03", "198.18.0.3"))},
+    "backend": "gloo",
+    "ranks": [{"rank": 0, "local_rank": 0, "host": "node01", "pid": 18212, "device": None},
+              {"rank": 1, "local_rank": 0, "host": "node02", "pid": 18206, "device": None},
+              {"rank": 2, "local_rank": 0, "host": "node03", "pid": 18213, "device": None}],
+    "sizes": [{"bytes": 1048576, "time_s": 0.05810407, "iters": 3, "warmup_s": 0.061},
+              {"bytes": 2097152, "time_s": 0.11882970, "iters": 3, "warmup_s": 0.12},
+              {"bytes": 4194304, "time_s": 0.23343059, "iters": 3, "warmup_s": 0.24},
+              {"bytes": 8388608, "time_s": 0.48054336, "iters": 3, "warmup_s": 0.49}],
+    "stopped_early": None, "errors": [], "error_count": 0, "localization": {"suspects": []},
+    "status": "ok", "duration_s": 11.6,
+}
+
+# Recorded from a run where node01 (the master) and node03 drop inbound TCP to 1024-65535.
+FAILED = {
+    **{k: copy.deepcopy(v) for k, v in HEALTHY.items() if k not in ("sizes", "ranks", "localization", "status")},
+    "sizes": [], "status": "failed",
+    "errors": [
+        {"rank": 1, "host": "node02", "kind": "rendezvous", "phase": "rendezvous",
+         "error": "could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s (connection timed out: packets "
+                  "dropped, inbound TCP to port 29500 blocked by a firewall?)",
+         "targets": [{"address": "198.18.0.1", "host": "node01"}]},
+        {"rank": 2, "host": "node03", "kind": "rendezvous", "phase": "rendezvous",
+         "error": "could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s (connection timed out: packets "
+                  "dropped, inbound TCP to port 29500 blocked by a firewall?)",
+         "targets": [{"address": "198.18.0.1", "host": "node01"}]},
+        {"rank": 0, "host": "node01", "kind": "rendezvous", "phase": "init",
+         "error": "DistNetworkError: The client socket has timed out after 10000ms while trying to connect to "
+                  "(198.18.0.1, 29500).", "targets": [{"address": "198.18.0.1", "host": "node01"}]}],
+    "failure": {"kind": "rendezvous",
+                "message": "ranks 1, 2 on node02, node03 could not connect to MASTER_ADDR 198.18.0.1:29500 within "
+                           "10s (connection timed out: packets dropped, inbound TCP to port 29500 blocked by a "
+                           "firewall?); so did rank 0 on node01 itself"},
+    "localization": {"suspects": [
+        {"host": "node01", "kind": "rendezvous", "source": "errors",
+         "reason": "connections from ranks 1, 2 on node02, node03 to its port 29500 timed out in the full run"},
+        {"host": "node03", "kind": "rendezvous", "source": "pairwise",
+         "reason": "connections from rank 1 on node01 to its port 29500 timed out in the pair node03+node01"}]},
+}
+
+
+# --- pure parts ------------------------------------------------------------------------------------------------------
+
+def test_busbw_formula_is_nccl_tests():
+    assert allreduce.bus_factor(2) == 1.0
+    assert allreduce.bus_factor(8) == 1.75
+    assert allreduce.bus_factor(3) == pytest.approx(4 / 3)
+    row = allreduce.bandwidth_table([{"bytes": 8 << 20, "time_s": 0.5, "iters": 3}], 3)[0]
+    assert row["algbw_GBps"] == pytest.approx(8388608 / 0.5 / 1e9)  # GB/s with 1e9, as nccl-tests
+    assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 2 / 3)
+
+
+def test_sweep_sizes_double_and_stay_float32_aligned():
+    assert allreduce.sweep_sizes(1 << 20, 64 << 20) == [(1 << 20) << i for i in range(7)]
+    assert allreduce.sweep_sizes(1001, 4000) == [1000, 2000, 4000]
+    assert allreduce.sweep_sizes(8 << 20, 1 << 20) == [8 << 20]  # min > max: one size, never none
+
+
+def test_healthy_table_passes_with_per_size_metrics():
+    out = allreduce.evaluate(HEALTHY, THRESHOLDS)
+    assert set(out) == {"*"}
+    res = out["*"]
+    assert res.status == Status.PASS, res.message
+    assert "busbw 0.0233 GB/s" in res.message and "8 MiB" in res.message and "gloo over eth0" in res.message
+    table = res.metrics["sizes"]
+    assert [r["bytes"] for r in table] == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    assert set(table[0]) >= {"bytes", "time_s", "algbw_GBps", "busbw_GBps"}
+    assert res.metrics["busbw_GBps"] == pytest.approx(8388608 / 0.48054336 / 1e9 * 4 / 3)
+    assert res.metrics["backend"] == "gloo" and res.metrics["world_size"] == 3
+    assert res.metrics["interfaces"] == {"node01": "eth0", "node02": "eth0", "node03": "eth0"}
+
+
+def test_low_busbw_below_min_busbw_fails_and_names_the_suspect():
+    facts = dict(HEALTHY, min_busbw=0.05, localization={"suspects": [
+        {"host": "node02", "kind": "slow", "source": "pairwise",
+         "reason": "its best pairwise all-reduce reaches 0.006 GB/s busbw, the median host's 0.024 GB/s"}]})
+    out = allreduce.evaluate(facts, THRESHOLDS)
+    assert out["*"].status == Status.FAIL
+    assert "< --min-busbw 0.05 GB/s" in out["*"].message and "node02" in out["*"].message
+    assert out["node02"].status == Status.FAIL and "0.006 GB/s" in out["node02"].message
+    assert "node02" in out["node02"].fix
+    # Above the bar: PASS, and no per-host cells.
+    out = allreduce.evaluate(dict(HEALTHY, min_busbw=0.02), THRESHOLDS)
+    assert set(out) == {"*"} and out["*"].status == Status.PASS
+
+
+def test_worker_failure_says_what_happened_and_localizes():
+    out = allreduce.evaluate(FAILED, THRESHOLDS)
+    star = out["*"]
+    assert star.status == Status.FAIL
+    assert "ranks 1, 2 on node02, node03 could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s" in star.message
+    assert "suspects: node01" in star.message and "node03" in star.message
+    assert "29500" in star.fix
+    assert out["node03"].status == Status.FAIL and "pair node03+node01" in out["node03"].message
+    assert "inbound TCP" in out["node03"].fix and "node03" in out["node03"].fix
+    assert "node02" not in out  # the bystander is not blamed
+
+
+def test_world_size_one_skips_without_touching_the_hosts():
+    class OneHost:
+        hosts = all_hosts = [type("H", (), {"name": "node01", "slots": 1, "gpus": [0], "index": 0})()]
+        master = hosts[0]
+        facts: dict = {}
+        options = {"master_port": 29500, "min_busbw": None}
+        thresholds = THRESHOLDS
+
+        def address(self, name):
+            return "198.18.0.1"
+
+        def call_all(self, *a, **k):
+            raise AssertionError("a 1-rank run must not start anything")
+
+        start = call = call_all
+
+    facts = allreduce.coordinate(OneHost())
+    out = allreduce.evaluate(facts, THRESHOLDS)
+    assert out["*"].status == Status.SKIP
+    assert "no-op" in out["*"].message and "world size 1" in out["*"].message
+
+
+def test_torch_missing_fails_when_the_job_needs_torch_else_skips():
+    facts = dict(HEALTHY, status="no_torch", hosts_without_torch=["node02"],
+                 reason="ModuleNotFoundError: No module named 'torch'")
+    out = allreduce.evaluate(facts, THRESHOLDS)["*"]
+    assert out.status == Status.FAIL and "node02" in out.message and "No module named 'torch'" in out.message
+    relaxed = dict(THRESHOLDS, python={"require_torch": False})
+    assert allreduce.evaluate(facts, relaxed)["*"].status == Status.SKIP
+
+
+def _h100(busbw: float, nbytes: int = 1 << 30, hosts=("gpu01",), world: int = 8):
+    n = world
+    t = nbytes / (busbw / allreduce.bus_factor(n) * 1e9)
+    return dict(HEALTHY, backend="nccl", hosts=list(hosts), world_size=n,
+                gpu_names={h: ["NVIDIA H100 80GB HBM3"] * (n // len(hosts)) for h in hosts},
+                sizes=[{"bytes": nbytes, "time_s": t, "iters": 5}])
+
+
+def test_single_node_gpu_baseline_applies_only_to_one_8_gpu_node_at_large_sizes():
+    assert allreduce.evaluate(_h100(470), THRESHOLDS)["*"].status == Status.PASS
+    warn = allreduce.evaluate(_h100(400), THRESHOLDS)["*"]
+    assert warn.status == Status.WARN and "460 GB/s" in warn.message
+    fail = allreduce.evaluate(_h100(200), THRESHOLDS)["*"]
+    assert fail.status == Status.FAIL and "H100 80GB HBM3" in fail.message
+    # Two nodes: a single-node NVLink number means nothing for the network.
+    two = allreduce.evaluate(_h100(200, hosts=("gpu01", "gpu02"), world=16), THRESHOLDS)["*"]
+    assert two.status == Status.PASS and "do not apply" in two.metrics["baseline_note"]
+    # 64 MiB has not reached the plateau the baseline was measured at.
+    small = allreduce.evaluate(_h100(200, nbytes=64 << 20), THRESHOLDS)["*"]
+    assert small.status == Status.PASS and "not compared" in small.metrics["baseline_note"]
+
+
+def test_classify_recorded_torch_and_gloo_errors():
+    c = allreduce.classify
+    assert c("DistNetworkError: The client socket has timed out after 8000ms while trying to connect to "
+             "(198.18.3.1, 29500).", "init") == "rendezvous"
+    assert c("RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+             "tcp/pair.h:311] Connect timeout [none]", "init") == "mesh"
+    assert c("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+             "waiting 8000ms for recv operation to complete", "sweep") == "collective_timeout"
+    assert c("DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, "
+             "useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use", "init") == "port_in_use"
+    assert c("ModuleNotFoundError: No module named 'torch'", "import") == "torch_missing"
+    assert c("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB", "sweep") == "oom"
+
+
+def test_errors_from_ranks_name_the_unreachable_master():
+    owner = {"198.18.0.1": "node01", "198.18.0.2": "node02", "198.18.0.3": "node03"}
+    ranks = [
+        {"tag": "main", "rank": 0, "host": "node01", "ok": False, "phase": "init",
+         "error": "DistNetworkError: The client socket has timed out after 10000ms while trying to connect to "
+                  "(198.18.0.1, 29500)."},
+        {"tag": "main", "rank": 1, "host": "node02", "ok": False, "phase": "rendezvous", "kind": "rendezvous",
+         "target": "198.18.0.1", "error": "could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s "
+                                          "(connection timed out: packets dropped, ...)"},
+        {"tag": "main", "rank": 2, "host": "node03", "ok": False, "phase": "init", "kind": "stopped",
+         "phase_s": 3.0, "error": "stopped by preflight after another rank failed"},
+    ]
+    errors = allreduce._rank_errors(ranks, owner, 10.0)
+    assert [e["rank"] for e in errors] == [1, 0, 2]  # a peer's precise error first, the bystander last
+    suspects = allreduce._failure_suspects(errors, 29500)
+    assert [s["host"] for s in suspects] == ["node01"]
+    assert "rank 1 on node02" in suspects[0]["reason"]
+    msg = allreduce._failure_message(errors, HEALTHY, {})
+    assert msg.startswith("rank 1 on node02 could not connect to MASTER_ADDR 198.18.0.1:29500")
+    # A rank stopped while still connecting after the whole init timeout was stuck, not a bystander.
+    stuck = dict(ranks[2], phase_s=12.0)
+    assert allreduce._rank_errors([stuck], owner, 10.0)[0]["kind"] == "mesh"
+
+
+def test_pairwise_bandwidth_names_the_host_whose_best_pair_is_slow():
+    pairs = [{"hosts": ["node01", "node02"], "ok": True, "busbw_GBps": 0.006},
+             {"hosts": ["node02", "node03"], "ok": True, "busbw_GBps": 0.0061},
+             {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.024}]
+    suspects = allreduce._pair_suspects(pairs, "bandwidth", 0.75)
+    assert [s["host"] for s in suspects] == ["node02"]
+    failing = [{"hosts": ["node01", "node02"], "ok": False}, {"hosts": ["node02", "node03"], "ok": False},
+               {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.02}]
+    assert [s["host"] for s in allreduce._pair_suspects(failing, "failure", 0.75)] == ["node02"]
+
+
+def test_iperf3_straggler_map():
+    iperf = {"chosen": {"network": 1}, "networks": [
+        {"network": 0, "links": [{"src": "a", "dst": "b", "gbps": 0.1}]},
+        {"network": 1, "links": [{"src": "a", "dst": "b", "gbps": 9.4}, {"src": "b", "dst": "c", "gbps": 2.0},
+                                 {"src": "c", "dst": "d", "gbps": 2.1}, {"src": "d", "dst": "a", "gbps": 9.3}]}]}
+    suspects = allreduce._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
+    assert [s["host"] for s in suspects] == ["c"]
+
+
+# --- host side, on this machine (no SSH, no root) ----------------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def local_agent():
+    """host_group/rank as the agent runs them: children get the checks package as in-memory code."""
+    pytest.importorskip("torch")
+    from checks import base
+    from preflight.remote import agent_code
+    base.AGENT_CODE = agent_code()
+    try:
+        yield base
+    finally:
+        base.kill_all()
+        base.AGENT_CODE = None
+
+
+def _group_params(world: int, ranks: int, init_timeout: float = 20.0) -> dict:
+    port = _free_port()
+    return {"host": "localhost", "ifname": "lo", "grace_s": 2.0, "rank_timeout_s": 90.0,
+            "rank_params": {"backend": "gloo", "sizes": [1 << 20, 2 << 20], "iters": 2, "size_budget_s": 10.0,
+                            "sweep_budget_s": 30.0, "init_timeout_s": init_timeout, "start_timeout_s": 60.0},
+            "jobs": [{"tag": "main", "rank": r, "local_rank": r, "local_world_size": ranks, "world_size": world,
+                      "master_addr": "127.0.0.1", "master_port": port, "device": r} for r in range(ranks)]}
+
+
+def test_host_group_runs_one_process_per_slot(local_agent):
+    out = allreduce.host_group(_group_params(2, 2), None)
+    ranks = sorted(out["ranks"], key=lambda r: r["rank"])
+    assert all(r["ok"] for r in ranks), ranks
+    assert [(r["rank"], r["local_rank"], r["world_size"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]
+    assert ranks[0]["pid"] != ranks[1]["pid"]
+    assert [row["bytes"] for row in ranks[0]["sizes"]] == [1 << 20, 2 << 20]
+    assert ranks[0]["sizes"] == ranks[1]["sizes"]  # every rank reports the agreed (slowest) time
+    assert not local_agent.LIVE
+
+
+def test_host_group_bounds_a_rank_that_never_comes_and_kills_the_rest(local_agent):
+    start = time.monotonic()
+    out = allreduce.host_group(_group_params(3, 2, init_timeout=3.0), None)  # rank 2 never starts
+    assert time.monotonic() - start < 40
+    ranks = out["ranks"]
+    assert ranks and not any(r["ok"] for r in ranks)
+    assert all(r.get("error") for r in ranks), ranks
+    assert {allreduce.classify(r["error"], r["phase"]) for r in ranks} == {"incomplete"}, ranks
+    for r in ranks:
+        assert r["exit_code"] is not None  # reaped: no rank process is left
+    assert not local_agent.LIVE
+
+
+# --- the namespace cluster -------------------------------------------------------------------------------------------
+
+# Small sizes and short timeouts: two shared cores, other engineers' tests, and gloo reducing on the CPU.
+TEST_CONFIG = """
+[allreduce]
+min_bytes = 1048576
+max_bytes = 8388608
+iters = 3
+size_budget_s = 10.0
+sweep_budget_s = 40.0
+start_timeout_s = 60.0
+init_timeout_s = 10.0
+pair_init_timeout_s = 8.0
+grace_s = 3.0
+"""
+RATE_MBIT = 200.0  # = 0.025 GB/s
+CLI_LIMIT_S = 240  # the test fails (never hangs) if a run takes longer
+
+
+def _cli_argv() -> list:
+    return [sys.executable, "-m", "preflight"]
+
+
+def run_cli(cluster, tmp_path: Path, hostfile: Path = None, extra=(), config_text: str = TEST_CONFIG,
+            checks: str = "allreduce") -> tuple:
+    config = tmp_path / "allreduce.toml"
+    config.write_text(config_text)
+    out = tmp_path / "out.json"
+    argv = _cli_argv() + ["run", "--hostfile", str(hostfile or cluster.hostfile()), "--python", sys.executable,
+                          "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+                          "--known-hosts", str(cluster.known_hosts), "--checks", checks,
+                          "--config", str(config), "--json", str(out), *extra]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLI_LIMIT_S)
+    elapsed = time.monotonic() - start
+    assert out.exists(), f"no JSON report (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    cells = {r["host"]: r for r in report["results"] if r["check"] == "allreduce"}
+    return proc, cells, elapsed
+
+
+def survivors(cluster) -> dict:
+    """Processes of preflight (agents, ranks) still alive in each host's network namespace."""
+    found = {}
+    for h in cluster.hosts:
+        netns = cluster.exec(h, ["readlink", "/proc/self/ns/net"]).stdout.strip()
+        inode = netns[netns.find("[") + 1:-1]
+        ps = cluster.exec(h, ["ps", "-eo", "pid,stat,netns,args"]).stdout.splitlines()[1:]
+        mine = []
+        for line in ps:
+            pid, stat, ns, args = (line.split(None, 3) + [""])[:4]
+            if ns == inode and not stat.startswith("Z") and "python" in args and "readlink" not in args:
+                mine.append(line.strip()[:200])
+        if mine:
+            found[h.name] = mine
+    return found
+
+
+def _wait_no_survivors(cluster, seconds: float = 5.0) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        left = survivors(cluster)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_equal_links_busbw_matches_the_shaped_rate(cluster3, tmp_path):
+    for h in cluster3.hosts:
+        cluster3.shape(h, RATE_MBIT)
+    try:
+        proc, cells, elapsed = run_cli(cluster3, tmp_path)
+    finally:
+        for h in cluster3.hosts:
+            cluster3.unshape(h)
+    star = cells["*"]
+    assert star["status"] == "pass", f"{star['message']}\n{proc.stdout}\n{proc.stderr}"
+    assert set(cells) == {"*"}, "nothing may be flagged on equal links"
+    m = star["metrics"]
+    assert m["backend"] == "gloo" and m["world_size"] == 3
+    assert m["interfaces"] == {h.name: "eth0" for h in cluster3.hosts}
+    largest = m["sizes"][-1]
+    assert largest["bytes"] == 8 << 20
+    rate_gbytes = RATE_MBIT / 1000 / 8  # Gbit/s -> GB/s
+    # Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer, so busbw ~ the link rate.
+    assert largest["busbw_GBps"] == pytest.approx(rate_gbytes, rel=0.15), m["sizes"]
+    assert elapsed < 120
+    assert not _wait_no_survivors(cluster3)
+
+
+def test_two_slots_on_a_host_get_local_ranks_and_their_own_processes(cluster3, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node01 slots=2\nnode02 slots=1\nnode03 slots=1\n")
+    proc, cells, _ = run_cli(cluster3, tmp_path, hostfile)
+    star = cells["*"]
+    assert star["status"] == "pass", f"{star['message']}\n{proc.stderr}"
+    ranks = star["metrics"]["ranks"]
+    layout = [(r["rank"], r["host"], r["local_rank"]) for r in ranks]
+    assert layout == [(0, "node01", 0), (1, "node01", 1), (2, "node02", 0), (3, "node03", 0)]
+    assert len({r["pid"] for r in ranks if r["host"] == "node01"}) == 2
+    assert star["metrics"]["world_size"] == 4 and "4 ranks on 3 hosts" in star["message"]
+    assert not _wait_no_survivors(cluster3)
+
+
+def test_firewalled_hosts_fail_bounded_named_and_leave_no_worker(cluster3, tmp_path):
+    # node03 alone would pass with gloo (it only ever connects out); blocking the master stops the rendezvous.
+    cluster3.firewall("node03", drop_tcp_dports="1024-65535")
+    cluster3.firewall("node01", drop_tcp_dports="1024-65535")
+    try:
+        proc, cells, elapsed = run_cli(cluster3, tmp_path)
+        left = _wait_no_survivors(cluster3)
+    finally:
+        cluster3.unfirewall("node03")
+        cluster3.unfirewall("node01")
+    star = cells["*"]
+    assert star["status"] in ("fail", "error"), star["message"]
+    assert proc.returncode == 1
+    assert "could not connect to MASTER_ADDR" in star["message"] and ":29500 within 10s" in star["message"]
+    assert cells.get("node03", {}).get("status") == "fail", cells.keys()
+    assert cells.get("node01", {}).get("status") == "fail"
+    assert "node02" not in cells
+    assert elapsed < 120, f"took {elapsed:.0f}s"
+    assert not left, f"workers survived: {left}"
+
+
+def test_a_slow_host_is_named_when_busbw_is_below_min_busbw(cluster3, tmp_path):
+    for h in cluster3.hosts:
+        cluster3.shape(h, RATE_MBIT if h.name != "node02" else RATE_MBIT / 4)
+    try:
+        # 0.02 GB/s: what equal links give (see above); node02 at a quarter of the rate drags the ring down.
+        # Up to 2 MiB only: at a quarter of the rate every size takes 4x longer, and so do the pairwise runs.
+        proc, cells, elapsed = run_cli(cluster3, tmp_path, extra=["--min-busbw", "0.02"],
+                                       config_text=TEST_CONFIG.replace("max_bytes = 8388608", "max_bytes = 2097152"))
+    finally:
+        for h in cluster3.hosts:
+            cluster3.unshape(h)
+    star = cells["*"]
+    assert star["status"] == "fail", star["message"]
+    assert "--min-busbw 0.02" in star["message"]
+    assert cells.get("node02", {}).get("status") == "fail", f"{star['message']}\n{json.dumps(star['metrics'])[:3000]}"
+    assert "node01" not in cells and "node03" not in cells
+    assert elapsed < 150
+    assert not _wait_no_survivors(cluster3)
+
+
+def _python_without_torch():
+    """Another interpreter on this machine (>= 3.9, the agent's minimum) that cannot import torch, or None."""
+    import shutil
+    names = [shutil.which(n) for n in ("python3.9", "python3.10", "python3.12", "python3.13")]
+    def version(p: Path) -> tuple:
+        return tuple(int(x) if x.isdigit() else 0 for x in p.parent.parent.name.split("."))
+    # pyenv and the like keep versions side by side; the oldest first: 3.9 is the agent's minimum.
+    siblings = [str(p) for p in sorted(Path(sys.base_prefix).parent.glob("3.*/bin/python3"), key=version)]
+    for path in [p for p in names + siblings if p]:
+        probe = subprocess.run([path, "-c", "import sys; assert sys.version_info >= (3, 9)\n"
+                                "try:\n import torch\nexcept ImportError:\n print('no torch')"],
+                               capture_output=True, text=True, timeout=60)
+        if probe.returncode == 0 and "no torch" in probe.stdout:
+            return path
+    return None
+
+
+def test_hosts_without_torch_fail_with_the_reason_and_nothing_runs(cluster3, tmp_path):
+    python = _python_without_torch()
+    if python is None:
+        pytest.skip("no interpreter without torch on this machine")
+    config = tmp_path / "allreduce.toml"
+    config.write_text(TEST_CONFIG)
+    out = tmp_path / "out.json"
+    argv = _cli_argv() + ["run", "--hostfile", str(cluster3.hostfile()), "--python", python,
+                          "--ssh-config", str(cluster3.ssh_config), "--ssh-key", str(cluster3.user_key),
+                          "--known-hosts", str(cluster3.known_hosts), "--checks", "allreduce",
+                          "--config", str(config), "--json", str(out)]
+    subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLI_LIMIT_S)
+    star = next(r for r in json.loads(out.read_text())["results"] if r["check"] == "allreduce")
+    assert star["status"] == "fail", star["message"]
+    assert "torch is not importable on node01, node02, node03" in star["message"]
+    assert "--python" in star["fix"]
+    assert not _wait_no_survivors(cluster3)
+
+
+def test_runs_over_the_network_iperf3_chose(netcluster_factory, tmp_path):
+    import shutil
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 is not installed")
+    cluster = netcluster_factory(n=3, networks=2)
+    for h in cluster.hosts:  # network 0 (the SSH network) slow, network 1 fast: the all-reduce must use network 1
+        cluster.shape(h, RATE_MBIT / 4, network=0)
+        cluster.shape(h, RATE_MBIT, network=1)
+    config = TEST_CONFIG + "\n[iperf3]\nduration_s = 1.0\nextra_rounds = 0\n"
+    proc, cells, elapsed = run_cli(cluster, tmp_path, config_text=config, checks="iperf3,allreduce")
+    star = cells["*"]
+    assert star["status"] == "pass", f"{star['message']}\n{proc.stdout[-3000:]}"
+    m = star["metrics"]
+    assert m["interfaces"] == {h.name: "eth1" for h in cluster.hosts}
+    assert m["master_addr"] == cluster.hosts[0].addresses[1]
+    assert m["sizes"][-1]["busbw_GBps"] == pytest.approx(RATE_MBIT / 1000 / 8, rel=0.15)
