@@ -21,6 +21,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from checks.base import Finding, HostContext, Outcome, Status, combine, error, read_text
+from checks.iperf3 import host_subnets
 
 NAME = "ports"
 DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
@@ -89,8 +90,8 @@ def parse_port_range(text: Optional[str]) -> Tuple[int, int]:
 def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: int) -> List[Dict[str, Any]]:
     """IPv4 subnets every host has an address on (besides the SSH network), at most ``limit``.
 
-    iface_facts: {host: facts of the interfaces check}. Loopback, docker, link-local and subnets where two hosts
-    share one address (every host's docker0 is 172.17.0.1) are left out: NCCL skips them, or they are not
+    iface_facts: {host: facts of the interfaces check}. Loopback, docker, bridges, down links, link-local and
+    subnets where two hosts share one address (every host's docker0 is 172.17.0.1) are left out: NCCL skips them, or they are not
     cross-host networks. Returns [{"cidr": "198.18.1.0/24", "addresses": {host: "198.18.1.3"}}].
     """
     hosts = list(primary)
@@ -98,21 +99,10 @@ def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: 
         return []
     per_host: Dict[str, Dict[str, str]] = {}
     for h in hosts:
+        # The same candidate networks as iperf3 measures and NCCL may use: one definition for both checks.
         nets: Dict[str, str] = {}
-        for iface in iface_facts[h].get("interfaces") or []:
-            name = str(iface.get("name", ""))
-            if iface.get("kind") in ("loopback", "docker") or name == "lo" or name.startswith("docker"):
-                continue
-            if iface.get("operstate") == "down":
-                continue
-            for cidr in iface.get("ipv4") or []:
-                try:
-                    itf = ipaddress.ip_interface(cidr)
-                except ValueError:
-                    continue
-                if itf.ip.is_loopback or itf.ip.is_link_local or itf.network.prefixlen >= 32:
-                    continue
-                nets.setdefault(str(itf.network), str(itf.ip))
+        for network, _dev, address, _speed in host_subnets(iface_facts[h]):
+            nets.setdefault(network, address)
         per_host[h] = nets
     common = set.intersection(*(set(n) for n in per_host.values()))
     out = []
