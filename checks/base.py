@@ -18,12 +18,13 @@ Thresholds are the merged config (``preflight/defaults.toml`` + ``--config``): `
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 
 class Status(str, enum.Enum):
@@ -181,6 +182,43 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
             stop(proc, grace=0)
         LIVE.discard(proc)
     return Cmd(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - start)
+
+
+class NVMLUnavailable(Exception):
+    """NVML could not be opened; the message is the fact to record, ``module`` the nvidia-ml-py version if any."""
+
+    def __init__(self, message: str, module: Optional[str] = None):
+        super().__init__(message)
+        self.module = module
+
+
+@contextlib.contextmanager
+def nvml_session() -> Iterator[Any]:
+    """Import nvidia-ml-py and initialise NVML for the block, shutting it down afterwards.
+
+    Raises NVMLUnavailable (import or nvmlInit failed: no driver, version mismatch) before the block runs.
+    """
+    try:
+        import pynvml  # nvidia-ml-py
+    except Exception as exc:  # noqa: BLE001 - a missing/broken module is a fact
+        raise NVMLUnavailable("cannot import pynvml (nvidia-ml-py): %s" % exc) from None
+    module = getattr(pynvml, "__version__", "unknown")
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001
+        raise NVMLUnavailable("nvmlInit: %s" % (str(exc) or type(exc).__name__), module) from None
+    try:
+        yield pynvml
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def as_str(value: Any) -> str:
+    """NVML returns bytes from some nvidia-ml-py versions and str from others."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def read_text(path: str, default: Optional[str] = None) -> Optional[str]:

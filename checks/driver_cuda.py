@@ -21,7 +21,8 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, error, read_text, sh, skip
+from checks.base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
+                         nvml_session, read_text, sh, skip)
 
 NAME = "driver_cuda"
 DESCRIPTION = "NVIDIA driver can run torch's CUDA (incl. minor-version compat), nvcc matches, GPUs >= slots"
@@ -152,38 +153,26 @@ def _nvml_facts() -> Dict[str, Any]:
     out: Dict[str, Any] = {"driver": None, "cuda_driver": None, "gpu_count": None, "gpu_uuids": [],
                            "error": None, "module": None}
     try:
-        import pynvml  # nvidia-ml-py
-    except Exception as exc:  # noqa: BLE001 - a missing/broken module is a fact
-        out["error"] = "cannot import pynvml (nvidia-ml-py): %s" % exc
-        return out
-    out["module"] = getattr(pynvml, "__version__", "unknown")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001
-        out["error"] = "nvmlInit: %s" % (str(exc) or type(exc).__name__)
-        return out
-    try:
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        out["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
-        try:
-            out["cuda_driver"] = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
-        except Exception:  # noqa: BLE001
-            out["cuda_driver"] = int(pynvml.nvmlSystemGetCudaDriverVersion())
-        count = int(pynvml.nvmlDeviceGetCount())
-        out["gpu_count"] = count
-        for i in range(count):
+        with nvml_session() as pynvml:
+            out["module"] = getattr(pynvml, "__version__", "unknown")
             try:
-                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                out["gpu_uuids"].append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-            except Exception:  # noqa: BLE001
-                out["gpu_uuids"].append("")
-    except Exception as exc:  # noqa: BLE001
-        out["error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+                out["driver"] = as_str(pynvml.nvmlSystemGetDriverVersion())
+                try:
+                    out["cuda_driver"] = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+                except Exception:  # noqa: BLE001
+                    out["cuda_driver"] = int(pynvml.nvmlSystemGetCudaDriverVersion())
+                count = int(pynvml.nvmlDeviceGetCount())
+                out["gpu_count"] = count
+                for i in range(count):
+                    try:
+                        out["gpu_uuids"].append(as_str(pynvml.nvmlDeviceGetUUID(
+                            pynvml.nvmlDeviceGetHandleByIndex(i))))
+                    except Exception:  # noqa: BLE001
+                        out["gpu_uuids"].append("")
+            except Exception as exc:  # noqa: BLE001
+                out["error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
+    except NVMLUnavailable as exc:
+        out["error"], out["module"] = str(exc), exc.module
     return out
 
 

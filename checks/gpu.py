@@ -20,7 +20,8 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, error, read_text, sh, skip
+from checks.base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
+                         nvml_session, read_text, sh, skip)
 
 NAME = "gpu"
 DESCRIPTION = "GPU health: ECC, row remapping, PCIe link, clock slowdowns, temperature, modes, memory in use, Xids"
@@ -301,7 +302,7 @@ def _read_nvml_gpu(pynvml: Any, handle: Any) -> Dict[str, Any]:
     _nvml_call(raw, "sm_clock_max", pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
     try:
         info = pynvml.nvmlDeviceGetPciInfo(handle)
-        bus = info.busId.decode() if isinstance(info.busId, bytes) else str(info.busId)
+        bus = as_str(info.busId)
         raw["pci"] = {"busId": bus}
     except Exception as exc:  # noqa: BLE001
         raw["pci"] = "ERR %s %s" % (type(exc).__name__, exc)
@@ -314,37 +315,26 @@ def _read_nvml_gpu(pynvml: Any, handle: Any) -> Dict[str, Any]:
 
 def _collect_nvml(facts: Dict[str, Any]) -> bool:
     try:
-        import pynvml  # nvidia-ml-py
-    except Exception as exc:  # noqa: BLE001
-        facts["nvml_error"] = "cannot import pynvml (nvidia-ml-py): %s" % exc
-        return False
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001
-        facts["nvml_error"] = "nvmlInit: %s" % (str(exc) or type(exc).__name__)
-        return False
-    try:
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        facts["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
-        gpus = []
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
+        with nvml_session() as pynvml:
             try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            except Exception as exc:  # noqa: BLE001 - a GPU NVML cannot open is itself a finding
-                gpus.append(dict(normalize_nvml_gpu({}, i), handle_error="%s %s" % (type(exc).__name__, exc)))
-                continue
-            gpus.append(normalize_nvml_gpu(_read_nvml_gpu(pynvml, handle), i))
-        facts["gpus"] = gpus
-        facts["source"] = "nvml"
-        return True
-    except Exception as exc:  # noqa: BLE001
-        facts["nvml_error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
+                facts["driver"] = as_str(pynvml.nvmlSystemGetDriverVersion())
+                gpus = []
+                for i in range(int(pynvml.nvmlDeviceGetCount())):
+                    try:
+                        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    except Exception as exc:  # noqa: BLE001 - a GPU NVML cannot open is itself a finding
+                        gpus.append(dict(normalize_nvml_gpu({}, i), handle_error="%s %s" % (type(exc).__name__, exc)))
+                        continue
+                    gpus.append(normalize_nvml_gpu(_read_nvml_gpu(pynvml, handle), i))
+                facts["gpus"] = gpus
+                facts["source"] = "nvml"
+                return True
+            except Exception as exc:  # noqa: BLE001
+                facts["nvml_error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
+                return False
+    except NVMLUnavailable as exc:
+        facts["nvml_error"] = str(exc)
         return False
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _collect_smi(ctx: HostContext, facts: Dict[str, Any]) -> None:
