@@ -24,24 +24,21 @@ class UsageError(Exception):
     pass
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+def _positive(kind: type, noun: str):
+    """argparse type: a number of ``kind`` that is > 0, with a message naming what was wrong."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+_positive_float = _positive(float, "a number")
+_positive_int = _positive(int, "an integer")
 
 
 def _port(text: str) -> int:
