@@ -28,3 +28,10 @@ def cluster3():
     _skip_without_netcluster()
     with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def thresholds():
+    """The documented defaults (preflight/defaults.toml), as evaluate() gets them without --config."""
+    from preflight.config import load_defaults
+    return load_defaults()

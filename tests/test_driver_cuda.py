@@ -5,7 +5,6 @@ import copy
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,16 +12,7 @@ from checks import driver_cuda as dc
 from checks.base import HostContext, Status
 from preflight.config import load_defaults
 
-FIX = Path(__file__).parent / "fixtures" / "h100-host"
-
-
-def _read(name: str) -> str:
-    return (FIX / name).read_text()
-
-
-@pytest.fixture
-def thresholds():
-    return load_defaults()
+from tests.h100 import FIX, read as _read
 
 
 @pytest.fixture

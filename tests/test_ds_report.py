@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,17 +14,8 @@ from checks import ds_report as dr
 from checks.base import HostContext, Status
 from preflight.config import load_defaults
 
-FIX = Path(__file__).parent / "fixtures" / "h100-host"
+from tests.h100 import FIX, read as _read
 INCOMPATIBLE_ON_FIXTURE = {"async_io", "evoformer_attn", "gds"}
-
-
-def _read(name: str) -> str:
-    return (FIX / name).read_text()
-
-
-@pytest.fixture
-def thresholds():
-    return load_defaults()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import copy
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,17 +12,8 @@ from checks import gpu as g
 from checks.base import HostContext, Status
 from preflight.config import load_defaults
 
-FIX = Path(__file__).parent / "fixtures" / "h100-host"
+from tests.h100 import FIX, read as _read
 UUID = "GPU-fe97e4af-eedf-d1a1-0b31-d7e310aee1d8"
-
-
-def _read(name: str) -> str:
-    return (FIX / name).read_text()
-
-
-@pytest.fixture
-def thresholds():
-    return load_defaults()
 
 
 @pytest.fixture

@@ -24,13 +24,9 @@ from checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = REPO / "tests" / "fixtures" / "h100-host"
+from tests.h100 import read as fixture
 T = load_defaults()
 MiB = 1 << 20
-
-
-def fixture(name: str) -> str:
-    return (FIX / name).read_text()
 
 
 def ctx(params=None, seconds=120.0) -> HostContext:
