@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README)")
     g.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML: one testcase per (host, check)")
     g.add_argument("--env-file", metavar="FILE", help="write the recommended environment as .deepspeed_env lines")
+    g.add_argument("--html", metavar="FILE", help="write a self-contained HTML report: matrix, details, "
+                   "environment, iperf3 heat map, all-reduce busbw plot (no external assets)")
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
@@ -145,7 +147,7 @@ def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
 
 def build_options(args: argparse.Namespace):
     from preflight.runner import RunOptions
-    for option in ("json", "junit_xml", "env_file"):
+    for option in ("json", "junit_xml", "env_file", "html"):
         _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
     thresholds = load_thresholds(args.config)
     if args.hostfile:
@@ -209,7 +211,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Piped output (CI logs, files) gets a wide fixed width so the matrix is never truncated.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     rep.print_report(result, console, verbose=args.verbose, quiet=args.quiet)
-    for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file)):
+    from preflight.html import to_html
+    for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file),
+                       (args.html, to_html)):
         if path:
             try:
                 rep.write_file(path, text(result))

