@@ -124,7 +124,7 @@ def classify(text: str, phase: str) -> str:
     if "trying to connect to" in low or "failed to connect to any network address" in low \
             or "could not connect to master_addr" in low:
         return "rendezvous"
-    if "clients joined" in low or "waiting for clients" in low or ("wait timeout" in low and "keys:" in low):
+    if "clients joined" in low or "ranks joined" in low or "waiting for clients" in low or ("wait timeout" in low and "keys:" in low):
         return "incomplete"  # the store is up but not every rank arrived
     if "connectfullmesh" in low or "connect timeout" in low or ("connection refused" in low and phase == "init"):
         return "mesh"
@@ -260,9 +260,13 @@ def _mark(phase: str) -> None:
     sys.stdout.flush()
 
 
-def _await_master(addr: str, port: int, timeout: float) -> float:
+def _await_master(addr: str, port: int, timeout: float, starting_until: float) -> float:
     """Connect to MASTER_ADDR:MASTER_PORT (rank 0's TCPStore) until it accepts, so that a blocked or wrong address
-    fails with our own precise message instead of torch's retry log. Returns the seconds waited."""
+    fails with our own precise message instead of torch's retry log. Returns the seconds waited.
+
+    A refused connection may only mean that rank 0 is still importing torch: it is retried until
+    ``starting_until`` (the ranks' start allowance). Dropped packets (a firewall) fail after ``timeout``.
+    """
     start = time.monotonic()
     deadline = start + timeout
     last = "no answer"
@@ -278,11 +282,43 @@ def _await_master(addr: str, port: int, timeout: float) -> float:
             last = "connection timed out: packets dropped, inbound TCP to port %d blocked by a firewall?" % port
         except ConnectionRefusedError:
             last = "connection refused: nothing listens on port %d (rank 0 not started or failed?)" % port
+            deadline = max(deadline, min(starting_until, time.monotonic() + timeout))
         except OSError as exc:
             last = "%s" % (exc.strerror or exc)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     raise _Failed("rendezvous", "could not connect to MASTER_ADDR %s:%d within %.0fs (%s)"
-                  % (addr, port, timeout, last), target=addr)
+                  % (addr, port, time.monotonic() - start, last), target=addr)
+
+
+JOINED_KEY = "preflight/joined"
+
+
+def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, init_timeout: float) -> Any:
+    """rank 0's TCPStore, once every rank has joined it: the ranks' clocks start together.
+
+    Ranks finish importing torch at very different times (a cold conda env on NFS, or many ranks on few cores),
+    and torch's init timeout would count that stagger against the early ranks: a late rank looked like a
+    network failure. Here every rank may take until ``until`` (its start allowance) to arrive; only then do
+    init_process_group and the collectives get ``init_timeout`` each.
+    """
+    import datetime
+    store = dist.TCPStore(addr, port, world_size=None, is_master=(rank == 0),
+                          timeout=datetime.timedelta(seconds=max(1.0, until - time.monotonic())),
+                          wait_for_workers=False)
+    joined = store.add(JOINED_KEY, 1)
+    while joined < world:
+        if time.monotonic() >= until:
+            raise _Failed("incomplete", "only %d of %d ranks joined rank 0's store by the start deadline: the "
+                                        "others are still importing torch, or failed" % (joined, world))
+        time.sleep(0.2)
+        try:
+            joined = store.add(JOINED_KEY, 0)
+        except Exception as exc:  # rank 0 gave up (or died) first and its store went with it
+            raise _Failed("incomplete", "rank 0's store closed when only %d of %d ranks joined (%s): rank 0 "
+                                        "gave up waiting for the others, or failed" % (joined, world,
+                                                                                      str(exc)[:120]))
+    store.set_timeout(datetime.timedelta(seconds=init_timeout))
+    return store
 
 
 def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) -> Tuple[List[Dict[str, Any]],
@@ -390,12 +426,16 @@ def rank(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
             dev = torch.device("cpu")
         timeout = float(params["init_timeout_s"])
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        # Every rank gets the same start allowance, counted from its own launch (they launch together).
+        starting_until = start + float(params["start_timeout_s"]) + timeout
         phase("rendezvous")
         if info["rank"] != 0:
-            info["rendezvous_s"] = round(_await_master(addr, port, timeout), 3)
+            info["rendezvous_s"] = round(_await_master(addr, port, timeout, starting_until), 3)
+        phase("join")
+        store = _join(dist, addr, port, info["rank"], info["world_size"], starting_until, timeout)
         phase("init")
-        # The timeout bounds the rendezvous and every collective; torch's default (10 min) is far too long here.
-        dist.init_process_group(backend=backend, init_method="env://",
+        # The timeout bounds init and every collective; torch's default (10 min) is far too long here.
+        dist.init_process_group(backend=backend, store=store, rank=info["rank"], world_size=info["world_size"],
                                 timeout=datetime.timedelta(seconds=timeout))
         initialized = True
         phase("connect")  # NCCL connects lazily: the first collective builds the rings
@@ -520,8 +560,9 @@ def _terminate(jobs: Sequence[_Job], grace: float) -> None:
 def _allowance(phase: str, params: Dict[str, Any]) -> float:
     """How long a rank may stay in one phase before it counts as hung (C code ignores our signals meanwhile)."""
     init = float(params["init_timeout_s"])
+    starting = float(params["start_timeout_s"]) + init + 10  # the rank's own start deadline, and a margin
     return {"start": float(params["start_timeout_s"]), "import": float(params["start_timeout_s"]),
-            "rendezvous": init + 10, "init": init + 10, "connect": init + 10,
+            "rendezvous": starting, "join": starting, "init": init + 10, "connect": init + 10,
             "sweep": float(params["sweep_budget_s"]) + 2 * float(params["size_budget_s"]) + init + 10,
             }.get(phase, 30.0)
 
@@ -865,7 +906,8 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
         rounds = [[p for rnd in rounds for p in rnd]]
     rank_params = dict(common["rank_params"], sizes=[int(nbytes)], init_timeout_s=float(cfg["pair_init_timeout_s"]),
                        iters=1 if mode == "failure" else int(cfg["iters"]))
-    rank_timeout = float(cfg["start_timeout_s"]) + float(cfg["pair_init_timeout_s"]) \
+    # Joining (start + init at most), init, the first collective, the one size: as in the main run.
+    rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["pair_init_timeout_s"]) \
         + 2 * float(cfg["size_budget_s"]) + 15
     out: List[Dict[str, Any]] = []
     for rnd in rounds:
@@ -1042,7 +1084,8 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                    "iters": int(cfg["iters"]), "size_budget_s": float(cfg["size_budget_s"]),
                    "sweep_budget_s": float(cfg["sweep_budget_s"]), "init_timeout_s": float(cfg["init_timeout_s"]),
                    "start_timeout_s": float(cfg["start_timeout_s"])}
-    rank_timeout = float(cfg["start_timeout_s"]) + 2 * float(cfg["init_timeout_s"]) \
+    # Joining ends by start + init (every rank's own deadline); init and the first collective get init each.
+    rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["init_timeout_s"]) \
         + float(cfg["sweep_budget_s"]) + 2 * float(cfg["size_budget_s"]) + 15
     common = {"rank_params": rank_params, "rank_timeout_s": rank_timeout, "grace_s": float(cfg["grace_s"]),
               "ifnames": ifnames, "port": port}

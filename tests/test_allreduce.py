@@ -254,11 +254,11 @@ def local_agent():
         base.AGENT_CODE = None
 
 
-def _group_params(world: int, ranks: int, init_timeout: float = 20.0) -> dict:
+def _group_params(world: int, ranks: int, init_timeout: float = 20.0, start_timeout: float = 60.0) -> dict:
     port = _free_port()
     return {"host": "localhost", "ifname": "lo", "grace_s": 2.0, "rank_timeout_s": 90.0,
             "rank_params": {"backend": "gloo", "sizes": [1 << 20, 2 << 20], "iters": 2, "size_budget_s": 10.0,
-                            "sweep_budget_s": 30.0, "init_timeout_s": init_timeout, "start_timeout_s": 60.0},
+                            "sweep_budget_s": 30.0, "init_timeout_s": init_timeout, "start_timeout_s": start_timeout},
             "jobs": [{"tag": "main", "rank": r, "local_rank": r, "local_world_size": ranks, "world_size": world,
                       "master_addr": "127.0.0.1", "master_port": port, "device": r} for r in range(ranks)]}
 
@@ -276,7 +276,8 @@ def test_host_group_runs_one_process_per_slot(local_agent):
 
 def test_host_group_bounds_a_rank_that_never_comes_and_kills_the_rest(local_agent):
     start = time.monotonic()
-    out = allreduce.host_group(_group_params(3, 2, init_timeout=3.0), None)  # rank 2 never starts
+    # Rank 2 never starts: the others wait for it until their start deadline (start + init), not forever.
+    out = allreduce.host_group(_group_params(3, 2, init_timeout=3.0, start_timeout=5.0), None)
     assert time.monotonic() - start < 40
     ranks = out["ranks"]
     assert ranks and not any(r["ok"] for r in ranks)
