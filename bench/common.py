@@ -1,0 +1,97 @@
+"""What every benchmark shares: run the real CLI against a namespace cluster, print a table, write JSON.
+
+Benchmarks are scripts, not tests: they build real namespace hosts (tests/netcluster.py, real sshd per
+host), run `python -m preflight run` as a user would, and time it from the outside.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.netcluster import NetCluster  # noqa: E402
+
+
+@dataclass
+class Run:
+    wall_s: float
+    exit_code: int
+    report: Dict[str, Any]
+    stdout: str
+    stderr: str
+
+    def cells(self) -> Dict[tuple, Dict[str, Any]]:
+        return {(r["host"], r["check"]): r for r in self.report.get("results", [])}
+
+    def problems(self, limit: int = 300) -> list:
+        """Every result that is not a pass, shortened: what a benchmark must explain next to its timing."""
+        return [{"host": r["host"], "check": r["check"], "status": r["status"], "message": r["message"][:limit]}
+                for r in self.report.get("results", []) if r["status"] != "pass"]
+
+    def check_seconds(self) -> Dict[str, float]:
+        """Each check's own time; cluster checks carry their whole duration on each cell, so max, not sum."""
+        out: Dict[str, float] = {}
+        for r in self.report.get("results", []):
+            out[r["check"]] = max(out.get(r["check"], 0.0), r["duration_s"])
+        return out
+
+
+def require_netcluster() -> None:
+    reason = NetCluster.unavailable_reason()
+    if reason:
+        sys.exit(f"cannot build namespace hosts here: {reason}")
+
+
+def preflight(cluster: NetCluster, workdir: Path, *args: Any, slots: int = 1, timeout: float = 1800,
+              hostfile_names: Optional[Sequence[str]] = None) -> Run:
+    """One `preflight run` over real SSH against the cluster; the JSON report is read back."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = workdir / "report.json"
+    report.unlink(missing_ok=True)
+    hostfile = cluster.hostfile(workdir / "hostfile", names=hostfile_names, slots=slots)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(hostfile), "--python", sys.executable,
+            "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--json", str(report), "-q", *map(str, args)]
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    data = json.loads(report.read_text()) if report.exists() else {}
+    if not data:
+        print(f"preflight wrote no report (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+    return Run(round(wall, 3), proc.returncode, data, proc.stdout, proc.stderr)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain right-aligned text table (benchmarks print to logs, not terminals)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+    text = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in text]
+    return "\n".join(lines)
+
+
+def write_json(name: str, data: Dict[str, Any], out: Optional[str] = None) -> Path:
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return path
