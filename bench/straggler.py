@@ -12,9 +12,9 @@ pass and one at 50% must never pass. Needs root. From the repository root:
 
 Sample output:
 
-    slow_at  detected  warn  fail  false_pos  measured_ratio
-       1.00       n/a     0     0          0             n/a
-       0.50     10/10     2     8          0            0.49
+    slow_at  detected  warn  fail  false_pos  errors  measured_ratio   min   max
+       1.00       n/a     0     0          0       0            1.00  1.00  1.00
+       0.50     10/10     2     8          0       0            0.50  0.50  0.50
 """
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ def main() -> int:
                 slow = cluster.hosts[rep % len(cluster.hosts)].name  # every position: master, ring ends, ...
                 reps.append(one_rep(cluster, Path(tmp) / f"{fraction:g}-{rep}", slow, fraction, args.base_mbit))
             slowed = fraction < 1.0
+            # At 100% too: how far an unshaped host's own median strays from the others' (the noise floor).
+            ratios = [r["measured_ratio"] for r in reps if r["measured_ratio"]]
             row = {"fraction": fraction, "reps": reps,
                    "detected": sum(r["status"][r["slow"]] in NAMED for r in reps) if slowed else None,
                    "warn": sum(r["status"][r["slow"]] == "warn" for r in reps) if slowed else 0,
@@ -75,17 +77,17 @@ def main() -> int:
                    "false_positives": sum(len(r["false_positives"]) + (0 if slowed else r["status"][r["slow"]] in NAMED)
                                           for r in reps),
                    "errors": sum(len(r["errors"]) for r in reps),
-                   "measured_ratio": median([r["measured_ratio"] for r in reps if r["measured_ratio"]])
-                   if slowed else None}
+                   "measured_ratio": median(ratios), "ratio_min": min(ratios, default=None),
+                   "ratio_max": max(ratios, default=None)}
             rows.append(row)
             found = "n/a" if row["detected"] is None else f"{row['detected']}/{args.reps}"
             print(f"slow at {fraction:.0%}: detected {found}, "
                   f"false positives {row['false_positives']}", file=sys.stderr)
     n = args.reps
-    print(table(["slow_at", "detected", "warn", "fail", "false_pos", "errors", "measured_ratio"],
+    print(table(["slow_at", "detected", "warn", "fail", "false_pos", "errors", "measured_ratio", "min", "max"],
                 [[r["fraction"], "n/a" if r["detected"] is None else f"{r['detected']}/{n}", r["warn"], r["fail"],
-                  r["false_positives"], r["errors"],
-                  "n/a" if r["measured_ratio"] is None else r["measured_ratio"]] for r in rows]))
+                  r["false_positives"], r["errors"], r["measured_ratio"], r["ratio_min"], r["ratio_max"]]
+                 for r in rows]))
     write_json("straggler", {"hosts": args.hosts, "base_mbit": args.base_mbit, "reps": n, "checks": CHECKS,
                              "rows": rows}, args.out)
     return 0
