@@ -31,6 +31,12 @@ class Result:
         return {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,
                 "fix": self.fix, "metrics": self.metrics, "duration_s": round(self.duration_s, 3)}
 
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Result":
+        """Inverse of to_dict (the JSON report's ``results`` entries)."""
+        return cls(data["host"], data["check"], Status(data["status"]), data["message"], data.get("fix", ""),
+                   dict(data.get("metrics", {})), float(data.get("duration_s", 0.0)))
+
 
 @dataclass
 class HostRecord:
@@ -41,6 +47,10 @@ class HostRecord:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "address": self.address, "slots": self.slots, "reachable": self.reachable}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "HostRecord":
+        return cls(data["name"], data["address"], int(data["slots"]), bool(data.get("reachable", False)))
 
 
 @dataclass
@@ -77,3 +87,13 @@ class Report:
                 "results": [r.to_dict() for r in self.results],
                 "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes)},
                 "summary": summary}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], strict: bool = False) -> "Report":
+        """Inverse of to_dict. The JSON has no ``strict`` (only its effect on exit_code) and no check list:
+        the caller passes strict, and the checks are those of the results, in their order."""
+        results = [Result.from_dict(r) for r in data["results"]]
+        recommendations = data.get("recommendations", {})
+        return cls(data["started_at"], float(data["duration_s"]), [HostRecord.from_dict(h) for h in data["hosts"]],
+                   results, list(dict.fromkeys(r.check for r in results)), dict(recommendations.get("env", {})),
+                   dict(recommendations.get("reasons", {})), list(recommendations.get("notes", [])), strict)
