@@ -33,7 +33,7 @@ class Run:
     def cells(self) -> Dict[tuple, Dict[str, Any]]:
         return {(r["host"], r["check"]): r for r in self.report.get("results", [])}
 
-    def problems(self, limit: int = 300) -> list:
+    def problems(self, limit: int = 600) -> list:
         """Every result that is not a pass, shortened: what a benchmark must explain next to its timing."""
         return [{"host": r["host"], "check": r["check"], "status": r["status"], "message": r["message"][:limit]}
                 for r in self.report.get("results", []) if r["status"] != "pass"]
