@@ -250,7 +250,9 @@ def test_collect_here_passes_and_is_json():
     assert o.status == Status.PASS, o.message
 
 
-def test_collect_compile_timeout_leaves_nothing(tmp_path, monkeypatch):
+@pytest.fixture
+def slow_compiler(tmp_path, monkeypatch):
+    """CC is a compiler that hangs 30 s first; tempfile's directory is a fresh one. Returns (compiler, directory)."""
     if not _system_has_libaio_dev():
         pytest.skip("this machine lacks libaio-dev or a C compiler")
     slow = tmp_path / "slow-cc"
@@ -260,6 +262,11 @@ def test_collect_compile_timeout_leaves_nothing(tmp_path, monkeypatch):
     scratch.mkdir()
     monkeypatch.setenv("CC", str(slow))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return slow, scratch
+
+
+def test_collect_compile_timeout_leaves_nothing(slow_compiler):
+    _, scratch = slow_compiler
     start = time.monotonic()
     facts = libaio.collect(ctx(seconds=0.1))  # every command gets the 0.5 s floor
     assert time.monotonic() - start < 15
@@ -286,16 +293,8 @@ def _children_running(word: str):
 
 
 @pytest.mark.parametrize("signame", ["SIGALRM", "SIGTERM"])
-def test_collect_signal_during_compile_leaves_nothing(tmp_path, monkeypatch, signame):
-    if not _system_has_libaio_dev():
-        pytest.skip("this machine lacks libaio-dev or a C compiler")
-    slow = tmp_path / "slow-cc"
-    slow.write_text("#!/bin/sh\nsleep 30\nexec gcc \"$@\"\n")
-    slow.chmod(0o755)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setenv("CC", str(slow))
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+def test_collect_signal_during_compile_leaves_nothing(slow_compiler, signame):
+    slow, scratch = slow_compiler
 
     class Stop(Exception):
         pass
