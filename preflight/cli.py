@@ -211,9 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Piped output (CI logs, files) gets a wide fixed width so the matrix is never truncated.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     rep.print_report(result, console, verbose=args.verbose, quiet=args.quiet)
-    from preflight.html import to_html
     for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file),
-                       (args.html, to_html)):
+                       (args.html, rep.to_html)):
         if path:
             try:
                 rep.write_file(path, text(result))

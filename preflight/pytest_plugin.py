@@ -233,9 +233,8 @@ class PreflightSession:
             except KeyboardInterrupt:
                 console.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
                 raise
-        from preflight.html import to_html
         for path, text in ((self.args.json, rep.to_json), (self.args.env_file, rep.to_env_file),
-                           (self.args.html, to_html)):
+                           (self.args.html, rep.to_html)):
             if path:
                 try:
                     rep.write_file(path, text(self.report))

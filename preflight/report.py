@@ -186,6 +186,12 @@ def to_junit(report: Report) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def to_html(report: Report) -> str:
+    """The self-contained HTML page (preflight/html.py), imported only when a run asks for it."""
+    from preflight.html import to_html as render
+    return render(report)
+
+
 def to_env_file(report: Report) -> str:
     """DeepSpeed's .deepspeed_env: KEY=VALUE lines and nothing else (a blank line crashes its launcher)."""
     return "".join(f"{k}={v}\n" for k, v in report.env.items())
