@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, ROOT, NetCluster, median, require_netcluster, table, write_json  # noqa: E402
 
-import checks as registry  # noqa: E402
+from preflight import checks as registry  # noqa: E402
 from preflight.remote import Agent  # noqa: E402
 from preflight.transport import SSHOptions, SSHTransport  # noqa: E402
 

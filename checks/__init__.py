@@ -25,7 +25,7 @@ ORDER = [
 
 
 def load(name: str) -> ModuleType:
-    return importlib.import_module("checks." + name)
+    return importlib.import_module("." + name, __name__)
 
 
 def all_checks() -> List[ModuleType]:

@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any, Dict
 
-from checks import base
+from . import base
 
 RUN_ENV = "PREFLIGHT_RUN"
 READY = "@@PREFLIGHT-READY"
@@ -62,8 +62,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         fn = module.__spec__.origin.split(":", 1)[1]
         exec(compile(z.read(fn), fn, "exec"), module.__dict__)
 sys.meta_path.insert(0, Finder())
-import checks.agent, os
-rc = checks.agent.main(sys.argv[1:], code)
+import preflight.checks.agent, os
+rc = preflight.checks.agent.main(sys.argv[1:], code)
 sys.stdout.flush()
 # Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
 os._exit(rc)
@@ -129,7 +129,7 @@ def _collect(names, params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         start = time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, per_check)
         try:
-            module = importlib.import_module("checks." + name)
+            module = importlib.import_module("." + name, __package__)
             ctx = base.HostContext(params=params, deadline=start + per_check)
             out[name] = {"facts": module.collect(ctx)}
         except Abort as exc:
@@ -148,7 +148,7 @@ def _collect(names, params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
 
 def _call(func: str, params: Dict[str, Any], timeout: float) -> Any:
     module_name, _, attr = func.rpartition(".")
-    module = importlib.import_module("checks." + module_name)
+    module = importlib.import_module("." + module_name, __package__)
     ctx = base.HostContext(params=params, deadline=time.monotonic() + timeout,
                            ready=lambda info: _emit(READY, info), wait_stop=_wait_stop)
     signal.setitimer(signal.ITIMER_REAL, timeout)

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, Outcome, Status, combine, error, sh, skip
+from .base import Finding, Outcome, Status, combine, error, sh, skip
 
 NAME = "allreduce"
 DESCRIPTION = "torch.distributed all-reduce across all hosts, one process per slot: busbw per message size"
@@ -124,7 +124,8 @@ def classify(text: str, phase: str) -> str:
     if "trying to connect to" in low or "failed to connect to any network address" in low \
             or "could not connect to master_addr" in low:
         return "rendezvous"
-    if "clients joined" in low or "ranks joined" in low or "waiting for clients" in low or ("wait timeout" in low and "keys:" in low):
+    if "clients joined" in low or "ranks joined" in low or "waiting for clients" in low \
+            or ("wait timeout" in low and "keys:" in low):
         return "incomplete"  # the store is up but not every rank arrived
     if "connectfullmesh" in low or "connect timeout" in low or ("connection refused" in low and phase == "init"):
         return "mesh"
@@ -316,7 +317,7 @@ def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, 
         except Exception as exc:  # rank 0 gave up (or died) first and its store went with it
             raise _Failed("incomplete", "rank 0's store closed when only %d of %d ranks joined (%s): rank 0 "
                                         "gave up waiting for the others, or failed" % (joined, world,
-                                                                                      str(exc)[:120]))
+                                                                                      str(exc)[:120])) from None
     store.set_timeout(datetime.timedelta(seconds=init_timeout))
     return store
 
@@ -393,7 +394,7 @@ def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) 
 
 def rank(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """One rank (started by host_group with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set)."""
-    from checks import agent
+    from . import agent
     job = params["job"]
     info: Dict[str, Any] = {"tag": job["tag"], "rank": int(os.environ.get("RANK", "-1")),
                             "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
@@ -416,7 +417,7 @@ def rank(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
             import torch.distributed as dist
         except Exception as exc:
             raise _Failed("torch_missing", "torch is not importable by %s: %s: %s"
-                          % (sys.executable, type(exc).__name__, str(exc)[:200]))
+                          % (sys.executable, type(exc).__name__, str(exc)[:200])) from None
         backend = params["backend"]
         if backend == "nccl":
             torch.cuda.set_device(int(job["device"]))
@@ -482,7 +483,7 @@ class _Job:
         self.threads: List[threading.Thread] = []
 
     def read_out(self) -> None:
-        from checks import agent
+        from . import agent
         for raw in iter(self.proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             if line.startswith(PHASE + " "):
@@ -502,14 +503,14 @@ class _Job:
 
     def failed(self) -> bool:
         """For an exited rank: did it fail (no result, or a result with ok false)?"""
-        from checks import agent
+        from . import agent
         if self.proc.returncode != 0 or not self.result_line:
             return True
         payload = agent.read_result(self.result_line.encode())
         return not (payload.get("ok") and isinstance(payload.get("value"), dict) and payload["value"].get("ok"))
 
     def outcome(self) -> Dict[str, Any]:
-        from checks import agent
+        from . import agent
         entry: Dict[str, Any] = {"tag": self.spec["tag"], "rank": self.spec["rank"],
                                  "local_rank": self.spec["local_rank"], "world_size": self.spec["world_size"],
                                  "host": self.spec["host"], "ok": False}
@@ -539,7 +540,7 @@ class _Job:
 def _terminate(jobs: Sequence[_Job], grace: float) -> None:
     """SIGTERM every rank's process group at once, SIGKILL what is left after grace; never one after another,
     so that stopping many ranks stays within the agent's 2 s before it interrupts us."""
-    from checks import base
+    from . import base
     alive = [j for j in jobs if j.proc.poll() is None]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for j in alive:
@@ -570,7 +571,7 @@ def _allowance(phase: str, params: Dict[str, Any]) -> float:
 def host_group(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """Start one rank process per job on this host and watch them; on a failure, give the others grace_s to report
     their own errors, then kill them all. Returns every rank's result (or the phase it was killed in)."""
-    from checks import agent
+    from . import agent
     jobs: List[_Job] = []
     started = time.monotonic()
     stop_reason: Optional[str] = None
@@ -653,7 +654,7 @@ def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: fl
     if not net:
         return []
     try:
-        from checks.iperf3 import find_stragglers
+        from .iperf3 import find_stragglers
         found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction)
     except Exception:  # another check's facts: a schema change there must not break this check
         return []
@@ -899,7 +900,7 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
               cfg: Dict[str, Any], mode: str, nbytes: int, owner: Dict[str, str]) -> Dict[str, Any]:
     """Bounded pairwise all-reduce runs: the ring (each host paired with both neighbours). For a failure, all ring
     pairs at once (only connectivity matters); for bandwidth, rounds of disjoint pairs (2 or 3 rounds)."""
-    from preflight.schedule import ring_rounds
+    from .schedule import ring_rounds
     n = len(hosts)
     rounds = ring_rounds(n)
     if mode == "failure":
@@ -1208,7 +1209,8 @@ def _host_fix(suspect: Dict[str, Any], facts: Dict[str, Any], default: str) -> s
     host = suspect["host"]
     if suspect.get("kind") in ("rendezvous", "mesh"):
         return ("allow inbound TCP from the other hosts on %s: port %s and 1024-65535 (gloo and NCCL connect on "
-                "ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there" % (host, facts.get("master_port")))
+                "ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there"
+                % (host, facts.get("master_port")))
     if suspect.get("kind") == "slow":
         return ("check %s's link: ethtool (speed), ip -s link (errors, drops), the cable and switch port; compare "
                 "with the iperf3 check" % host)

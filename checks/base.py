@@ -22,9 +22,10 @@ import contextlib
 import enum
 import os
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 
 class Status(str, enum.Enum):
@@ -97,6 +98,32 @@ def skip(reason: str, **metrics: Any) -> Outcome:
 
 def error(reason: str, fix: str = "", **metrics: Any) -> Outcome:
     return Outcome(Status.ERROR, reason, fix, metrics=dict(metrics))
+
+
+def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
+    """Run fn over items with at most ``limit`` at once; an item not done by the deadline yields TimeoutError.
+
+    Daemon threads, not an executor: a thread stuck in a C call (DNS, a dead socket) must not block exit.
+    """
+    results: List[Any] = [TimeoutError(f"no answer within {timeout:.0f}s")] * len(items)
+    gate = threading.Semaphore(max(1, limit))
+    threads = []
+
+    def work(i: int, item: Any) -> None:
+        with gate:
+            try:
+                results[i] = fn(item)
+            except BaseException as exc:  # noqa: BLE001 - every failure becomes that item's result
+                results[i] = exc
+
+    for i, item in enumerate(items):
+        t = threading.Thread(target=work, args=(i, item), daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return list(results)
 
 
 # --- host side -------------------------------------------------------------------------------

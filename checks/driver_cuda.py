@@ -21,7 +21,7 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
                          nvml_session, read_text, sh, skip)
 
 NAME = "driver_cuda"

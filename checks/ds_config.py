@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, read_text
+from .base import Finding, HostContext, Outcome, Status, combine, read_text
 
 NAME = "ds_config"
 DESCRIPTION = ("DeepSpeed config (--deepspeed-config): keys, deprecations, batch math, precision vs GPUs, "
@@ -441,7 +441,7 @@ def validate_with_deepspeed(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         import deepspeed
     except Exception:
         return None
-    from checks.ds_config_keys import DS_MODELS
+    from .ds_config_keys import DS_MODELS
     checked: List[str] = []
     errors: List[Dict[str, Any]] = []
     for section, (modname, clsname) in DS_MODELS.items():
@@ -606,7 +606,7 @@ def _did_you_mean(key: str, choices: Sequence[str]) -> str:
 
 
 def _known_elsewhere(key: str, here: str) -> List[str]:
-    from checks.ds_config_keys import SECTIONS, TOP_LEVEL
+    from .ds_config_keys import SECTIONS, TOP_LEVEL
     out = []
     if here != "" and key in TOP_LEVEL:
         out.append("the top level")
@@ -633,7 +633,7 @@ def _unknown_key_finding(report: _Report, path: str, key: str, section: str, cho
 
 
 def _check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], report: _Report) -> None:
-    from checks.ds_config_keys import SECTIONS, TOP_LEVEL
+    from .ds_config_keys import SECTIONS, TOP_LEVEL
     for key in config:
         if key in TOP_LEVEL or key.startswith(COMMENT_PREFIXES):
             continue
@@ -689,7 +689,7 @@ def _check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], rep
 
 
 def _check_deprecated(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: _Report) -> None:
-    from checks.ds_config_keys import DEPRECATED
+    from .ds_config_keys import DEPRECATED
     for section, old, new, note, renamed_in in DEPRECATED:
         container = config if section == "" else config.get(section)
         if not isinstance(container, dict) or old not in container:
@@ -739,12 +739,12 @@ def _gate_findings(label: str, info: Dict[str, Any], versions: Dict[str, Tuple[i
 
 
 def _removed_issue() -> str:
-    from checks.ds_config_keys import REMOVED_ISSUE
+    from .ds_config_keys import REMOVED_ISSUE
     return REMOVED_ISSUE
 
 
 def _check_versions(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: _Report) -> None:
-    from checks.ds_config_keys import SECTIONS, TOP_LEVEL
+    from .ds_config_keys import SECTIONS, TOP_LEVEL
     for key in config:
         info = TOP_LEVEL.get(key)
         if info:
@@ -926,7 +926,7 @@ def _check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]
 # --- optimizer, scheduler and ops ------------------------------------------------------------------
 
 def _check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: _Report) -> None:
-    from checks.ds_config_keys import (DS_OPTIMIZERS, DS_SCHEDULERS, TORCH_OPTIMIZERS, TORCH_SCHEDULERS,
+    from .ds_config_keys import (DS_OPTIMIZERS, DS_SCHEDULERS, TORCH_OPTIMIZERS, TORCH_SCHEDULERS,
                                        ZERO_SUPPORTED)
     name = optimizer_type(config)
     stage = zero_stage(config) or 0

@@ -23,7 +23,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, error, sh
+from .base import Finding, HostContext, Outcome, Status, combine, error, sh
 
 NAME = "ds_report"
 DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"

@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from checks.base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
                          nvml_session, read_text, sh, skip)
 
 NAME = "gpu"

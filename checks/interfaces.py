@@ -20,7 +20,7 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, read_text, sh
+from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh
 
 NAME = "interfaces"
 DESCRIPTION = "NICs (addresses, speed, MTU, virtual or not), IB/RoCE port state and rate, peermem, route to master"

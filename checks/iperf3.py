@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip, spawn, stop
+from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip, spawn, stop
 
 NAME = "iperf3"
 DESCRIPTION = "TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC"
@@ -349,7 +349,7 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 def interfaces(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """The interfaces check's facts, for runs where that check was not selected."""
-    from checks import interfaces as itf
+    from . import interfaces as itf
     return itf.collect(HostContext(params={}, deadline=ctx.deadline))
 
 
@@ -361,12 +361,12 @@ def _err(exc: BaseException) -> str:
 
 
 def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
-    from preflight.runner import parallel_map
+    from .base import parallel_map
     return parallel_map(fn, list(items), max(1, len(items)), timeout)
 
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
-    from preflight.schedule import pair_rounds
+    from .schedule import pair_rounds
 
     t = cluster.thresholds[NAME]
     hosts = [h.name for h in cluster.hosts]

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from checks.base import HostContext, Outcome, Status, error, sh, skip
+from .base import HostContext, Outcome, Status, error, sh, skip
 
 NAME = "launcher_ssh"
 DESCRIPTION = "passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)"

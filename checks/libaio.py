@@ -1,4 +1,4 @@
-"""Whether DeepSpeed's async_io op can build here: libaio runtime vs dev files (libaio.so + libaio.h), loadability, test link.
+"""Whether DeepSpeed's async_io op can build here: libaio runtime vs dev files, loadability, test link.
 
 Parses ``ldconfig -p`` lines and /etc/os-release, e.g.::
 
@@ -22,7 +22,7 @@ import sysconfig
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, read_text, sh
+from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh
 
 NAME = "libaio"
 DESCRIPTION = "libaio runtime, dev files and a test link with -laio, as DeepSpeed's async_io op builder needs"
@@ -198,7 +198,7 @@ def _unique_dirs(dirs: List[str]) -> List[str]:
 def _find_compiler() -> Dict[str, Any]:
     """The C compiler DeepSpeed's op builder would use: $CC, Python's sysconfig CC, then cc/gcc/clang."""
     candidates: List[List[str]] = []
-    for source, value in (("CC", os.environ.get("CC")), ("sysconfig", sysconfig.get_config_var("CC"))):
+    for _source, value in (("CC", os.environ.get("CC")), ("sysconfig", sysconfig.get_config_var("CC"))):
         if value:
             try:
                 candidates.append(shlex.split(value))

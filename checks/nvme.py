@@ -17,7 +17,7 @@ import secrets
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip
+from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip
 
 NAME = "nvme"
 DESCRIPTION = "NVMe offload path (--nvme-path / DeepSpeed nvme_path): writable dir, fs, free space, dd write/read GB/s"

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, HostContext, Outcome, Status, combine, error, read_text
-from checks.iperf3 import host_subnets
+from .base import Finding, HostContext, Outcome, Status, combine, error, read_text
+from .iperf3 import host_subnets
 
 NAME = "ports"
 DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
@@ -91,8 +91,8 @@ def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: 
     """IPv4 subnets every host has an address on (besides the SSH network), at most ``limit``.
 
     iface_facts: {host: facts of the interfaces check}. Loopback, docker, bridges, down links, link-local and
-    subnets where two hosts share one address (every host's docker0 is 172.17.0.1) are left out: NCCL skips them, or they are not
-    cross-host networks. Returns [{"cidr": "198.18.1.0/24", "addresses": {host: "198.18.1.3"}}].
+    subnets where two hosts share one address (every host's docker0 is 172.17.0.1) are left out: NCCL skips
+    them, or they are not cross-host networks. Returns [{"cidr": "198.18.1.0/24", "addresses": {host: "198.18.1.3"}}].
     """
     hosts = list(primary)
     if len(hosts) < 2 or any(not isinstance(iface_facts.get(h), dict) for h in hosts):
@@ -338,12 +338,12 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 # --- coordinator -----------------------------------------------------------------------------
 
 def _parallel(fn, items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
-    from preflight.runner import parallel_map
+    from .base import parallel_map
     return parallel_map(fn, list(items), limit, timeout)
 
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
-    from preflight.schedule import probe_targets
+    from .schedule import probe_targets
 
     lim = limits_of(cluster.thresholds)
     hosts = [h.name for h in cluster.hosts]

@@ -11,7 +11,7 @@ import platform
 import sys
 from typing import Any, Dict
 
-from checks.base import Finding, HostContext, Outcome, Status, combine
+from .base import Finding, HostContext, Outcome, Status, combine
 
 NAME = "python"
 DESCRIPTION = "interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable"

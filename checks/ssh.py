@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from checks.base import Outcome, Status
+from .base import Outcome, Status
 
 NAME = "ssh"
 DESCRIPTION = "host reachable over SSH: authenticated, hostname, connect time and round-trip latency"

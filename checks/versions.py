@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Finding, Outcome, Status, combine
+from .base import Finding, Outcome, Status, combine
 
 NAME = "versions"
 DESCRIPTION = "torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host"

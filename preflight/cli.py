@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-import checks as registry
+from preflight import checks as registry
 from preflight import __version__
 from preflight.config import ConfigError, load_thresholds
 from preflight.hostfile import HostfileError, apply_filters, load_hostfile, local_cluster, split_csv
@@ -138,7 +138,7 @@ def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
 
     A config that does not parse adds nothing here; ds_config reports the parse error with line and column.
     """
-    from checks import ds_config
+    from preflight.checks import ds_config
     config, _ = ds_config.load_config(path)
     if not config:
         return {}

@@ -45,7 +45,8 @@ def expand_range(name: str, where: str) -> List[str]:
         return [name]
     m = _RANGE.match(name)
     if not m:
-        raise HostfileError(f"{where}: bad host range {name!r}; use one bracket group like node[01-04] or gpu-[1,3,5-7]")
+        raise HostfileError(f"{where}: bad host range {name!r}; "
+                            "use one bracket group like node[01-04] or gpu-[1,3,5-7]")
     names: List[str] = []
     for part in m.group("body").split(","):
         part = part.strip()
@@ -105,7 +106,8 @@ def load_hostfile(path: str) -> List[HostSpec]:
     except IsADirectoryError:
         raise HostfileError(f"{path}: is a directory, not a hostfile") from None
     except UnicodeDecodeError:
-        raise HostfileError(f"{path}: not a text file (bad UTF-8); a hostfile has lines like 'worker-1 slots=8'") from None
+        raise HostfileError(f"{path}: not a text file (bad UTF-8); "
+                            "a hostfile has lines like 'worker-1 slots=8'") from None
     except OSError as exc:
         raise HostfileError(f"{path}: cannot read: {exc.strerror}") from None
     return parse_hostfile(text, path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from checks.base import Outcome, Status
+from preflight.checks.base import Outcome, Status
 
 CLUSTER = "*"  # the host of a cluster-wide result
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequ
 
 import pytest
 
-from checks.base import Status
+from preflight.checks.base import Status
 from preflight.model import CLUSTER, Report, Result
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from checks.base import Status
+from preflight.checks.base import Status
 
 Env = Dict[str, str]
 

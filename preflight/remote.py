@@ -15,10 +15,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from checks.agent import BOOTSTRAP, READY, RESULT
+from preflight.checks.agent import BOOTSTRAP, READY, RESULT
+from preflight import checks as _checks_pkg
 from preflight.transport import CommandResult, RunningCommand, Transport
 
-CHECKS_DIR = Path(__file__).resolve().parent.parent / "checks"
+# Where the host-side package lives: preflight/checks when installed, the repository's checks/ in a checkout
+# (setuptools' package-dir maps one onto the other).
+CHECKS_DIR = Path(_checks_pkg.__file__).resolve().parent
+# The name the host-side code is imported under on the host: its imports are relative, so only the agent's
+# BOOTSTRAP (``import preflight.checks.agent``) cares, and a stub ``preflight`` package makes it resolve.
+PACKAGE_PATH = "preflight/checks"
 
 
 class AgentError(Exception):
@@ -31,11 +37,15 @@ class AgentError(Exception):
 
 @lru_cache(maxsize=1)
 def agent_code() -> bytes:
-    """The checks package as a zip: every .py file, no bytecode (the hosts' Python may differ)."""
+    """The checks package as a zip: every .py file of it and its subpackages, no bytecode (the hosts' Python
+    may differ), under ``preflight/checks/`` beside an empty ``preflight/__init__.py``."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(CHECKS_DIR.glob("*.py")):
-            zf.writestr(f"checks/{path.name}", path.read_bytes())
+        zf.writestr("preflight/__init__.py", b"")
+        for path in sorted(CHECKS_DIR.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            zf.writestr(f"{PACKAGE_PATH}/{path.relative_to(CHECKS_DIR).as_posix()}", path.read_bytes())
     return buf.getvalue()
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from checks.base import Status
+from preflight.checks.base import Status
 from preflight.model import CLUSTER, Report, Result
 from preflight.runner import Progress
 

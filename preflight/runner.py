@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-import checks as registry
-from checks.base import Outcome, Status
+from preflight import checks as registry
+from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
 from preflight.remote import Agent, AgentError, Service
@@ -51,32 +50,6 @@ class Progress:
 
     def done(self) -> None:
         pass
-
-
-def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
-    """Run fn over items with at most ``limit`` at once; an item not done by the deadline yields TimeoutError.
-
-    Daemon threads, not an executor: a thread stuck in a C call (DNS, a dead socket) must not block exit.
-    """
-    results: List[Any] = [TimeoutError(f"no answer within {timeout:.0f}s")] * len(items)
-    gate = threading.Semaphore(max(1, limit))
-    threads = []
-
-    def work(i: int, item: Any) -> None:
-        with gate:
-            try:
-                results[i] = fn(item)
-            except BaseException as exc:  # noqa: BLE001 - every failure becomes that item's result
-                results[i] = exc
-
-    for i, item in enumerate(items):
-        t = threading.Thread(target=work, args=(i, item), daemon=True)
-        t.start()
-        threads.append(t)
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    return list(results)
 
 
 @dataclass

@@ -323,7 +323,8 @@ class SSHTransport(Transport):
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise TransportError(f"DNS lookup of {host!r} failed: {exc.strerror}",
-                                 "check the hostfile name, /etc/hosts or DNS (or set HostName in ~/.ssh/config)")
+                                 "check the hostfile name, /etc/hosts or DNS "
+                                 "(or set HostName in ~/.ssh/config)") from None
         family, _, _, _, sockaddr = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -333,15 +334,15 @@ class SSHTransport(Transport):
             sock.close()
             raise TransportError(f"TCP connect to {host}:{port} timed out after {timeout:g}s",
                                  "is the host up and port reachable? (firewall, wrong address); "
-                                 "raise --connect-timeout for slow links")
+                                 "raise --connect-timeout for slow links") from None
         except ConnectionRefusedError:
             sock.close()
             raise TransportError(f"connection to {host}:{port} refused: no SSH server listening",
-                                 "start sshd on the host or pass the right --ssh-port")
+                                 "start sshd on the host or pass the right --ssh-port") from None
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
-                                 "check the network path to the host")
+                                 "check the network path to the host") from None
         # Wait for the server's first bytes ourselves (peeking, so paramiko still reads the banner): a port
         # that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
         try:
@@ -352,11 +353,11 @@ class SSHTransport(Transport):
             sock.close()
             raise TransportError(f"{host}:{port} accepted TCP but sent no SSH banner within {timeout:g}s "
                                  "(hung sshd, overloaded host, or not an SSH server on this port)",
-                                 "check sshd on the host (systemctl status ssh; MaxStartups) and the port")
+                                 "check sshd on the host (systemctl status ssh; MaxStartups) and the port") from None
         except OSError as exc:
             sock.close()
             raise TransportError(f"{host}:{port} closed the connection before the SSH banner: {exc}",
-                                 "check sshd on the host (hosts.deny, MaxStartups, sshd logs)")
+                                 "check sshd on the host (hosts.deny, MaxStartups, sshd logs)") from None
         client = paramiko.SSHClient()
         known = Path(self.options.known_hosts).expanduser()
         if known.is_file():
@@ -364,7 +365,7 @@ class SSHTransport(Transport):
                 client.load_host_keys(str(known))
             except Exception as exc:
                 sock.close()
-                raise TransportError(f"cannot read known_hosts {known}: {exc}", "fix or move the file")
+                raise TransportError(f"cannot read known_hosts {known}: {exc}", "fix or move the file") from None
         client.set_missing_host_key_policy(_HostKeyPolicy(self.options.accept_new_host_keys, known))
         left = max(1.0, timeout - (time.monotonic() - start))
         try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import allreduce
-from checks.base import Status
+from preflight.checks import allreduce
+from preflight.checks.base import Status
 
 REPO = Path(__file__).resolve().parent.parent
 THRESHOLDS = {"allreduce": dict(allreduce.DEFAULTS), "python": {"require_torch": True}}
@@ -244,7 +244,7 @@ def _free_port() -> int:
 def local_agent():
     """host_group/rank as the agent runs them: children get the checks package as in-memory code."""
     pytest.importorskip("torch")
-    from checks import base
+    from preflight.checks import base
     from preflight.remote import agent_code
     base.AGENT_CODE = agent_code()
     try:

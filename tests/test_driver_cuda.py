@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from checks import driver_cuda as dc
-from checks.base import HostContext, Status
+from preflight.checks import driver_cuda as dc
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 from tests.h100 import FIX, read as _read

@@ -6,6 +6,7 @@ nvml.txt through checks.gpu, ds_report.txt through checks.ds_report) and changed
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import re
@@ -18,11 +19,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from checks import ds_config as D
-from checks import ds_config_keys as K
-from checks.base import HostContext, Status
-from checks.ds_report import parse_ds_report
-from checks.gpu import normalize_nvml_gpu
+from preflight.checks import ds_config as D
+from preflight.checks import ds_config_keys as K
+from preflight.checks.base import HostContext, Status
+from preflight.checks.ds_report import parse_ds_report
+from preflight.checks.gpu import normalize_nvml_gpu
 from preflight.config import load_thresholds
 
 HERE = Path(__file__).parent
@@ -724,7 +725,7 @@ class FakeCluster:
         if host == self.fail_on:
             raise RuntimeError("agent died")
         module, _, attr = func.rpartition(".")
-        fn = getattr(__import__("checks." + module, fromlist=[attr]), attr)
+        fn = getattr(importlib.import_module("preflight.checks." + module), attr)
         return fn(params, HostContext(params=params, deadline=time.monotonic() + timeout))
 
 

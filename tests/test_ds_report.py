@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from checks import ds_report as dr
-from checks.base import HostContext, Status
+from preflight.checks import ds_report as dr
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 from tests.h100 import FIX, read as _read

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from checks import gpu as g
-from checks.base import HostContext, Status
+from preflight.checks import gpu as g
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 from tests.h100 import FIX, read as _read

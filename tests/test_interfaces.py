@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import interfaces as itf
-from checks.base import HostContext, Status
+from preflight.checks import interfaces as itf
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from checks import iperf3
-from checks.base import Status
+from preflight.checks import iperf3
+from preflight.checks.base import Status
 from preflight.config import load_defaults
 from preflight.runner import Progress
 

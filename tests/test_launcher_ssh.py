@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import launcher_ssh as ls
-from checks.base import HostContext, Status
+from preflight.checks import launcher_ssh as ls
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import libaio
-from checks.base import HostContext, Status
+from preflight.checks import libaio
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,8 +349,8 @@ def _collect_in_ns(setup: str, tmp: Path) -> dict:
         pytest.skip(reason)
     script = ("import json, sys, time\n"
               "sys.path.insert(0, %r)\n"
-              "from checks import libaio\n"
-              "from checks.base import HostContext\n"
+              "from preflight.checks import libaio\n"
+              "from preflight.checks.base import HostContext\n"
               "print('FACTS=' + json.dumps(libaio.collect(HostContext({}, time.monotonic() + 60))))\n" % str(REPO))
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                         setup + '\nexec "$0" -c "$1"', sys.executable, script],

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 
-from checks import ports
-from checks.base import HostContext, Status
+from preflight.checks import ports
+from preflight.checks.base import HostContext, Status
 from preflight.config import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent

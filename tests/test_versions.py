@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from checks import ds_report as dr
-from checks import versions as v
-from checks.base import Status
+from preflight.checks import ds_report as dr
+from preflight.checks import versions as v
+from preflight.checks.base import Status
 from preflight.config import load_defaults
 
 FIX = Path(__file__).parent / "fixtures" / "h100-host"
