@@ -1,9 +1,14 @@
-"""Host-side checks of preflight, one module each; ``ORDER`` is the registry (and the matrix's column order)."""
+"""Host-side checks of preflight, one module (or subpackage) each; ``ORDER`` is the registry and the matrix's
+column order. Installed as ``preflight.checks``; every import inside is relative, so the agent can ship the
+package to a host under that name without anything else of preflight.
+"""
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 from typing import List
+
+from .base import validate_check_module
 
 # Stable check ids, in the order they run and appear as matrix columns.
 ORDER = [
@@ -25,7 +30,10 @@ ORDER = [
 
 
 def load(name: str) -> ModuleType:
-    return importlib.import_module("." + name, __name__)
+    """Import one check and verify it against ``base.CheckModule`` (TypeError naming what it lacks)."""
+    module = importlib.import_module("." + name, __name__)
+    validate_check_module(module)
+    return module
 
 
 def all_checks() -> List[ModuleType]:

@@ -1,20 +1,12 @@
-"""Vocabulary shared by every check: the status enum, findings, outcomes, and bounded host-side commands.
+"""Vocabulary shared by every check: the status enum, findings, outcomes, the seams, and bounded host commands.
 
 This module runs on the hosts (shipped by the agent) and on the coordinator, so it uses only the
-standard library and stays compatible with Python 3.9.
+standard library and stays compatible with Python 3.9. It is the lowest layer: ``checks/`` never imports
+the coordinator (``preflight.*``); a cluster check receives what it needs through the ``ClusterView``
+Protocol below, and every check module satisfies ``CheckModule`` (the registry verifies it on load).
 
-A check is one module in ``checks/`` with these attributes:
-
-    NAME: str            stable lowercase id ("libaio"), used in JSON, JUnit and ``preflight list``
-    DESCRIPTION: str     one line for ``preflight list``
-    SCOPE: str           "host"     collect(ctx) runs on every host; evaluate(facts, thresholds) -> Outcome
-                         "cluster"  coordinate(cluster) runs on the coordinator and drives host-side
-                                    functions of the module through the agent; evaluate(facts, thresholds)
-                                    -> {host name or "*": Outcome}
-    DEFAULT: bool        runs without ``--checks`` (False for checks that need an option, e.g. ds_config)
-
-``collect`` is the only code that touches a host. ``evaluate`` is pure: recorded facts in, outcome out.
-Thresholds are the merged config (``preflight/defaults.toml`` + ``--config``): ``thresholds[NAME][key]``.
+Thresholds are the merged config (``preflight/defaults.toml`` + ``--config``), read only through
+``limits(thresholds, NAME)``, e.g. ``limits(thresholds, "nvme")["min_write_gbps"]``.
 """
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Union
 
 
 class Status(str, enum.Enum):
@@ -98,6 +90,23 @@ def skip(reason: str, **metrics: Any) -> Outcome:
 
 def error(reason: str, fix: str = "", **metrics: Any) -> Outcome:
     return Outcome(Status.ERROR, reason, fix, metrics=dict(metrics))
+
+
+class ThresholdsError(KeyError):
+    """A check asked for a [section] that the thresholds do not have: a bug or a stale defaults.toml."""
+
+
+def limits(thresholds: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    """The one accessor for a check's thresholds: the ``[name]`` section of the merged config.
+
+    ``preflight/defaults.toml`` is the only source of the numbers; there are no fallback copies in the
+    checks, so a missing section is an error that names it rather than a silently different default.
+    """
+    section = thresholds.get(name)
+    if not isinstance(section, dict):
+        raise ThresholdsError("thresholds have no [%s] section (preflight/defaults.toml is the source of every "
+                              "threshold)" % name)
+    return section
 
 
 def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
@@ -276,3 +285,110 @@ class HostContext:
 
     def remaining(self, cap: float) -> float:
         return max(0.5, min(cap, self.deadline - time.monotonic()))
+
+
+# --- the seams -------------------------------------------------------------------------------
+
+# The values a check module's SCOPE may take:
+#   "host"        collect(ctx) runs on every host through the agent; evaluate(facts, thresholds) -> Outcome.
+#   "cluster"     coordinate(cluster: ClusterView) runs on the coordinator, drives host-side functions of the
+#                 module through the agent, and returns facts; evaluate(facts, thresholds) ->
+#                 {host name or "*": Outcome} (or one Outcome for the cluster row).
+#   "connection"  the coordinator itself gathers the facts while connecting (the ``ssh`` check): no collect
+#                 and no coordinate; evaluate(facts, thresholds) -> Outcome for one host.
+SCOPES = ("host", "cluster", "connection")
+
+
+class HostRef(Protocol):
+    """A host as the coordinator knows it: its hostfile name, slot count and GPU ids."""
+
+    name: str
+    slots: int
+    gpus: Optional[List[int]]
+
+
+class ProgressSink(Protocol):
+    def phase(self, name: str, total: int) -> None: ...
+
+    def advance(self, name: str, detail: str = "") -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class ServiceHandle(Protocol):
+    """A long-lived host-side function started with ``ClusterView.start`` (listener, iperf3 server, rank)."""
+
+    def wait_ready(self, timeout: float) -> Dict[str, Any]: ...
+
+    def stop(self, timeout: float = 15.0) -> Any: ...
+
+    def result(self, timeout: Optional[float] = None) -> Any: ...
+
+    def kill(self) -> None: ...
+
+
+class ClusterView(Protocol):
+    """What a cluster check's ``coordinate(cluster)`` receives; the coordinator's ``runner.Cluster`` is one.
+
+    hosts: reachable hosts; all_hosts: every host of the hostfile, in order; master: the first host.
+    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: run options the checks
+    read (nvme_paths, master_port, deepspeed_config, ...); thresholds: the merged config (read it with
+    ``limits``); parallel: the fan-out limit. ``call``/``call_all``/``start`` run a host-side function
+    ``"module.func"`` of this package through the agent on a host.
+    """
+
+    hosts: List[Any]
+    all_hosts: List[Any]
+    master: Any
+    world_size: int
+    facts: Dict[str, Dict[str, Any]]
+    options: Dict[str, Any]
+    thresholds: Dict[str, Dict[str, Any]]
+    parallel: int
+    local: bool
+    progress: Any
+
+    def address(self, host: str) -> str: ...
+
+    def call(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any: ...
+
+    def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]: ...
+
+    def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any: ...
+
+
+Evaluation = Union[Outcome, Dict[str, Outcome]]
+
+
+class CheckModule(Protocol):
+    """A check: one module (or subpackage) of this package, listed in ``ORDER`` in ``__init__``.
+
+    NAME: stable lowercase id used in JSON, JUnit and ``preflight list``; DESCRIPTION: one line;
+    SCOPE: one of ``SCOPES``; DEFAULT: runs without ``--checks``. A "host" check also has ``collect(ctx)``,
+    a "cluster" check ``coordinate(cluster)``. ``evaluate`` is pure: recorded facts in, outcome(s) out.
+    """
+
+    NAME: str
+    DESCRIPTION: str
+    SCOPE: str
+    DEFAULT: bool
+
+    def evaluate(self, facts: Dict[str, Any], thresholds: Dict[str, Dict[str, Any]]) -> Evaluation: ...
+
+
+def validate_check_module(module: Any) -> None:
+    """Raise TypeError naming the module and what it lacks, if it does not satisfy ``CheckModule``."""
+    where = getattr(module, "__name__", repr(module))
+    problems = []
+    for attr, kind in (("NAME", str), ("DESCRIPTION", str), ("SCOPE", str), ("DEFAULT", bool)):
+        if not isinstance(getattr(module, attr, None), kind):
+            problems.append("%s must be a %s" % (attr, kind.__name__))
+    scope = getattr(module, "SCOPE", None)
+    if isinstance(scope, str) and scope not in SCOPES:
+        problems.append("SCOPE %r is not one of %s" % (scope, ", ".join(SCOPES)))
+    needs = ["evaluate"] + {"host": ["collect"], "cluster": ["coordinate"]}.get(scope or "", [])
+    for fn in needs:
+        if not callable(getattr(module, fn, None)):
+            problems.append("SCOPE %r needs a function %s()" % (scope, fn))
+    if problems:
+        raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
