@@ -67,3 +67,16 @@ def test_libaio_severities_come_from_its_section(thresholds):
     no_cc = dict(facts, compiler={"tried": ["cc", "gcc"]})
     strict = dict(thresholds, libaio=dict(thresholds["libaio"], unusable_status="warn", no_compiler_status="fail"))
     assert libaio.evaluate(no_cc, strict).status == base.Status.FAIL
+
+
+def test_the_coordinator_cluster_and_the_test_fake_both_satisfy_cluster_view(thresholds):
+    from preflight.hostfile import HostSpec
+    from preflight.remote import Agent
+    from preflight.runner import Cluster, Node, Progress, RunOptions
+    from preflight.transport import LocalTransport
+    from tests.fakes import FakeCluster
+    assert isinstance(FakeCluster(3, thresholds=thresholds), base.ClusterView)
+    node = Node(HostSpec("localhost", 1), LocalTransport("localhost"), Agent(LocalTransport("localhost")))
+    real = Cluster([node], RunOptions(hosts=[node.spec], checks=[], thresholds=thresholds), {}, Progress())
+    assert isinstance(real, base.ClusterView)
+    assert not isinstance(object(), base.ClusterView)
