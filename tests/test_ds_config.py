@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from preflight.checks import ds_config as D
-from preflight.checks.ds_config import batch, deepspeed_models, host, keycheck, memory, parse, report
+from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, report
+from preflight.checks.ds_config import host as ds_host
 from preflight.checks.ds_config import keys as K
 from preflight.checks.base import HostContext, Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
@@ -694,7 +695,7 @@ def test_real_world_configs_have_no_fail_or_warn(name, hosts, slots):
 
 def test_host_memory_reads_this_machine():
     ctx = HostContext(params={}, deadline=time.monotonic() + 10)
-    res = host.memory({}, ctx)
+    res = ds_host.memory({}, ctx)
     text = Path("/proc/meminfo").read_text()
     total = int(re.search(r"^MemTotal:\s+(\d+) kB", text, re.M).group(1)) * 1024
     assert res["mem_total"] == total and res["error"] is None
