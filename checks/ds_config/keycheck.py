@@ -38,9 +38,43 @@ def _known_elsewhere(key: str, here: str) -> List[str]:
     return out
 
 
+def _distance(a: str, b: str) -> int:
+    """Edit distance with transpositions (optimal string alignment): 'zero_optimisation' -> 1."""
+    prev2: List[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def near_miss(key: str, choices: Sequence[str]) -> str:
+    """The real key this one is a typo of (case, one or two edits; three in long names), else ''.
+
+    Stricter than did_you_mean: a near miss turns an ignored key into a FAIL, so unrelated keys that only share
+    a word (comms_config vs comms_logger, log vs log_level) must not match.
+    """
+    low = key.lower()
+    limit = 1 if len(low) <= 5 else 2 if len(low) <= 12 else 3
+    best, best_d = "", limit + 1
+    for c in choices:
+        if abs(len(c) - len(low)) > limit:
+            continue
+        d = _distance(low, c.lower())
+        if d < best_d:
+            best, best_d = c, d
+    return best
+
+
 def _unknown_key_finding(report: Report, path: str, key: str, section: str, choices: Sequence[str],
-                         how: str) -> None:
-    guess = did_you_mean(key, choices)
+                         how: str, rejected: bool) -> None:
+    """rejected: DeepSpeed refuses the key (a model forbidding extras): FAIL. Otherwise DeepSpeed ignores it:
+    FAIL when it is a near miss of a real key (the setting meant silently keeps its default), else WARN."""
+    guess = near_miss(key, choices) if not rejected else did_you_mean(key, choices)
     elsewhere = _known_elsewhere(key, section)
     hint = ""
     if guess:
@@ -51,7 +85,15 @@ def _unknown_key_finding(report: Report, path: str, key: str, section: str, choi
     fix = ("rename %s to %s" % (path, (section + "." if section else "") + guess) if guess else
            "move %r into %s" % (key, elsewhere[0]) if elsewhere and elsewhere[0] != "the top level" else
            "move %r to the top level" % key if elsewhere else "remove %s (not a DeepSpeed setting)" % path)
-    report.add(Status.FAIL, "%s: unknown %s key (%s)%s" % (path, where, how, hint), fix)
+    if not rejected and guess:
+        how += ", so %s keeps its default" % ((section + "." if section else "") + guess)
+    status = Status.FAIL if rejected or guess else Status.WARN
+    report.add(status, "%s: unknown %s key (%s)%s" % (path, where, how, hint), fix)
+
+
+# Sections DeepSpeed validates with pydantic models that forbid extra keys, for when DeepSpeed is not importable
+# on the coordinator (with DeepSpeed, it is asked instead: deepspeed_models.validate_with_deepspeed).
+FORBID_EXTRA = ("zero_optimization", "fp16", "bf16", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger")
 
 
 def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], report: Report) -> None:
@@ -59,7 +101,7 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
         if key in TOP_LEVEL or key.startswith(COMMENT_PREFIXES):
             continue
         _unknown_key_finding(report, key, key, "", list(TOP_LEVEL),
-                             "DeepSpeed silently ignores unknown top-level keys, so this setting has no effect")
+                             "DeepSpeed ignores unknown top-level keys: this setting has no effect", False)
     checked_by_ds = set((ds_models or {}).get("sections") or [])
     zero = config.get("zero_optimization")
     for sec_path, known in SECTIONS.items():
@@ -71,10 +113,9 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
             value = value.get(sub) if isinstance(value, dict) else None
         if not isinstance(value, dict):
             continue
+        rejected = top in FORBID_EXTRA
         how = ("DeepSpeed's %s model forbids extra keys, so the job fails at deepspeed.initialize" % sec_path
-               if top in ("zero_optimization", "fp16", "bf16", "tensorboard", "wandb", "csv_monitor", "comet",
-                          "comms_logger")
-               else "DeepSpeed ignores keys it does not read, so this setting has no effect")
+               if rejected else "DeepSpeed ignores keys it does not read: this setting has no effect")
         for key in value:
             if key in known or key.startswith(COMMENT_PREFIXES):
                 continue
@@ -84,7 +125,7 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
                                         "optimizer.params and optimizer.legacy_fusion only)" % key,
                            "move %r into optimizer.params" % key)
                 continue
-            _unknown_key_finding(report, "%s.%s" % (sec_path, key), key, sec_path, list(known), how)
+            _unknown_key_finding(report, "%s.%s" % (sec_path, key), key, sec_path, list(known), how, rejected)
     for err in (ds_models or {}).get("errors") or []:
         loc = [err.get("section", "")] + list(err.get("loc") or [])
         path = ".".join(str(x) for x in loc if x != "")
@@ -99,10 +140,18 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
                 continue
             choices = list(SECTIONS.get(parent, {})) or list(SECTIONS.get(loc[0], {}))
             _unknown_key_finding(report, path, key, parent, choices,
-                                 "DeepSpeed %s's pydantic model rejects it: %s" % (version, err.get("msg")))
+                                 "DeepSpeed %s's pydantic model rejects it: %s" % (version, err.get("msg")), True)
         else:
             report.add(Status.FAIL, "%s: invalid value (DeepSpeed %s says: %s)" % (path, version, err.get("msg")),
                        "fix %s as DeepSpeed's message says" % path)
+    for err in (ds_models or {}).get("param_errors") or []:
+        key, accepted = str(err.get("key")), [str(a) for a in err.get("accepted") or []]
+        guess = did_you_mean(key, accepted)
+        hint = "; did you mean %r?" % guess if guess else ""
+        report.add(Status.FAIL, "%s.%s: %s takes no such parameter, so deepspeed.initialize raises TypeError: %s "
+                                "(it takes: %s)%s" % (err.get("path"), key, err.get("class"), err.get("why"),
+                                                      ", ".join(accepted), hint),
+                   "rename it to %r" % guess if guess else "remove %s.%s" % (err.get("path"), key))
     if isinstance(zero, bool):
         report.add(Status.WARN, "zero_optimization: %s is the deprecated boolean form (DeepSpeed maps it to "
                                 "stage %d with a warning)" % (str(zero).lower(), 1 if zero else 0),
