@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
     g.add_argument("--largest-layer-params", type=_positive_float, metavar="N",
                    help="parameters of the largest layer (ZeRO-3 estimate)")
+    g.add_argument("--model-parallel-size", type=_positive_int, metavar="N",
+                   help="tensor x pipeline parallel degree of the job (1: data parallel only), so the batch math "
+                        "uses the data-parallel size: world size / N")
     g.add_argument("--min-busbw", type=_positive_float, metavar="GBPS",
                    help="all-reduce bus bandwidth below this (GB/s) fails")
     g = run.add_argument_group("ssh")
@@ -176,6 +179,7 @@ def build_options(args: argparse.Namespace):
     extra: Dict[str, Any] = {
         "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
+        "model_parallel_size": args.model_parallel_size,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
         "input_notes": notes,
     }

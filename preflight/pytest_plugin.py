@@ -81,6 +81,8 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--deepspeed-config", "DeepSpeed config to validate against the cluster", metavar="FILE"),
     Flag("--model-params", "model parameter count (e.g. 7e9) for the ZeRO memory estimate", metavar="N"),
     Flag("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)", metavar="N"),
+    Flag("--model-parallel-size", "tensor x pipeline parallel degree (1: data parallel only) for the batch math",
+         metavar="N"),
     Flag("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", metavar="GBPS"),
     Flag("--ssh-user", "SSH user", metavar="USER"),
     Flag("--ssh-port", "SSH port", metavar="PORT"),

@@ -742,7 +742,7 @@ def test_coordinate_gathers_json_facts_and_calls_host_memory():
     json.dumps(facts)
     assert facts["config"]["zero_optimization"]["stage"] == 3 and facts["load_findings"] == []
     assert facts["world_size"] == 16 and [h["name"] for h in facts["hosts"]] == ["node00", "node01"]
-    assert sorted(cluster.calls) == [("node00", "ds_config.host.memory"), ("node01", "ds_config.host.memory")]
+    assert sorted(cluster.calls) == [("node00", "ds_config.host.probe"), ("node01", "ds_config.host.probe")]
     assert facts["host_memory"]["node00"]["mem_total"] > 0
     assert facts["host_facts"]["node00"]["gpu"]["gpus"][0]["cc"] == [9, 0]
     assert facts["host_facts"]["node00"]["nvme"] is None

@@ -22,7 +22,7 @@ from typing import Any, Dict
 from ..base import ClusterView, Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
-from .gather import base_facts, call_hosts, no_config_finding
+from .gather import base_facts, no_config_finding, probe_hosts
 from .keycheck import check_deprecated, check_keys, check_optimizer, check_versions
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
@@ -60,10 +60,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     except Exception as exc:  # DeepSpeed importable but broken: fall back to our tables
         facts["deepspeed_models"] = None
         facts["deepspeed_models_error"] = "%s: %s" % (type(exc).__name__, exc)
-    if {"cpu", "nvme"} & set(offload_devices(config)):
-        timeout = float(limits(cluster.thresholds or {}, NAME)["host_memory_timeout_s"])
-        facts["host_memory"] = call_hosts(cluster, "ds_config.host.memory", [h["name"] for h in facts["hosts"]],
-                                          {}, timeout)
+    probe_hosts(cluster, facts, config, float(limits(cluster.thresholds or {}, NAME)["host_memory_timeout_s"]))
     return facts
 
 
@@ -90,7 +87,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     check_deprecated(config, versions, report)
     check_versions(config, versions, report)
     batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
-                         [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report)
+                        [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
+                        facts.get("model_parallel_size"))
     precision = check_precision(config, gpus, report)
     check_optimizer(config, versions, report)
     ops = check_ops(config, facts, report)

@@ -62,7 +62,11 @@ def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool
     return True, v
 
 
-def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report) -> str:
+def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report,
+                model_parallel: Optional[int] = None) -> str:
+    """model_parallel: --model-parallel-size (tensor x pipeline degree), None when not given. Known, the
+    data-parallel size is world / (model_parallel x sequence_parallel_size) and a mismatch is a FAIL; unknown,
+    a mismatch that a tensor-parallel degree would explain is a WARN naming the option."""
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     vals: Dict[str, Optional[float]] = {}
     for k in keys:
@@ -79,6 +83,16 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:
         dp = world_size / sp  # DeepSpeedConfig: dist.get_world_size() / config["sequence_parallel_size"]
         dp_note = "world size %d / sequence_parallel_size %d" % (world_size, sp)
+    if model_parallel is not None and model_parallel > 1:
+        # DeepSpeed gets an mpu and uses its data-parallel world size: world / (tensor x pipeline [x sequence]).
+        if dp % model_parallel != 0:
+            report.add(Status.FAIL, "the world size does not divide into model-parallel groups: %s is not a "
+                                    "multiple of --model-parallel-size %d" % (dp_note, model_parallel),
+                       "use a number of GPUs that is a multiple of %d, or fix --model-parallel-size"
+                       % model_parallel)
+            return ""
+        dp = dp / model_parallel
+        dp_note += " / model-parallel size %d" % model_parallel
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
 
     if auto:
@@ -117,13 +131,16 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     # parallelism lives inside a node: a degree that divides every host's slots, leaving a data-parallel size
     # of at least 2 (with 1 nearly any batch fits, which would excuse every mistake), makes this a WARN.
     per_node = [s for s in slots if s > 0]
+    if model_parallel is not None:  # the user said what the model parallelism is: no degree to guess
+        per_node = []
     for k in range(2, (min(per_node) if per_node else 1) + 1):
         if all(s % k == 0 for s in per_node) and dp % k == 0 and dp / k >= 2 and \
                 resolve_batch(tb, mb, ga, dp / k)[1] is None:
             report.add(Status.WARN,
                        "batch math fails with %s (%s): %s; it holds for a data-parallel size of %s, so it is right "
-                       "only if the job uses tensor parallelism of degree %d" % (given, dp_note, err, num(dp / k), k),
-                       "if the job is purely data parallel: %s" % fixes)
+                       "only if the job uses tensor parallelism of degree %d (say so with --model-parallel-size %d, "
+                       "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / k), k, k),
+                       "if the job is purely data parallel (--model-parallel-size 1): %s" % fixes)
             return ""
     report.add(Status.FAIL, "batch math fails with %s (%s): %s" % (given, dp_note, err), fixes)
     return ""

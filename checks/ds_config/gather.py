@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from ..base import ClusterView, Finding, Status
+from .parse import nvme_paths, offload_devices
+from .report import host_versions
 
 # The host checks whose facts the verdicts read.
 HOST_FACTS = ("gpu", "ds_report", "nvme", "python")
@@ -22,7 +24,8 @@ def base_facts(cluster: ClusterView) -> Dict[str, Any]:
         "config_path": opts.get("deepspeed_config"), "config": None, "load_findings": [],
         "world_size": int(cluster.world_size), "hosts": hosts,
         "model_params": opts.get("model_params"), "largest_layer_params": opts.get("largest_layer_params"),
-        "host_facts": {}, "host_memory": {}, "deepspeed_models": None,
+        "model_parallel_size": opts.get("model_parallel_size"),
+        "host_facts": {}, "host_memory": {}, "host_probe": {}, "deepspeed_models": None,
     }
     for h in hosts:
         per = (cluster.facts or {}).get(h["name"]) or {}
@@ -61,3 +64,25 @@ def call_hosts(cluster: ClusterView, func: str, names: List[str], params: Dict[s
         else:
             out[n] = r
     return out
+
+
+def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, Any], timeout: float) -> None:
+    """One ds_config.host.probe call per host, when the config needs something the host checks did not bring:
+    the hosts' DeepSpeed version (``--checks ds_config`` alone), offload paths, memory for CPU/NVMe offload."""
+    memory = bool({"cpu", "nvme"} & set(offload_devices(config)))
+    paths = nvme_paths(config)
+    names = [h["name"] for h in facts["hosts"]]
+    known = host_versions(facts)
+    if not (memory or paths or any(n not in known for n in names)):
+        return
+    results = call_hosts(cluster, "ds_config.host.probe", names, {"memory": memory, "nvme_paths": paths}, timeout)
+    for n in names:
+        r = results[n]
+        if "paths" not in r:  # the call failed: that host's facts say why
+            facts["host_probe"][n] = {"error": r.get("error")}
+            if memory:
+                facts["host_memory"][n] = {"error": r.get("error")}
+            continue
+        facts["host_probe"][n] = {k: r.get(k) for k in ("deepspeed", "deepspeed_found", "paths")}
+        if memory:
+            facts["host_memory"][n] = r.get("memory") or {"error": "host_probe returned no memory facts"}

@@ -31,7 +31,9 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
         for h in facts.get("hosts") or []:
             name = h["name"]
             nv = ((facts.get("host_facts") or {}).get(name) or {}).get("nvme") or {}
-            entry = next((e for e in nv.get("paths") or []
+            probed = (facts.get("host_probe") or {}).get(name) or {}
+            # the nvme check's entry when it ran for this path, else ds_config's own probe of the host
+            entry = next((e for e in list(nv.get("paths") or []) + list(probed.get("paths") or [])
                           if isinstance(e, dict) and _norm(e.get("path")) == _norm(path)), None)
             if entry is None:
                 untested.append(name)
@@ -49,8 +51,9 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
                 "create it on every host as the job's user: mkdir -p %s && chown $USER %s (on the NVMe mount)"
                 % (path, path), bad)
         if untested:
-            report.add(Status.SKIP, "NVMe offload path %s not tested on %s (no nvme check result for it)"
-                       % (path, hosts_text(untested)))
+            why = ((facts.get("host_probe") or {}).get(untested[0]) or {}).get("error") or "not probed"
+            report.add(Status.SKIP, "NVMe offload path %s not tested on %s (no nvme check result for it; host "
+                                    "probe: %s)" % (path, hosts_text(untested), why))
 
 
 def check_offload_stage(config: Dict[str, Any], report: Report) -> None:

@@ -57,6 +57,7 @@ def hosts_text(names: Sequence[str], limit: int = 8) -> str:
 
 
 def host_versions(facts: Dict[str, Any]) -> Dict[str, Tuple[int, int, int]]:
+    """{host: DeepSpeed version} from the ds_report or python check's facts, else ds_config's own host probe."""
     out: Dict[str, Tuple[int, int, int]] = {}
     for name, hf in (facts.get("host_facts") or {}).items():
         for src in ("ds_report", "python"):
@@ -64,6 +65,10 @@ def host_versions(facts: Dict[str, Any]) -> Dict[str, Tuple[int, int, int]]:
             if v:
                 out[name] = v
                 break
+    for name, probe in (facts.get("host_probe") or {}).items():
+        v = parse_version((probe or {}).get("deepspeed"))
+        if v and name not in out:
+            out[name] = v
     return out
 
 
