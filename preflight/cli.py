@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from preflight import checks as registry
 from preflight import __version__
 from preflight.config import ConfigError, load_thresholds
-from preflight.hostfile import HostfileError, apply_filters, load_hostfile, local_cluster, split_csv
+from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
+                                split_csv)
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -52,9 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("--version", action="version", version=f"preflight {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile}")
 
     sub.add_parser("list", help="list every check with one line of description")
+
+    hf = sub.add_parser("hostfile", help="check a hostfile as DeepSpeed reads it; --expand writes its ranges out")
+    hf.add_argument("--expand", metavar="FILE", required=True,
+                    help="print FILE with every range (node[01-04]) written out, one 'HOSTNAME slots=N' line per "
+                         "host: the hostfile DeepSpeed's launcher reads as preflight does")
 
     run = sub.add_parser("run", help="run the checks on every host of the hostfile (default: this machine)")
     g = run.add_argument_group("cluster")
@@ -81,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
     g.add_argument("--largest-layer-params", type=_positive_float, metavar="N",
                    help="parameters of the largest layer (ZeRO-3 estimate)")
+    g.add_argument("--model-parallel-size", type=_positive_int, metavar="N",
+                   help="tensor x pipeline parallel degree of the job (1: data parallel only), so the batch math "
+                        "uses the data-parallel size: world size / N")
     g.add_argument("--min-busbw", type=_positive_float, metavar="GBPS",
                    help="all-reduce bus bandwidth below this (GB/s) fails")
     g = run.add_argument_group("ssh")
@@ -150,8 +159,9 @@ def build_options(args: argparse.Namespace):
     for option in ("json", "junit_xml", "env_file", "html"):
         _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
     thresholds = load_thresholds(args.config)
+    notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
     if args.hostfile:
-        hosts = apply_filters(load_hostfile(args.hostfile), args.include, args.exclude)
+        hosts = apply_filters(load_hostfile(args.hostfile, notes), args.include, args.exclude)
         local = False
     else:
         if args.include or args.exclude:
@@ -169,7 +179,9 @@ def build_options(args: argparse.Namespace):
     extra: Dict[str, Any] = {
         "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
+        "model_parallel_size": args.model_parallel_size,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
+        "input_notes": notes,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
@@ -200,8 +212,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         options = build_options(args)
     except (UsageError, HostfileError, ConfigError) as exc:
-        err.print(f"preflight: error: {exc}", soft_wrap=True)
+        err.print(f"preflight: error: {exc}", soft_wrap=True, markup=False)
         return EXIT_USAGE
+    for note in options.extra.get("input_notes") or []:
+        err.print(f"preflight: warning: {note}", soft_wrap=True, highlight=False, markup=False)
     runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))
     try:
         result = runner.run()
@@ -222,6 +236,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
+    """``preflight hostfile --expand IN``: the hostfile with its ranges written out, on stdout."""
+    notes: List[str] = []
+    try:
+        hosts = load_hostfile(args.expand, notes)
+    except HostfileError as exc:
+        print(f"preflight: error: {exc}", file=err)
+        return EXIT_USAGE
+    for note in notes:
+        if "ranges expanded" not in note:  # expanding them is what was asked for
+            print(f"preflight: warning: {note}", file=err)
+    out.write(expanded_text(hosts, args.expand))
+    return EXIT_OK
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -229,6 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_list(sys.stdout)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "hostfile":
+        return cmd_hostfile(args, sys.stdout, sys.stderr)
     parser.print_help()
     return EXIT_USAGE
 

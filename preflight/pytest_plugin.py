@@ -81,6 +81,8 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--deepspeed-config", "DeepSpeed config to validate against the cluster", metavar="FILE"),
     Flag("--model-params", "model parameter count (e.g. 7e9) for the ZeRO memory estimate", metavar="N"),
     Flag("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)", metavar="N"),
+    Flag("--model-parallel-size", "tensor x pipeline parallel degree (1: data parallel only) for the batch math",
+         metavar="N"),
     Flag("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", metavar="GBPS"),
     Flag("--ssh-user", "SSH user", metavar="USER"),
     Flag("--ssh-port", "SSH port", metavar="PORT"),
@@ -228,6 +230,8 @@ class PreflightSession:
                 where = self.hostfile or "this machine"
                 console.print(f"preflight: checking {len(self.options.hosts)} host(s) of {where}: "
                               f"{', '.join(['ssh'] + self.options.checks)}", highlight=False, soft_wrap=True)
+            for note in self.options.extra.get("input_notes") or []:
+                console.print(f"preflight: warning: {note}", highlight=False, soft_wrap=True, markup=False)
             try:
                 self.report = Runner(self.options, rep.TerminalProgress(console, quiet=quiet)).run()
             except KeyboardInterrupt:

@@ -51,3 +51,39 @@ def test_valid_config_without_gpus_skips_memory_findings_with_the_reason(cluster
     findings = star["metrics"]["findings"]
     assert any(f["status"] == "skip" and "GPU" in f["message"] for f in findings), findings
     assert proc.returncode == 0, proc.stdout
+
+
+def test_ds_config_alone_probes_version_and_offload_paths_on_every_host(cluster3, tmp_path):
+    """--checks ds_config without nvme/python/ds_report: the hosts' DeepSpeed version and the config's nvme_path are
+    still known, from ds_config's own probe of each host, and a key the hosts' DeepSpeed removed is a FAIL."""
+    path = "/tmp/preflight-ds-alone"
+    config = json.loads((CONFIGS / "zero3_nvme.json").read_text())
+    for section in ("offload_optimizer", "offload_param"):
+        config["zero_optimization"][section]["nvme_path"] = path
+    config["amp"] = {"enabled": False}  # removed in DeepSpeed 0.19.8, which the hosts' interpreter has
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps(config))
+    for host in ("node01", "node03"):
+        cluster3.exec(host, ["mkdir", "-p", path], check=True)
+    try:
+        out = tmp_path / "r.json"
+        proc = preflight(cluster3, "--hostfile", cluster3.hostfile(tmp_path / "hf"), "--deepspeed-config", ds,
+                         "--checks", "ds_config", "--json", out)
+        report = json.loads(out.read_text())
+        res = {(r["host"], r["check"]): r for r in report["results"]}
+        assert proc.returncode == 1
+        assert {r["check"] for r in report["results"]} <= {"ssh", "ds_config"}
+        assert res[("node02", "ds_config")]["status"] == "fail"
+        assert path in res[("node02", "ds_config")]["message"] and "node02" in res[("node02", "ds_config")]["message"]
+        star = res[("*", "ds_config")]
+        msgs = " | ".join(f["message"] for f in star["metrics"]["findings"])
+        assert "amp was removed in DeepSpeed 0.19.8" in msgs and "node01" in msgs, msgs
+        assert "not tested" not in msgs, msgs
+        for host in ("node01", "node03"):
+            assert res.get((host, "ds_config"), {}).get("message", "").count(path) == 0
+        for host in ("node01", "node02", "node03"):  # the probe's test file is gone
+            ls = cluster3.exec(host, ["ls", "-A", path])
+            assert ".preflight-ds-" not in ls.stdout
+    finally:
+        for host in ("node01", "node03"):
+            cluster3.exec(host, ["rm", "-rf", path])
