@@ -17,7 +17,8 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Union
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Union,
+                    runtime_checkable)
 
 
 class Status(str, enum.Enum):
@@ -327,6 +328,7 @@ class ServiceHandle(Protocol):
     def kill(self) -> None: ...
 
 
+@runtime_checkable
 class ClusterView(Protocol):
     """What a cluster check's ``coordinate(cluster)`` receives; the coordinator's ``runner.Cluster`` is one.
 

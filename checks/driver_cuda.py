@@ -21,8 +21,8 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
-                         nvml_session, read_text, sh, skip)
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, limits,
+                    nvml_session, read_text, sh, skip)
 
 NAME = "driver_cuda"
 DESCRIPTION = "NVIDIA driver can run torch's CUDA (incl. minor-version compat), nvcc matches, GPUs >= slots"
@@ -30,7 +30,6 @@ SCOPE = "host"
 DEFAULT = True
 
 # Mirrors [driver_cuda] in preflight/defaults.toml (a test keeps them equal); used when a key is absent.
-_DEFAULTS: Dict[str, Any] = {"minor_compat_status": "warn"}
 
 # CUDA release notes, Table 3 ("CUDA Toolkit and Corresponding Driver Versions"), Linux, GA release of each
 # toolkit: the oldest driver with full support of that toolkit (see /work/shared/reference/facts.md).
@@ -282,11 +281,11 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 def _gpus_expected(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> bool:
     if facts.get("gpus_expected") is not None:
         return bool(facts["gpus_expected"])
-    return bool((thresholds.get("gpu") or {}).get("gpus_expected", False))
+    return bool(limits(thresholds, "gpu")["gpus_expected"])
 
 
 def _threshold(thresholds: Dict[str, Any], key: str) -> Any:
-    return (thresholds.get(NAME) or {}).get(key, _DEFAULTS[key])
+    return limits(thresholds, NAME)[key]
 
 
 # CUDA variants PyTorch publishes wheels for at https://download.pytorch.org/whl/<tag> (recent releases).

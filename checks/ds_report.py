@@ -23,7 +23,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional
 
-from .base import Finding, HostContext, Outcome, Status, combine, error, sh
+from .base import Finding, HostContext, Outcome, Status, combine, error, limits, sh
 
 NAME = "ds_report"
 DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"
@@ -31,7 +31,6 @@ SCOPE = "host"
 DEFAULT = True
 
 # Mirrors [ds_report] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
-_DEFAULTS: Dict[str, Any] = {"required_ops": [], "ignore_ops": [], "shm_min_mib": 512}
 
 _MARK = "@@PREFLIGHT_DS_REPORT@@"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -223,7 +222,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------
 
 def _t(thresholds: Dict[str, Any], key: str) -> Any:
-    return (thresholds.get(NAME) or {}).get(key, _DEFAULTS[key])
+    return limits(thresholds, NAME)[key]
 
 
 def _op_fix(name: str) -> str:

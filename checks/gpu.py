@@ -20,24 +20,14 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error,
-                         nvml_session, read_text, sh, skip)
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, limits,
+                    nvml_session, read_text, sh, skip)
 
 NAME = "gpu"
 DESCRIPTION = "GPU health: ECC, row remapping, PCIe link, clock slowdowns, temperature, modes, memory in use, Xids"
 SCOPE = "host"
 DEFAULT = True
 
-# Mirrors [gpu] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
-_DEFAULTS: Dict[str, Any] = {
-    "gpus_expected": False,
-    "temp_warn_c": 80,
-    "temp_fail_c": 90,
-    "memory_used_warn_mib": 1024,
-    "allow_mig": False,
-    "xid_fail": [48, 61, 62, 64, 74, 79, 95, 119, 120],
-    "xid_ignore": [45],
-}
 
 # nvml.h nvmlClocksEventReason* (same bits as the older nvmlClocksThrottleReason*).
 CLOCK_GPU_IDLE = 0x1
@@ -435,7 +425,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------
 
 def _t(thresholds: Dict[str, Any], key: str) -> Any:
-    return (thresholds.get(NAME) or {}).get(key, _DEFAULTS[key])
+    return limits(thresholds, NAME)[key]
 
 
 def _label(gpu: Dict[str, Any]) -> str:

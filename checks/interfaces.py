@@ -8,6 +8,8 @@ Reads /sys/class/net/IF/{operstate,speed,mtu,type,flags}, ``ip -j addr`` / ``ip 
     /sys/class/infiniband/mlx5_0/ports/1/rate        400 Gb/sec (4X NDR)
     ip -j route get 192.0.2.1  ->  [{"dst":"192.0.2.1","dev":"eth0","prefsrc":"192.0.2.2","flags":[],...}]
     /proc/net/route            ->  eth0  000200C0  00000000  0001 ... 00FFFFFF ...
+
+Thresholds: [interfaces] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional
 
-from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh
+from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh
 
 NAME = "interfaces"
 DESCRIPTION = "NICs (addresses, speed, MTU, virtual or not), IB/RoCE port state and rate, peermem, route to master"
@@ -413,7 +415,7 @@ def _port(p: Dict[str, Any]) -> str:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    frac = float(thresholds[NAME]["min_rate_fraction"])
+    frac = float(limits(thresholds, NAME)["min_rate_fraction"])
     ifaces = facts.get("interfaces") or []
     ib = facts.get("ib") or []
     findings: List[Finding] = []

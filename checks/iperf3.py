@@ -16,6 +16,8 @@ and ``/proc/net/tcp{,6}`` (state 0A = LISTEN) to know when the server listens, w
 Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the whole check), ``client``
 (one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
 side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
+
+Thresholds: [iperf3] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip, spawn, stop
+from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip, spawn, stop
 from .fmt import rate
 
 NAME = "iperf3"
@@ -360,7 +362,7 @@ def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
 def coordinate(cluster: Any) -> Dict[str, Any]:
     from .schedule import pair_rounds
 
-    t = cluster.thresholds[NAME]
+    t = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     duration = float(t["duration_s"])
     connect_timeout = float(t["connect_timeout_s"])
@@ -472,7 +474,7 @@ def _network_line(net: Dict[str, Any]) -> str:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
-    t = thresholds[NAME]
+    t = limits(thresholds, NAME)
     warn_frac, fail_frac = float(t["straggler_warn_fraction"]), float(t["straggler_fail_fraction"])
     min_gbps = float(t["min_gbps"])
     hosts: List[str] = list(facts.get("hosts") or [])

@@ -7,6 +7,8 @@ host and classifies ssh's rc and stderr, e.g.::
     Host key verification failed.                                        -> unknown or changed host key
     ssh: Could not resolve hostname node09: Name or service not known    -> name does not resolve
     ssh: connect to host node04 port 22: Connection timed out            -> network / firewall
+
+Thresholds: [launcher_ssh] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -18,21 +20,15 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .base import HostContext, Outcome, Status, error, sh, skip
+from .base import HostContext, Outcome, Status, error, limits, sh, skip
 
 NAME = "launcher_ssh"
 DESCRIPTION = "passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)"
 SCOPE = "cluster"
 DEFAULT = True
 
-# Only used when the thresholds lack a [launcher_ssh] section; defaults.toml is the source.
-FALLBACK = {"connect_timeout_s": 10, "command_timeout_s": 20.0, "parallel": 64, "max_total_s": 300.0}
-
 STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report
 
-
-def limits_of(thresholds: Dict[str, Any]) -> Dict[str, Any]:
-    return dict(FALLBACK, **(thresholds or {}).get(NAME, {}))
 
 
 def ssh_argv(host: str, connect_timeout: int) -> List[str]:
@@ -170,7 +166,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 # --- coordinator -----------------------------------------------------------------------------
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
-    lim = limits_of(cluster.thresholds)
+    lim = limits(cluster.thresholds, NAME)
     names = [h.name for h in cluster.all_hosts]
     master = cluster.master.name
     facts: Dict[str, Any] = {"master": master, "targets": names, "results": {}, "error": None, "limits": lim}

@@ -8,6 +8,8 @@ Parses ``ldconfig -p`` lines and /etc/os-release, e.g.::
     ID_LIKE=debian
 
 and the compiler's stderr (``/usr/bin/ld: cannot find -laio: No such file or directory``).
+
+Thresholds: [libaio] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import sysconfig
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh
+from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh
 
 NAME = "libaio"
 DESCRIPTION = "libaio runtime, dev files and a test link with -laio, as DeepSpeed's async_io op builder needs"
@@ -334,6 +336,8 @@ def _split(flags: str) -> List[str]:
         return (flags or "").split()
 
 
+NO_COMPILER = "cannot confirm libaio builds: no C compiler found"
+
 # --- evaluation ------------------------------------------------------------------------------
 
 def _other_arch(err: Optional[str]) -> bool:
@@ -341,6 +345,21 @@ def _other_arch(err: Optional[str]) -> bool:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    """The verdict, with the severities of [libaio] applied: unusable_status and no_compiler_status."""
+    lim = limits(thresholds, NAME)
+    outcome = _verdict(facts)
+    severity = {Status.FAIL: Status.WARN if str(lim["unusable_status"]).lower() == "warn" else Status.FAIL}
+    no_cc = Status.FAIL if str(lim["no_compiler_status"]).lower() == "fail" else Status.WARN
+    if not outcome.findings:
+        return outcome
+    findings = [Finding(no_cc if f.message.startswith(NO_COMPILER) else severity.get(f.status, f.status),
+                        f.message, f.fix) for f in outcome.findings]
+    metrics = {k: v for k, v in outcome.metrics.items() if k != "findings"}
+    ok = outcome.message if outcome.status == Status.PASS else ""
+    return combine(findings, ok, metrics)
+
+
+def _verdict(facts: Dict[str, Any]) -> Outcome:
     runtime = [r for r in facts.get("runtime", []) if r.get("exists")]
     runtime_ours = [r for r in runtime if not _other_arch(r.get("load_error"))]
     loadable = [r for r in runtime_ours if r.get("loadable")]
@@ -446,6 +465,6 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 def _no_compiler(compiler: Dict[str, Any], hint: Dict[str, str]) -> Finding:
     return Finding(
         Status.WARN,
-        "cannot confirm libaio builds: no C compiler found (tried %s); DeepSpeed JIT-compiles async_io and needs one"
+        NO_COMPILER + " (tried %s); DeepSpeed JIT-compiles async_io and needs one"
         % ", ".join(compiler.get("tried") or ["cc", "gcc"]),
         hint["install_compiler"])

@@ -7,6 +7,8 @@ Parses the last stderr line of GNU dd (LC_ALL=C), e.g.::
     2147483648 bytes (2.1 GB, 2.0 GiB) copied, 1.43745 s, 1.5 GB/s
 
 and /proc/mounts lines (``/dev/nvme0n1p1 /local_nvme xfs rw,noatime 0 0``) for the filesystem type.
+
+Thresholds: [nvme] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import secrets
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from .base import Finding, HostContext, Outcome, Status, combine, read_text, sh, skip
+from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip
 
 NAME = "nvme"
 DESCRIPTION = "NVMe offload path (--nvme-path / DeepSpeed nvme_path): writable dir, fs, free space, dd write/read GB/s"
@@ -89,7 +91,7 @@ def mount_for(path: str, mounts: List[Dict[str, str]]) -> Optional[Dict[str, str
 
 def params_from_thresholds(thresholds: Dict[str, Any]) -> Dict[str, Any]:
     """Host params the coordinator should send with nvme_paths, from the [nvme] section."""
-    t = thresholds.get(NAME, {})
+    t = limits(thresholds, NAME)
     return {"nvme_test_bytes": int(t.get("test_mib", DEFAULT_TEST_BYTES // MiB)) * MiB,
             "nvme_max_free_fraction": float(t.get("max_free_fraction", DEFAULT_MAX_FREE_FRACTION)),
             "nvme_min_test_bytes": int(t.get("min_test_mib", DEFAULT_MIN_TEST_BYTES // MiB)) * MiB}
@@ -274,7 +276,7 @@ def _size(n: Optional[int]) -> str:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    t = thresholds[NAME]
+    t = limits(thresholds, NAME)
     min_w = float(t["min_write_gbps"]) * 1e9
     min_r = float(t["min_read_gbps"]) * 1e9
     require_direct = bool(t["require_direct_io"])

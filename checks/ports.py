@@ -6,6 +6,8 @@ connects to (address, port) lists. The master-port holder is found in /proc/net/
     sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
      0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 48213 1 ...
     (LISTEN = 0A on 0.0.0.0:29500, socket inode 48213 -> /proc/PID/fd/N -> socket:[48213] -> PID's cmdline)
+
+Thresholds: [ports] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -20,17 +22,13 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .base import Finding, HostContext, Outcome, Status, combine, error, read_text
+from .base import Finding, HostContext, Outcome, Status, combine, error, limits, read_text
 from .iperf3 import host_subnets
 
 NAME = "ports"
 DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
 SCOPE = "cluster"
 DEFAULT = True
-
-# Only used when the thresholds lack a [ports] section (e.g. a hand-made dict); defaults.toml is the source.
-FALLBACK = {"connect_timeout_s": 3.0, "sample_ports": 3, "mesh_limit": 16, "max_extra_subnets": 2,
-            "probe_threads": 64, "max_probe_s": 120.0}
 
 LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
 DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range
@@ -46,9 +44,6 @@ REASONS = {
     "error": "connect failed",
 }
 
-
-def limits_of(thresholds: Dict[str, Any]) -> Dict[str, Any]:
-    return dict(FALLBACK, **(thresholds or {}).get(NAME, {}))
 
 
 # --- pure parsers ----------------------------------------------------------------------------
@@ -345,7 +340,7 @@ def _parallel(fn, items: Sequence[Any], limit: int, timeout: float) -> List[Any]
 def coordinate(cluster: Any) -> Dict[str, Any]:
     from .schedule import probe_targets
 
-    lim = limits_of(cluster.thresholds)
+    lim = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     master = cluster.master.name
     master_port = int(cluster.options.get("master_port") or 29500)
@@ -501,7 +496,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         if h in facts.get("listener_errors", {}):
             findings.append(Finding(Status.ERROR, "could not start the test listener on %s: %s"
                                     % (h, facts["listener_errors"][h]), "rerun with -v; check the host"))
-        elif len(info.get("ports") or []) < int((facts.get("limits") or limits_of(thresholds))["sample_ports"]):
+        elif len(info.get("ports") or []) < int((facts.get("limits") or limits(thresholds, NAME))["sample_ports"]):
             findings.append(Finding(Status.ERROR, "could bind only %d test ports on %s in %s"
                                     % (len(info.get("ports") or []), h, info.get("range")),
                                     "check net.ipv4.ip_local_port_range and ports in use (ss -ltn)"))

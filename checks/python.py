@@ -4,6 +4,8 @@ Collected by importing the packages in the interpreter given by ``--python``, e.
 
     {"python": "3.11.7", "executable": "/opt/venv/bin/python3", "torch": "2.13.0+cpu", "torch_cuda": null,
      "nccl": null, "deepspeed": null, "nvidia_ml_py": null}
+
+Thresholds: [python] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import platform
 import sys
 from typing import Any, Dict
 
-from .base import Finding, HostContext, Outcome, Status, combine
+from .base import Finding, HostContext, Outcome, Status, combine, limits
 
 NAME = "python"
 DESCRIPTION = "interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable"
@@ -45,9 +47,9 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    limits = thresholds.get(NAME, {})
+    lim = limits(thresholds, NAME)
     findings = []
-    minimum = limits.get("min_version", "3.9")
+    minimum = lim["min_version"]
     have = tuple(int(x) for x in facts["python"].split(".")[:2])
     want = tuple(int(x) for x in minimum.split(".")[:2])
     if have < want:
@@ -56,7 +58,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if facts.get("torch_error"):
         findings.append(Finding(Status.FAIL, "torch is installed but fails to import: %s" % facts["torch_error"],
                                 "reinstall torch in this environment: pip install --force-reinstall torch"))
-    elif facts.get("torch") is None and limits.get("require_torch", True):
+    elif facts.get("torch") is None and lim["require_torch"]:
         findings.append(Finding(Status.WARN, "torch is not importable by %s" % facts.get("executable"),
                                 "pass --python with the job's interpreter, or pip install torch"))
     summary = "Python %s" % facts["python"] + "".join(

@@ -4,12 +4,14 @@ Facts come from the coordinator's connection attempt, not from the host, e.g.:
 
     {"connected": true, "hostname": "node01", "address": "198.18.0.1", "connect_s": 0.21, "rtt_ms": 3.2}
     {"connected": false, "error": "TCP connect to 198.18.0.9:22 timed out after 5s", "fix": "...", "status": "error"}
+
+Thresholds: [ssh] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
 from typing import Any, Dict
 
-from .base import Outcome, Status
+from .base import Outcome, Status, limits
 
 NAME = "ssh"
 DESCRIPTION = "host reachable over SSH: authenticated, hostname, connect time and round-trip latency"
@@ -18,7 +20,7 @@ DEFAULT = True
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    limits = thresholds.get(NAME, {})
+    lim = limits(thresholds, NAME)
     metrics = {k: facts[k] for k in ("hostname", "address", "connect_s", "rtt_ms", "local") if k in facts}
     if not facts.get("connected"):
         status = Status.FAIL if facts.get("status") == "fail" else Status.ERROR
@@ -29,8 +31,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     rtt = facts.get("rtt_ms")
     message = "connected to %s as %s in %.2fs, command round trip %.1f ms" % (
         facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0), rtt or 0.0)
-    if rtt is not None and rtt > limits.get("warn_rtt_ms", 500.0):
-        return Outcome(Status.WARN, message + " (above %.0f ms)" % limits["warn_rtt_ms"],
+    if rtt is not None and rtt > lim["warn_rtt_ms"]:
+        return Outcome(Status.WARN, message + " (above %.0f ms)" % lim["warn_rtt_ms"],
                        "a slow control path slows every check and the launcher; check the network to this host",
                        metrics)
     return Outcome(Status.PASS, message, metrics=metrics)

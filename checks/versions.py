@@ -12,12 +12,14 @@ and returns ``{"hosts": {name: {"torch": ..., "cuda": ..., "nccl": ..., "deepspe
 unknown is not compared; None means "known to be absent" (e.g. DeepSpeed not installed) and is compared.
 
 Thresholds: [versions] ignore (fields not to compare).
+
+Thresholds: [versions] in preflight/defaults.toml.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import Finding, Outcome, Status, combine
+from .base import Finding, Outcome, Status, combine, limits
 
 NAME = "versions"
 DESCRIPTION = "torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host"
@@ -25,7 +27,6 @@ SCOPE = "cluster"
 DEFAULT = True
 
 # Mirrors [versions] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
-_DEFAULTS: Dict[str, Any] = {"ignore": []}
 
 # field -> (label, [(check, key), ...] in order of preference)
 FIELDS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
@@ -99,7 +100,7 @@ def _hosts(names: Sequence[str], limit: int = 8) -> str:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
-    ignore = set((thresholds.get(NAME) or {}).get("ignore", _DEFAULTS["ignore"]))
+    ignore = set(limits(thresholds, NAME)["ignore"])
     hosts: Dict[str, Dict[str, Any]] = facts.get("hosts") or {}
     findings: List[Finding] = []
     odd_hosts: Dict[str, List[str]] = {}

@@ -14,6 +14,7 @@ from preflight.checks import fmt, iperf3
 from preflight.checks.base import Status
 from preflight.config import load_defaults
 from preflight.runner import Progress
+from tests import fakes
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -262,19 +263,16 @@ class FakeService:
         self.killed = True
 
 
-class FakeCluster:
+class FakeCluster(fakes.FakeCluster):
     """Hosts on 10.0.0.0/24 (eth0) and 10.1.0.0/24 (eth1, 10x faster), docker0 everywhere; no SSH."""
 
     def __init__(self, n, thresholds, rates=None, no_server=(), client_raises=(), explode_at=None, iface=True):
-        names = ["node%02d" % (i + 1) for i in range(n)]
-        self.hosts = self.all_hosts = [SimpleNamespace(name=h, slots=1, index=i) for i, h in enumerate(names)]
-        self.facts = {h: ({"interfaces": host_interfaces(i, [itf("eth1", ["10.1.0.%d/24" % (i + 1)])])} if iface
-                          else {}) for i, h in enumerate(names)}
-        self.thresholds = thresholds
-        self.progress = Progress()
+        super().__init__(n, thresholds=thresholds)
+        self.facts = {h.name: ({"interfaces": host_interfaces(i, [itf("eth1", ["10.1.0.%d/24" % (i + 1)])])}
+                               if iface else {}) for i, h in enumerate(self.all_hosts)}
         self.rates = rates or {}
         self.no_server, self.client_raises, self.explode_at = set(no_server), set(client_raises), explode_at
-        self.services, self.rounds, self.calls = {}, [], []
+        self.services, self.rounds = {}, []
 
     def start(self, host, func, params, timeout):
         assert func == "iperf3.serve" and timeout > 0

@@ -48,10 +48,6 @@ def test_classify_recorded_stderr(name):
     assert ls.classify(255, SAMPLES[name]) == name.split("_password")[0].split("_dns")[0]
 
 
-def test_fallback_limits_match_defaults_toml():
-    assert ls.FALLBACK == THRESHOLDS["launcher_ssh"]
-
-
 def test_classify_rc_only_cases():
     assert ls.classify(0, "Warning: Permanently added 'node02' (ED25519) to the list of known hosts.") == "ok"
     assert ls.classify(127, "ssh: command not found") == "no_client"

@@ -19,7 +19,7 @@ from preflight.config import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLDS = load_thresholds()
-LIMITS = ports.limits_of(THRESHOLDS)
+LIMITS = THRESHOLDS["ports"]
 
 # Facts of ports.coordinate, recorded on a 3-host namespace cluster: healthy; node03 with
 # `firewall(drop_tcp_dports="1024-65535")`; a python listener on 0.0.0.0:29500 inside node01.
@@ -551,7 +551,3 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
         assert second in cells[(name, "ports")].metrics["networks"]
     assert_nothing_left(cluster, {h.name: set(cells[(h.name, "ports")].metrics["listen_ports"]) | {29500}
                                   for h in cluster.hosts})
-
-
-def test_fallback_limits_match_defaults_toml():
-    assert ports.FALLBACK == THRESHOLDS["ports"]

@@ -1,0 +1,82 @@
+"""The check registry and its seams: every check satisfies the CheckModule Protocol, reads its thresholds from
+defaults.toml through one accessor, and checks/ never imports the coordinator."""
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from preflight import checks
+from preflight.checks import base, libaio
+from preflight.config import load_defaults
+
+CHECKS_DIR = Path(checks.__file__).resolve().parent
+
+
+def test_every_registered_check_satisfies_the_protocol_and_has_a_defaults_section():
+    defaults = load_defaults()
+    for module in checks.all_checks():
+        assert module.SCOPE in base.SCOPES
+        assert module.NAME in defaults, f"[{module.NAME}] missing from defaults.toml"
+        doc = module.__doc__ or ""
+        assert f"[{module.NAME}]" in doc, f"{module.__name__}'s docstring must name its [{module.NAME}] section"
+
+
+def test_registry_rejects_a_module_that_breaks_the_protocol_with_a_clear_error():
+    bad = types.ModuleType("preflight.checks.broken")
+    bad.NAME, bad.DESCRIPTION, bad.SCOPE, bad.DEFAULT = "broken", "x", "cluster", True
+    bad.evaluate = lambda facts, thresholds: None
+    with pytest.raises(TypeError, match=r"broken: SCOPE 'cluster' needs a function coordinate\(\)"):
+        base.validate_check_module(bad)
+    bad.SCOPE = "everywhere"
+    with pytest.raises(TypeError, match="SCOPE 'everywhere' is not one of host, cluster, connection"):
+        base.validate_check_module(bad)
+
+
+def test_limits_names_a_missing_section():
+    with pytest.raises(base.ThresholdsError, match=r"no \[nvme\] section"):
+        base.limits({"gpu": {}}, "nvme")
+    assert base.limits({"nvme": {"a": 1}}, "nvme") == {"a": 1}
+
+
+def test_checks_never_import_the_coordinator():
+    offenders = []
+    for path in CHECKS_DIR.rglob("*.py"):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"^\s*(from|import)\s+(checks\b|preflight(?!\.checks\b))", line):
+                offenders.append(f"{path.relative_to(CHECKS_DIR)}:{i}: {line.strip()}")
+    assert offenders == []
+
+
+def test_no_threshold_copies_inside_checks():
+    """defaults.toml is the single source: no FALLBACK/_DEFAULTS/DEFAULTS dicts of thresholds in check modules."""
+    copies = [f"{p.name}: {m.group(0)}" for p in CHECKS_DIR.rglob("*.py")
+              for m in re.finditer(r"^(FALLBACK|_DEFAULTS|DEFAULTS)\s*[:=]", p.read_text(), re.M)]
+    assert copies == []
+
+
+def test_libaio_severities_come_from_its_section(thresholds):
+    facts = {"runtime": [], "dev_links": [], "headers": [], "compiler": {"argv": ["cc"], "path": "/usr/bin/cc"},
+             "search_dirs": ["/usr/lib"], "os_release": {"ID": "debian"}}
+    assert libaio.evaluate(facts, thresholds).status == base.Status.FAIL
+    relaxed = dict(thresholds, libaio=dict(thresholds["libaio"], unusable_status="warn"))
+    outcome = libaio.evaluate(facts, relaxed)
+    assert outcome.status == base.Status.WARN and "libaio is not installed" in outcome.message
+    no_cc = dict(facts, compiler={"tried": ["cc", "gcc"]})
+    strict = dict(thresholds, libaio=dict(thresholds["libaio"], unusable_status="warn", no_compiler_status="fail"))
+    assert libaio.evaluate(no_cc, strict).status == base.Status.FAIL
+
+
+def test_the_coordinator_cluster_and_the_test_fake_both_satisfy_cluster_view(thresholds):
+    from preflight.hostfile import HostSpec
+    from preflight.remote import Agent
+    from preflight.runner import Cluster, Node, Progress, RunOptions
+    from preflight.transport import LocalTransport
+    from tests.fakes import FakeCluster
+    assert isinstance(FakeCluster(3, thresholds=thresholds), base.ClusterView)
+    node = Node(HostSpec("localhost", 1), LocalTransport("localhost"), Agent(LocalTransport("localhost")))
+    real = Cluster([node], RunOptions(hosts=[node.spec], checks=[], thresholds=thresholds), {}, Progress())
+    assert isinstance(real, base.ClusterView)
+    assert not isinstance(object(), base.ClusterView)
