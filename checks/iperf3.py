@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip, spawn, stop
+from .fmt import rate
 
 NAME = "iperf3"
 DESCRIPTION = "TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC"
@@ -233,15 +234,6 @@ def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]
         for h in ends:
             blamed.setdefault(h, []).append(ln)
     return blamed
-
-
-def rate(gbps: Optional[float]) -> str:
-    """0.0241 -> '24.1 Mbit/s'; 9.412 -> '9.41 Gbit/s'."""
-    if gbps is None:
-        return "n/a"
-    if gbps < 1.0:
-        return "%.1f Mbit/s" % (gbps * 1000)
-    return "%.2f Gbit/s" % gbps
 
 
 # --- host side -------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import statistics
 from html import escape
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from preflight.checks.allreduce import human_bytes
+from preflight.checks.fmt import human_bytes
 from preflight.checks.base import Status
-from preflight.checks.iperf3 import rate
+from preflight.checks.fmt import rate
 from preflight import __version__
 from preflight.model import CLUSTER, Report, Result
 from preflight.report import CELL, summary_line

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import allreduce
+from preflight.checks.allreduce import common, coordinator, supervisor
 from preflight.checks.base import Status
+from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parent.parent
-THRESHOLDS = {"allreduce": dict(allreduce.DEFAULTS), "python": {"require_torch": True}}
+THRESHOLDS = load_defaults()
 
 # Facts recorded from a gloo run on the namespace cluster: 3 hosts, 1 slot each, links shaped to 200 Mbit/s.
 HEALTHY = {
@@ -66,18 +68,18 @@ FAILED = {
 # --- pure parts ------------------------------------------------------------------------------------------------------
 
 def test_busbw_formula_is_nccl_tests():
-    assert allreduce.bus_factor(2) == 1.0
-    assert allreduce.bus_factor(8) == 1.75
-    assert allreduce.bus_factor(3) == pytest.approx(4 / 3)
-    row = allreduce.bandwidth_table([{"bytes": 8 << 20, "time_s": 0.5, "iters": 3}], 3)[0]
+    assert common.bus_factor(2) == 1.0
+    assert common.bus_factor(8) == 1.75
+    assert common.bus_factor(3) == pytest.approx(4 / 3)
+    row = common.bandwidth_table([{"bytes": 8 << 20, "time_s": 0.5, "iters": 3}], 3)[0]
     assert row["algbw_GBps"] == pytest.approx(8388608 / 0.5 / 1e9)  # GB/s with 1e9, as nccl-tests
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 2 / 3)
 
 
 def test_sweep_sizes_double_and_stay_float32_aligned():
-    assert allreduce.sweep_sizes(1 << 20, 64 << 20) == [(1 << 20) << i for i in range(7)]
-    assert allreduce.sweep_sizes(1001, 4000) == [1000, 2000, 4000]
-    assert allreduce.sweep_sizes(8 << 20, 1 << 20) == [8 << 20]  # min > max: one size, never none
+    assert common.sweep_sizes(1 << 20, 64 << 20) == [(1 << 20) << i for i in range(7)]
+    assert common.sweep_sizes(1001, 4000) == [1000, 2000, 4000]
+    assert common.sweep_sizes(8 << 20, 1 << 20) == [8 << 20]  # min > max: one size, never none
 
 
 def test_healthy_table_passes_with_per_size_metrics():
@@ -153,7 +155,7 @@ def test_torch_missing_fails_when_the_job_needs_torch_else_skips():
 
 def _h100(busbw: float, nbytes: int = 1 << 30, hosts=("gpu01",), world: int = 8):
     n = world
-    t = nbytes / (busbw / allreduce.bus_factor(n) * 1e9)
+    t = nbytes / (busbw / common.bus_factor(n) * 1e9)
     return dict(HEALTHY, backend="nccl", hosts=list(hosts), world_size=n,
                 gpu_names={h: ["NVIDIA H100 80GB HBM3"] * (n // len(hosts)) for h in hosts},
                 sizes=[{"bytes": nbytes, "time_s": t, "iters": 5}])
@@ -174,7 +176,7 @@ def test_single_node_gpu_baseline_applies_only_to_one_8_gpu_node_at_large_sizes(
 
 
 def test_classify_recorded_torch_and_gloo_errors():
-    c = allreduce.classify
+    c = common.classify
     assert c("DistNetworkError: The client socket has timed out after 8000ms while trying to connect to "
              "(198.18.3.1, 29500).", "init") == "rendezvous"
     assert c("RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
@@ -199,27 +201,27 @@ def test_errors_from_ranks_name_the_unreachable_master():
         {"tag": "main", "rank": 2, "host": "node03", "ok": False, "phase": "init", "kind": "stopped",
          "phase_s": 3.0, "error": "stopped by preflight after another rank failed"},
     ]
-    errors = allreduce._rank_errors(ranks, owner, 10.0)
+    errors = coordinator._rank_errors(ranks, owner, 10.0)
     assert [e["rank"] for e in errors] == [1, 0, 2]  # a peer's precise error first, the bystander last
-    suspects = allreduce._failure_suspects(errors, 29500)
+    suspects = coordinator._failure_suspects(errors, 29500)
     assert [s["host"] for s in suspects] == ["node01"]
     assert "rank 1 on node02" in suspects[0]["reason"]
-    msg = allreduce._failure_message(errors, HEALTHY, {})
+    msg = coordinator._failure_message(errors, HEALTHY, {})
     assert msg.startswith("rank 1 on node02 could not connect to MASTER_ADDR 198.18.0.1:29500")
     # A rank stopped while still connecting after the whole init timeout was stuck, not a bystander.
     stuck = dict(ranks[2], phase_s=12.0)
-    assert allreduce._rank_errors([stuck], owner, 10.0)[0]["kind"] == "mesh"
+    assert coordinator._rank_errors([stuck], owner, 10.0)[0]["kind"] == "mesh"
 
 
 def test_pairwise_bandwidth_names_the_host_whose_best_pair_is_slow():
     pairs = [{"hosts": ["node01", "node02"], "ok": True, "busbw_GBps": 0.006},
              {"hosts": ["node02", "node03"], "ok": True, "busbw_GBps": 0.0061},
              {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.024}]
-    suspects = allreduce._pair_suspects(pairs, "bandwidth", 0.75)
+    suspects = coordinator._pair_suspects(pairs, "bandwidth", 0.75)
     assert [s["host"] for s in suspects] == ["node02"]
     failing = [{"hosts": ["node01", "node02"], "ok": False}, {"hosts": ["node02", "node03"], "ok": False},
                {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.02}]
-    assert [s["host"] for s in allreduce._pair_suspects(failing, "failure", 0.75)] == ["node02"]
+    assert [s["host"] for s in coordinator._pair_suspects(failing, "failure", 0.75)] == ["node02"]
 
 
 def test_iperf3_straggler_map():
@@ -227,7 +229,7 @@ def test_iperf3_straggler_map():
         {"network": 0, "links": [{"src": "a", "dst": "b", "gbps": 0.1}]},
         {"network": 1, "links": [{"src": "a", "dst": "b", "gbps": 9.4}, {"src": "b", "dst": "c", "gbps": 2.0},
                                  {"src": "c", "dst": "d", "gbps": 2.1}, {"src": "d", "dst": "a", "gbps": 9.3}]}]}
-    suspects = allreduce._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
+    suspects = coordinator._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
     assert [s["host"] for s in suspects] == ["c"]
 
 
@@ -242,7 +244,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def local_agent():
-    """host_group/rank as the agent runs them: children get the checks package as in-memory code."""
+    """supervisor.run and rank.run as the agent runs them: children get the checks package as in-memory code."""
     pytest.importorskip("torch")
     from preflight.checks import base
     from preflight.remote import agent_code
@@ -263,8 +265,8 @@ def _group_params(world: int, ranks: int, init_timeout: float = 20.0, start_time
                       "master_addr": "127.0.0.1", "master_port": port, "device": r} for r in range(ranks)]}
 
 
-def test_host_group_runs_one_process_per_slot(local_agent):
-    out = allreduce.host_group(_group_params(2, 2), None)
+def test_supervisor_runs_one_process_per_slot(local_agent):
+    out = supervisor.run(_group_params(2, 2), None)
     ranks = sorted(out["ranks"], key=lambda r: r["rank"])
     assert all(r["ok"] for r in ranks), ranks
     assert [(r["rank"], r["local_rank"], r["world_size"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]
@@ -274,15 +276,15 @@ def test_host_group_runs_one_process_per_slot(local_agent):
     assert not local_agent.LIVE
 
 
-def test_host_group_bounds_a_rank_that_never_comes_and_kills_the_rest(local_agent):
+def test_supervisor_bounds_a_rank_that_never_comes_and_kills_the_rest(local_agent):
     start = time.monotonic()
     # Rank 2 never starts: the others wait for it until their start deadline (start + init), not forever.
-    out = allreduce.host_group(_group_params(3, 2, init_timeout=3.0, start_timeout=5.0), None)
+    out = supervisor.run(_group_params(3, 2, init_timeout=3.0, start_timeout=5.0), None)
     assert time.monotonic() - start < 40
     ranks = out["ranks"]
     assert ranks and not any(r["ok"] for r in ranks)
     assert all(r.get("error") for r in ranks), ranks
-    assert {allreduce.classify(r["error"], r["phase"]) for r in ranks} == {"incomplete"}, ranks
+    assert {common.classify(r["error"], r["phase"]) for r in ranks} == {"incomplete"}, ranks
     for r in ranks:
         assert r["exit_code"] is not None  # reaped: no rank process is left
     assert not local_agent.LIVE

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from preflight.checks import iperf3
+from preflight.checks import fmt, iperf3
 from preflight.checks.base import Status
 from preflight.config import load_defaults
 from preflight.runner import Progress
@@ -241,7 +241,7 @@ def test_single_host_skips(thresholds):
 
 
 def test_rate_formatting():
-    assert iperf3.rate(0.0241) == "24.1 Mbit/s" and iperf3.rate(9.412) == "9.41 Gbit/s" and iperf3.rate(None) == "n/a"
+    assert fmt.rate(0.0241) == "24.1 Mbit/s" and fmt.rate(9.412) == "9.41 Gbit/s" and fmt.rate(None) == "n/a"
 
 
 # ------------------------------------------------------------------------ coordination with a fake cluster
