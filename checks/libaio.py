@@ -22,7 +22,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh
 
@@ -254,7 +254,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     facts["search_dirs"] = lib_dirs
 
     mountpoints = set(parse_mountpoints(read_text("/proc/self/mountinfo") or ""))
-    seen_real = set()
+    seen_real: Set[Any] = set()  # (link, target) pairs of dev links, and real paths of runtimes
     runtime_paths: List[str] = []
     for d in lib_dirs:
         for path in sorted(glob.glob(os.path.join(d, "libaio.so*"))):
@@ -341,7 +341,7 @@ NO_COMPILER = "cannot confirm libaio builds: no C compiler found"
 # --- evaluation ------------------------------------------------------------------------------
 
 def _other_arch(err: Optional[str]) -> bool:
-    return bool(err) and "wrong ELF class" in err  # a 32-bit copy next to the 64-bit one: not ours to load
+    return bool(err) and "wrong ELF class" in str(err)  # a 32-bit copy next to the 64-bit one: not ours to load
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -455,9 +455,9 @@ def _verdict(facts: Dict[str, Any]) -> Outcome:
                     % ((dev_links[0]["path"] if dev_links else "libaio.so ?"), (headers[0] if headers else
                        "libaio.h ?"), what, first_error_line(probe.get("stderr", "")), async_no),
                     "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
-    rt = loadable[0]["path"] if loadable else (by_name or "found by the linker")
+    rt_path = loadable[0]["path"] if loadable else (by_name or "found by the linker")
     ok = "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
-        rt, dev_links[0]["path"] if dev_links else "libaio.so (found by the linker)",
+        rt_path, dev_links[0]["path"] if dev_links else "libaio.so (found by the linker)",
         headers[0] if headers else "libaio.h (found by the compiler)", compiler.get("path"))
     return combine(findings, ok, metrics)
 

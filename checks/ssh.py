@@ -21,7 +21,8 @@ DEFAULT = True
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     lim = limits(thresholds, NAME)
-    metrics = {k: facts[k] for k in ("hostname", "address", "connect_s", "rtt_ms", "local") if k in facts}
+    metrics: Dict[str, Any] = {k: facts[k] for k in ("hostname", "address", "connect_s", "rtt_ms", "local")
+                               if k in facts}
     if not facts.get("connected"):
         status = Status.FAIL if facts.get("status") == "fail" else Status.ERROR
         return Outcome(status, facts.get("error", "could not connect"), facts.get("fix", ""), metrics)
