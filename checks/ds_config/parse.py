@@ -155,7 +155,7 @@ def nvme_paths(config: Dict[str, Any]) -> List[str]:
     zero = zero_section(config)
     for name in ("offload_param", "offload_optimizer"):
         sec = zero.get(name)
-        if offload_device(sec) == "nvme" and sec.get("nvme_path") not in (None, "", "auto"):
+        if isinstance(sec, dict) and offload_device(sec) == "nvme" and sec.get("nvme_path") not in (None, "", "auto"):
             p = str(sec["nvme_path"])
             if p not in out:
                 out.append(p)
