@@ -946,3 +946,12 @@ def test_cli_stops_on_a_config_that_does_not_parse_with_file_line_col(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("preflight: error: %s:3:28: DeepSpeed config does not parse" % bad)
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_probe_without_deepspeed_fails_on_that_host():
+    facts = make_facts(cfg("zero2_bf16_7b.json"), hosts=2, ds_report=ds_report_with_libaio())
+    facts["host_probe"] = {"node00": {"deepspeed": "0.19.8", "deepspeed_found": True, "paths": []},
+                           "node01": {"deepspeed": None, "deepspeed_found": False, "paths": []}}
+    out = run(facts)
+    assert out["node01"].status == Status.FAIL and "not installed" in out["node01"].message
+    assert "node00" not in out

@@ -280,3 +280,15 @@ def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, 
                        "set scheduler.type to %s" % (guess or "one of %s" % ", ".join(DS_SCHEDULERS)))
 
 
+
+
+def check_installed(facts: Dict[str, Any], report: Report) -> None:
+    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config)."""
+    missing = sorted(h for h, p in (facts.get("host_probe") or {}).items()
+                     if isinstance(p, dict) and "deepspeed_found" in p and not p.get("deepspeed")
+                     and not p.get("deepspeed_found"))
+    if missing:
+        report.add(Status.FAIL, "DeepSpeed is not installed in the job's interpreter (--python) on %s: the config "
+                                "cannot be used there" % hosts_text(missing),
+                   "pip install deepspeed into that interpreter, or pass the job's interpreter with --python",
+                   {h: "DeepSpeed is not installed in the job's interpreter (--python)" for h in missing})
