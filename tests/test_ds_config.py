@@ -955,3 +955,15 @@ def test_probe_without_deepspeed_fails_on_that_host():
     out = run(facts)
     assert out["node01"].status == Status.FAIL and "not installed" in out["node01"].message
     assert "node00" not in out
+
+
+def test_a_deepspeed_whose_parser_cannot_run_alone_falls_back_to_the_tables(monkeypatch):
+    install_fake_deepspeed(monkeypatch)
+    runtime_config = sys.modules["deepspeed.runtime.config"]
+
+    class Broken(runtime_config.DeepSpeedConfig):
+        def _initialize_params(self, param_dict):
+            return self.world_size  # set only by __init__ in this imagined release
+
+    monkeypatch.setattr(runtime_config, "DeepSpeedConfig", Broken)
+    assert deepspeed_models.validate_with_deepspeed({"zero_optimization": {"stage": 2}}) is None
