@@ -33,15 +33,20 @@ DEFAULT = True
 
 # CUDA release notes, Table 3 ("CUDA Toolkit and Corresponding Driver Versions"), Linux, GA release of each
 # toolkit: the oldest driver with full support of that toolkit (see /work/shared/reference/facts.md).
+# 11.0 GA shipped with 450.51.05 (450.36.06 was the 11.0 RC driver); 13.3 GA with 610.43.02
+# (cuda_13.3.0_610.43.02_linux.run). 13.4 is left out until its GA Linux driver is in NVIDIA's release notes.
 TOOLKIT_MIN_DRIVER: Dict[Tuple[int, int], str] = {
-    (13, 2): "595.45.04", (13, 1): "590.44.01", (13, 0): "580.65.06",
+    (13, 3): "610.43.02", (13, 2): "595.45.04", (13, 1): "590.44.01", (13, 0): "580.65.06",
     (12, 9): "575.51.03", (12, 8): "570.26", (12, 6): "560.28.03", (12, 5): "555.42.02",
     (12, 4): "550.54.14", (12, 3): "545.23.06", (12, 2): "535.54.03", (12, 1): "530.30.02",
     (12, 0): "525.60.13",
     (11, 8): "520.61.05", (11, 7): "515.43.04", (11, 6): "510.39.01", (11, 5): "495.29.05",
     (11, 4): "470.42.01", (11, 3): "465.19.01", (11, 2): "460.27.03", (11, 1): "455.23",
-    (11, 0): "450.36.06",
+    (11, 0): "450.51.05",
 }
+# What max_cuda_for_driver says for a driver of a newer branch than the table's newest row: it may support a
+# newer CUDA than the table knows, so capping it at that row would be a guess.
+NEWER_THAN_TABLE = "unknown, newer than the table"
 
 # CUDA compatibility guide, Table 2 (minor-version compatibility): a driver of this branch or newer runs any
 # toolkit of the same major with a limited feature set (no PTX JIT of newer PTX, some APIs missing).
@@ -116,10 +121,14 @@ def version_tuple(version: Optional[str]) -> Tuple[int, ...]:
 
 
 def max_cuda_for_driver(driver: Optional[str]) -> Optional[str]:
-    """Highest toolkit in TOOLKIT_MIN_DRIVER whose GA driver is <= this driver (when NVML gave no number)."""
+    """Highest toolkit in TOOLKIT_MIN_DRIVER whose GA driver is <= this driver (when NVML gave no number);
+    NEWER_THAN_TABLE for a driver branch newer than the newest row's."""
     drv = version_tuple(driver)
     if not drv:
         return None
+    newest = max(TOOLKIT_MIN_DRIVER)
+    if drv[0] > version_tuple(TOOLKIT_MIN_DRIVER[newest])[0]:
+        return NEWER_THAN_TABLE
     best = None
     for toolkit, minimum in TOOLKIT_MIN_DRIVER.items():
         if drv >= version_tuple(minimum) and (best is None or toolkit > best):

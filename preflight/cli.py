@@ -145,7 +145,7 @@ def _check_output_path(option: str, path: Optional[str]) -> None:
 def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
     """What the job's config asks of every host: its nvme_path runs the nvme check there, its ops ds_report.
 
-    A config that does not parse adds nothing here; ds_config reports the parse error with line and column.
+    A config that does not parse never gets here: build_options stops on it with file:line:col.
     """
     from preflight.checks import ds_config
     config, _ = ds_config.load_config(path)
@@ -169,6 +169,11 @@ def build_options(args: argparse.Namespace):
         hosts, local = local_cluster(), True
     if args.deepspeed_config and not Path(args.deepspeed_config).is_file():
         raise UsageError(f"--deepspeed-config {args.deepspeed_config}: no such file")
+    if args.deepspeed_config:
+        from preflight.checks.ds_config.parse import usage_error
+        bad = usage_error(args.deepspeed_config)  # DeepSpeed would refuse it at start: nothing to check it against
+        if bad:
+            raise UsageError(bad)
     checks = select_checks(args.checks, args.skip, args.deepspeed_config)
     host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
     if args.deepspeed_config and "ds_config" in checks:

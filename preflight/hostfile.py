@@ -94,7 +94,7 @@ def expand_range(name: str, where: str) -> List[str]:
     try:
         names = list(NodeSet(name))
     except (NodeSetException, ValueError, OverflowError) as exc:
-        raise HostfileError(f"{where}: bad host range {name!r} ({exc}); write ranges like node[01-04], "
+        raise HostfileError(f"{where}: range {name!r} is not valid ({exc}); write ranges like node[01-04], "
                             "gpu-[1,3,5-7] or rack[1-2]-node[01-02]") from None
     if not names:
         raise HostfileError(f"{where}: host range {name!r} names no host")

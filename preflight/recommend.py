@@ -21,7 +21,9 @@ NEVER = {
     "NCCL_TIMEOUT": "NCCL_TIMEOUT does not exist: set the collective timeout with "
                     "torch.distributed.init_process_group(timeout=datetime.timedelta(minutes=N)) "
                     "(DeepSpeed: deepspeed.init_distributed(timeout=...)); the default is 10 minutes",
-    "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS is deprecated (NCCL_MIN_CTAS replaces it); NCCL tunes channels itself",
+    # NCCL's env docs: NCCL_MIN_NRINGS (until 2.4) became NCCL_MIN_NCHANNELS; NCCL_MIN_CTAS is a separate knob.
+    "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS is the pre-2.5 name of NCCL_MIN_NCHANNELS (still read as an alias, ignored "
+                       "when NCCL_MIN_NCHANNELS is set); NCCL tunes channels itself",
     "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name: use "
                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING (recommended above)",
 }

@@ -67,6 +67,24 @@ def test_nvml_cuda_int_and_driver_table():
     assert dc.max_cuda_for_driver("418.40") is None
 
 
+def test_driver_table_rows_kept_true():
+    # 11.0 GA needs 450.51.05; 450.36.06 was the release candidate's driver
+    assert dc.max_cuda_for_driver("450.36.06") is None
+    assert dc.max_cuda_for_driver("450.51.05") == "11.0"
+    # 13.3 GA ships with 610.43.02; the same branch stays 13.3, a newer branch is beyond the table
+    assert dc.max_cuda_for_driver("610.43.01") == "13.2"
+    assert dc.max_cuda_for_driver("610.43.02") == "13.3"
+    assert dc.max_cuda_for_driver("610.99.01") == "13.3"
+    assert dc.max_cuda_for_driver("620.10.03") == dc.NEWER_THAN_TABLE == "unknown, newer than the table"
+
+
+def test_driver_newer_than_the_table_without_nvml_cuda_is_not_capped(healthy, thresholds):
+    healthy.update(driver="620.10.03", cuda_driver=None, driver_source="proc")
+    out = dc.evaluate(healthy, thresholds)
+    assert out.status == Status.PASS, out.message
+    assert "CUDA <= unknown, newer than the table" in out.message and "13.3" not in out.message
+
+
 def test_format_nccl_version():
     assert dc.format_nccl_version((2, 28, 9)) == "2.28.9"
     assert dc.format_nccl_version(22809) == "2.28.9"

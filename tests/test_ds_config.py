@@ -174,7 +174,7 @@ def test_known_key_at_the_wrong_level_and_comment_keys(tmp_path):
 
 
 def test_valid_configs_have_no_unknown_keys():
-    for name in sorted(os.listdir(CONFIGS)):
+    for name in sorted(p.name for p in CONFIGS.iterdir() if p.is_file()):
         if not (name.startswith("real_") or name.startswith("zero")):
             continue
         config, found = D.load_config(cfg(name))
@@ -773,3 +773,197 @@ def test_thresholds_come_only_from_defaults_toml():
     # no fallback copy in the module: a merged config without [ds_config] is an error that names the section
     with pytest.raises(ThresholdsError, match=r"\[ds_config\]"):
         run(facts, thresholds={})
+
+
+# --- issue 13: severities that match what DeepSpeed does ---------------------------------------------
+
+REAL_WORLD = HERE / "ds_configs" / "real_world"
+# The unknown top-level keys these configs carry: DeepSpeed ignores them and runs, so they WARN (never FAIL).
+IGNORED_TOP_LEVEL = {"dsexamples_bert_squad.json": {"cuda_visible_devices"}, "internvl_zero1_log.json": {"log"},
+                     "llamafactory_z3_offload.json": {"comms_config", "monitor_config"}}
+
+
+def deepspeed_accepts(config: Dict[str, Any]) -> bool:
+    """DeepSpeed 0.19's own parsing of the whole config (what deepspeed.initialize runs before the batch math)."""
+    runtime_config = pytest.importorskip("deepspeed.runtime.config")
+    parser = runtime_config.DeepSpeedConfig.__new__(runtime_config.DeepSpeedConfig)
+    runtime_config._reject_removed_config_keys(copy.deepcopy(config))
+    parser._initialize_params(copy.deepcopy(config))
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in REAL_WORLD.glob("*.json")))
+def test_real_world_shaped_configs_that_deepspeed_accepts_have_no_fail(name):
+    """Shapes of DeepSpeedExamples, transformers' tests/deepspeed, Megatron-DeepSpeed, LLaMA-Factory, axolotl and
+    InternVL configs, on 2 hosts x 8 H100 with every op usable and DeepSpeed 0.19.8 on the hosts."""
+    path = str(REAL_WORLD / name)
+    big = dict(recorded_meminfo(), mem_total=1024 * GiB, mem_available=1000 * GiB)
+    facts = make_facts(path, hosts=2, slots=8, ds_report=ds_report_with_libaio(), mem=big)
+    assert facts["config"] and deepspeed_accepts(facts["config"])
+    facts["deepspeed_models"] = deepspeed_models.validate_with_deepspeed(facts["config"])
+    assert facts["deepspeed_models"]["errors"] == [] and facts["deepspeed_models"]["param_errors"] == []
+    out = run(facts)
+    findings = [f for o in out.values() for f in o.findings]
+    assert [f.message for f in findings if f.status in (Status.FAIL, Status.ERROR)] == [], name
+    warned = {f.message.split(":")[0] for f in findings if f.status == Status.WARN}
+    expected = set(IGNORED_TOP_LEVEL.get(name, set()))
+    if name == "megatron_ds_tp2.json":  # right only with tensor parallelism: a WARN naming the option
+        expected.add("batch math fails with train_batch_size=32, train_micro_batch_size_per_gpu=4 (world size 16)")
+    assert warned == expected, (name, warned)
+
+
+def test_unknown_top_level_key_fails_only_as_a_near_miss(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {"stage": 3},
+                             "Train_Batch_Size": 8, "fp61": {"enabled": True}, "cuda_visible_devices": "0,1",
+                             "log": {"enable": False}, "comms_config": {}, "monitor_config": {}}))
+    out = run(make_facts(str(p)))
+    fails = {f.message.split(":")[0]: f for f in of(out["*"], Status.FAIL)}
+    warns = {f.message.split(":")[0] for f in of(out["*"], Status.WARN)}
+    assert set(fails) == {"zero_optimisation", "Train_Batch_Size", "fp61"}
+    assert "did you mean 'zero_optimization'" in fails["zero_optimisation"].message
+    assert "zero_optimization keeps its default" in fails["zero_optimisation"].message
+    assert fails["fp61"].fix == "rename fp61 to fp16"
+    assert warns == {"cuda_visible_devices", "log", "comms_config", "monitor_config"}
+
+
+def test_ignored_section_keys_warn_unless_near_misses_and_forbidden_ones_fail(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1,
+                             "activation_checkpointing": {"partition_activation": True, "my_note": 1},
+                             "zero_optimization": {"stage": 1, "my_note": 1}}))
+    fails = {f.message.split(":")[0] for f in of(run(make_facts(str(p)))["*"], Status.FAIL)}
+    warns = {f.message.split(":")[0] for f in of(run(make_facts(str(p)))["*"], Status.WARN)}
+    # activation_checkpointing is read with dict.get: a typo silently keeps the default (FAIL), other keys WARN;
+    # zero_optimization's model forbids extra keys: DeepSpeed refuses the config (FAIL)
+    assert fails == {"activation_checkpointing.partition_activation", "zero_optimization.my_note"}
+    assert warns == {"activation_checkpointing.my_note"}
+
+
+@pytest.mark.parametrize("section, value", [
+    ("compile", {"deepcompile": False, "offload_activaton": True}),
+    ("tensor_parallel", {"autotp_size": 2, "tp_sise": 2}),
+    ("weight_quantization", {"quantized_initialization": {}, "post_init_quant_typo": {}}),
+])
+def test_sections_deepspeed_validates_are_found_by_asking_deepspeed(section, value):
+    pytest.importorskip("deepspeed")
+    config = {"train_micro_batch_size_per_gpu": 1, section: value}
+    res = deepspeed_models.validate_with_deepspeed(config)
+    assert section in res["sections"]
+    facts = make_facts(cfg("zero2_bf16_7b.json"), config=config, deepspeed_models=res)
+    fails = of(run(facts)["*"], Status.FAIL)
+    bad = [k for k in value if k not in ("deepcompile", "autotp_size", "quantized_initialization")][0]
+    assert any(f.message.startswith("%s.%s: unknown" % (section, bad)) and "rejects it" in f.message
+               for f in fails), [f.message for f in fails]
+
+
+def test_optimizer_and_scheduler_params_are_checked_against_the_constructors():
+    pytest.importorskip("deepspeed")
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "beta": [0.9, 0.99], "torch_adam": False}},
+              "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lrr": 1e-4}}}
+    res = deepspeed_models.validate_with_deepspeed(config)
+    assert {(e["path"], e["key"]) for e in res["param_errors"]} == {("optimizer.params", "beta"),
+                                                                     ("scheduler.params", "warmup_max_lrr")}
+    assert "FusedAdam" in res["param_errors"][0]["class"]
+    fails = of(run(make_facts(cfg("zero2_bf16_7b.json"), config=config, deepspeed_models=res))["*"], Status.FAIL)
+    msgs = {f.message.split(":")[0]: f for f in fails}
+    assert "did you mean 'betas'" in msgs["optimizer.params.beta"].message
+    assert msgs["scheduler.params.warmup_max_lrr"].fix == "rename it to 'warmup_max_lr'"
+    # with CPU offload DeepSpeed builds DeepSpeedCPUAdam and passes adamw_mode itself: a duplicate is a TypeError
+    config["optimizer"]["params"] = {"lr": 1e-4, "adamw_mode": True}
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    errs = deepspeed_models.validate_with_deepspeed(config)["param_errors"]
+    assert [(e["key"], "multiple values" in e["why"]) for e in errs if e["path"] == "optimizer.params"] == \
+        [("adamw_mode", True)]
+    # torch.optim classes by name, exact case (SGD takes momentum, Adagrad does not)
+    for name, ok in (("SGD", True), ("Adagrad", False)):
+        config = {"optimizer": {"type": name, "params": {"lr": 0.1, "momentum": 0.9}}}
+        errs = deepspeed_models.validate_with_deepspeed(config)["param_errors"]
+        assert (errs == []) == ok, (name, errs)
+
+
+@pytest.mark.parametrize("mp, status, words", [
+    (None, Status.WARN, "say so with --model-parallel-size 2"),
+    (2, Status.PASS, "batch 32 = 4 x 1 x 8 (world size 16 / model-parallel size 2)"),
+    (1, Status.FAIL, "batch math fails with train_batch_size=32, train_micro_batch_size_per_gpu=4 (world size 16)"),
+    (3, Status.FAIL, "world size 16 is not a multiple of --model-parallel-size 3"),
+])
+def test_model_parallel_size_decides_the_batch_math(mp, status, words):
+    facts = make_facts(str(REAL_WORLD / "megatron_ds_tp2.json"), hosts=2, slots=8,
+                       ds_report=ds_report_with_libaio(), model_parallel_size=mp)
+    star = run(facts)["*"]
+    assert star.status == status, [f.message for f in star.findings]
+    assert any(words in f.message for f in star.findings), [f.message for f in star.findings]
+
+
+def test_host_probe_reads_the_version_and_tests_offload_paths(tmp_path):
+    ok, missing, afile = tmp_path / "ok", tmp_path / "missing", tmp_path / "file"
+    ok.mkdir()
+    afile.write_text("x")
+    ctx = HostContext(params={}, deadline=time.monotonic() + 10)
+    res = ds_host.probe({"nvme_paths": [str(ok), str(missing), str(afile)], "memory": True}, ctx)
+    by = {e["path"]: e for e in res["paths"]}
+    assert by[str(ok)]["writable"] and by[str(ok)]["error"] is None
+    assert not by[str(missing)]["exists"] and by[str(missing)]["error"] == "does not exist"
+    assert by[str(afile)]["exists"] and not by[str(afile)]["is_dir"]
+    assert os.listdir(ok) == []  # the test file is gone
+    assert res["memory"]["mem_total"] > 0
+    try:
+        import importlib.metadata
+        want: Optional[str] = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        want = None
+    assert res["deepspeed"] == want
+
+
+def test_probed_version_and_paths_are_used_without_the_other_checks():
+    config = json.loads((CONFIGS / "zero3_nvme.json").read_text())
+    config["amp"] = {"enabled": False}  # removed in 0.19.8: judged by the probed version
+    facts = make_facts(cfg("zero3_nvme.json"), hosts=2, ds_report=ds_report_with_libaio(), config=config)
+    for n in facts["host_facts"]:
+        facts["host_facts"][n] = {"gpu": facts["host_facts"][n]["gpu"], "ds_report": None, "nvme": None,
+                                  "python": None}
+    path = D.nvme_paths(config)[0]
+    facts["host_probe"] = {
+        "node00": {"deepspeed": "0.19.8", "paths": [{"path": path, "exists": True, "is_dir": True, "writable": True,
+                                                     "error": None}]},
+        "node01": {"deepspeed": "0.19.8", "paths": [{"path": path, "exists": False, "is_dir": False,
+                                                     "writable": False, "error": "does not exist"}]}}
+    out = run(facts)
+    assert out["node01"].status == Status.FAIL and path in out["node01"].message
+    assert path not in " ".join(f.message for f in out["node00"].findings)
+    assert any(f.status == Status.FAIL and f.message.startswith("amp was removed in DeepSpeed 0.19.8")
+               and "node00, node01 run 0.19.8" in f.message for f in out["*"].findings)
+
+
+def test_cli_stops_on_a_config_that_does_not_parse_with_file_line_col(tmp_path):
+    import subprocess
+    bad = tmp_path / "ds.json"
+    bad.write_text('{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,,}\n}\n')
+    proc = subprocess.run([sys.executable, "-m", "preflight", "run", "--deepspeed-config", str(bad), "--checks",
+                           "ds_config"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("preflight: error: %s:3:28: DeepSpeed config does not parse" % bad)
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_probe_without_deepspeed_fails_on_that_host():
+    facts = make_facts(cfg("zero2_bf16_7b.json"), hosts=2, ds_report=ds_report_with_libaio())
+    facts["host_probe"] = {"node00": {"deepspeed": "0.19.8", "deepspeed_found": True, "paths": []},
+                           "node01": {"deepspeed": None, "deepspeed_found": False, "paths": []}}
+    out = run(facts)
+    assert out["node01"].status == Status.FAIL and "not installed" in out["node01"].message
+    assert "node00" not in out
+
+
+def test_a_deepspeed_whose_parser_cannot_run_alone_falls_back_to_the_tables(monkeypatch):
+    install_fake_deepspeed(monkeypatch)
+    runtime_config = sys.modules["deepspeed.runtime.config"]
+
+    class Broken(runtime_config.DeepSpeedConfig):
+        def _initialize_params(self, param_dict):
+            return self.world_size  # set only by __init__ in this imagined release
+
+    monkeypatch.setattr(runtime_config, "DeepSpeedConfig", Broken)
+    assert deepspeed_models.validate_with_deepspeed({"zero_optimization": {"stage": 2}}) is None

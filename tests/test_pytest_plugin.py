@@ -86,8 +86,13 @@ def test_without_preflight_options_the_plugin_adds_nothing(pytester: pytest.Pyte
     ("node01 slots=1\n", ["--preflight-timeout=-1"], "argument --preflight-timeout: '-1' must be > 0"),
     ("node01 slots=1\n", ["--preflight-config=missing.toml"], "missing.toml: no such file"),
     (None, ["--preflight-checks=libaio"], "--preflight-checks needs --preflight-hostfile"),
+    ("node01 slots=1\n", ["--preflight-model-parallel-size=0"],
+     "argument --preflight-model-parallel-size: '0' must be > 0"),
+    ("node01 slots=0\n", [], "hostfile:1: slots=0 for node01"),
+    ("node01 slots=1\n", ["--preflight-deepspeed-config=ds.json"], "ds.json:2:2: DeepSpeed config does not parse"),
 ])
 def test_bad_input_is_one_usage_error_and_nothing_runs(pytester: pytest.Pytester, hostfile, args, words):
+    pytester.path.joinpath("ds.json").write_text('{"train_batch_size": 8\n}}\n')  # one brace too many
     if hostfile is not None:
         pytester.path.joinpath("hostfile").write_text(hostfile)
         args = ["--preflight-hostfile=hostfile", *args]

@@ -23,7 +23,7 @@ from ..base import ClusterView, Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
 from .gather import base_facts, no_config_finding, probe_hosts
-from .keycheck import check_deprecated, check_keys, check_optimizer, check_versions
+from .keycheck import check_deprecated, check_installed, check_keys, check_optimizer, check_versions
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
 from .ops import check_ops, required_ops
@@ -71,7 +71,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             "hosts": [{"name", "slots"}], "model_params", "largest_layer_params",
             "host_facts": {host: {"gpu", "ds_report", "nvme", "python"}},
             "host_memory": {host: {"mem_total", "mem_available", "memlock_soft", "memlock_hard", "error"}},
-            "deepspeed_models": None | {"version", "sections", "errors": [...]}}
+            "host_probe": {host: {"deepspeed", "deepspeed_found", "paths": [...]} | {"error"}},
+            "model_parallel_size": int | None,
+            "deepspeed_models": None | {"version", "sections", "errors": [...], "param_errors": [...]}}
     """
     report = Report()
     for f in facts.get("load_findings") or []:
@@ -83,6 +85,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return {CLUSTER: combine(report.star, "")}
     versions = host_versions(facts)
     gpus = gpus_by_host(facts)
+    check_installed(facts, report)
     check_keys(config, facts.get("deepspeed_models"), report)
     check_deprecated(config, versions, report)
     check_versions(config, versions, report)

@@ -117,7 +117,7 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
             [num(v) if v is not None else "auto" for v in (mb, ga)]), num(dp))
 
     values, err = resolve_batch(tb, mb, ga, dp)
-    if err is None:
+    if err is None and values is not None:
         return "batch %s = %s x %s x %s (%s)" % (num(values["train_batch_size"]),
                                                  num(values["train_micro_batch_size_per_gpu"]),
                                                  num(values["gradient_accumulation_steps"]), num(dp), dp_note)
@@ -133,13 +133,14 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     per_node = [s for s in slots if s > 0]
     if model_parallel is not None:  # the user said what the model parallelism is: no degree to guess
         per_node = []
-    for k in range(2, (min(per_node) if per_node else 1) + 1):
-        if all(s % k == 0 for s in per_node) and dp % k == 0 and dp / k >= 2 and \
-                resolve_batch(tb, mb, ga, dp / k)[1] is None:
+    for degree in range(2, (min(per_node) if per_node else 1) + 1):
+        if all(s % degree == 0 for s in per_node) and dp % degree == 0 and dp / degree >= 2 and \
+                resolve_batch(tb, mb, ga, dp / degree)[1] is None:
             report.add(Status.WARN,
                        "batch math fails with %s (%s): %s; it holds for a data-parallel size of %s, so it is right "
                        "only if the job uses tensor parallelism of degree %d (say so with --model-parallel-size %d, "
-                       "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / k), k, k),
+                       "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / degree), degree,
+                                                               degree),
                        "if the job is purely data parallel (--model-parallel-size 1): %s" % fixes)
             return ""
     report.add(Status.FAIL, "batch math fails with %s (%s): %s" % (given, dp_note, err), fixes)

@@ -167,7 +167,7 @@ def check_deprecated(config: Dict[str, Any], versions: Dict[str, Tuple[int, int,
             note = "ignored: bf16 is present and takes precedence"
         if renamed_in and versions:
             cut = parse_version(renamed_in)
-            if all(v < cut for v in versions.values()):
+            if cut is not None and all(v < cut for v in versions.values()):
                 continue  # every host still reads the old name
         path = "%s.%s" % (section, old) if section else old
         report.add(Status.WARN, "%s is deprecated (%s); the modern key is %s" % (path, note, new),
@@ -178,7 +178,7 @@ def gate_findings(label: str, info: Dict[str, Any], versions: Dict[str, Tuple[in
                    added_status: Status = Status.WARN) -> None:
     added, removed = info.get("added"), info.get("removed")
     if added:
-        last_without = parse_version(added[0])
+        last_without = parse_version(added[0]) or (0, 0, 0)
         old = {h: v for h, v in versions.items() if v <= last_without}
         if old:
             report.add(added_status,
@@ -190,7 +190,7 @@ def gate_findings(label: str, info: Dict[str, Any], versions: Dict[str, Tuple[in
                        {h: "%s needs DeepSpeed >= %s; this host runs %s" % (label, added[1], vstr(v))
                         for h, v in old.items()})
     if removed:
-        first_without = parse_version(removed[1])
+        first_without = parse_version(removed[1]) or (0, 0, 0)
         why = info.get("why") or "removed"
         new = {h: v for h, v in versions.items() if v >= first_without}
         if new:
@@ -280,3 +280,15 @@ def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, 
                        "set scheduler.type to %s" % (guess or "one of %s" % ", ".join(DS_SCHEDULERS)))
 
 
+
+
+def check_installed(facts: Dict[str, Any], report: Report) -> None:
+    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config)."""
+    missing = sorted(h for h, p in (facts.get("host_probe") or {}).items()
+                     if isinstance(p, dict) and "deepspeed_found" in p and not p.get("deepspeed")
+                     and not p.get("deepspeed_found"))
+    if missing:
+        report.add(Status.FAIL, "DeepSpeed is not installed in the job's interpreter (--python) on %s: the config "
+                                "cannot be used there" % hosts_text(missing),
+                   "pip install deepspeed into that interpreter, or pass the job's interpreter with --python",
+                   {h: "DeepSpeed is not installed in the job's interpreter (--python)" for h in missing})

@@ -88,7 +88,7 @@ TOP_LEVEL: Dict[str, Dict[str, object]] = {
 # --- sections -------------------------------------------------------------------------------
 # section -> {key: {"added": Gate, "removed": Gate, "why": text}}. Pydantic sections (extra="forbid" in
 # DeepSpeed): an unknown key is a DeepSpeedConfig error. Others are read with dict.get: an unknown key is
-# silently ignored. Both are reported as FAIL (the setting does not take effect, or the job dies at start).
+# silently ignored: a FAIL when it is a near miss of a known key (the setting meant keeps its default), else a WARN.
 _ZERO_ALWAYS = [
     "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "allgather_partitions",
     "allgather_bucket_size", "overlap_comm", "load_from_fp32_weights", "elastic_checkpoint", "offload_param",
@@ -183,19 +183,6 @@ SECTIONS: Dict[str, Dict[str, Dict[str, object]]] = {
     "torch_autocast": {k: {} for k in ("enabled", "dtype", "lower_precision_safe_modules")},
 }
 SECTIONS["flops_profiler"]["recompute_fwd_factor"] = {"added": ("0.9.0", "0.9.3")}
-
-# Sections DeepSpeed validates with its pydantic models (extra="forbid"), and where those models live.
-DS_MODELS: Dict[str, Tuple[str, str]] = {
-    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
-    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
-    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
-    "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),
-    "wandb": ("deepspeed.monitor.config", "WandbConfig"),
-    "csv_monitor": ("deepspeed.monitor.config", "CSVConfig"),
-    "comet": ("deepspeed.monitor.config", "CometConfig"),
-    "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),
-    "hybrid_engine": ("deepspeed.runtime.config", "HybridEngineConfig"),
-}
 
 # --- deprecated keys (DeepSpeed still maps them, or silently ignores the old name) ---------------------------
 # (section or "" for top level, old key, modern spelling, note, renamed_in: the release from which only the

@@ -147,7 +147,7 @@ def pinned_reason(config: Dict[str, Any], version: Optional[Tuple[int, int, int]
     reasons = []
     for sec in ("offload_param", "offload_optimizer"):
         s = zero.get(sec)
-        if offload_device(s) not in ("cpu", "nvme"):
+        if not isinstance(s, dict) or offload_device(s) not in ("cpu", "nvme"):
             continue
         pin = s.get("pin_memory")
         if pin is True:
@@ -201,7 +201,7 @@ class Plan:
         self.n = n
         ll = facts.get("largest_layer_params")
         self.ll_known = ll not in (None, 0)
-        self.L = float(ll) if self.ll_known else 0.0
+        self.L = float(ll) if ll is not None and self.ll_known else 0.0
         self.ws = int(facts.get("world_size") or sum(h.get("slots") or 0 for h in self.hosts) or 1)
         self.nodes = max(1, len(self.hosts))
         self.mixed = enabled(config.get("fp16")) is not False or enabled(
@@ -261,7 +261,7 @@ def smallest_free(gpus: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Tuple[int,
     """{host: (free bytes of its GPU with the least free memory, "GPU i (name)")} from the gpu facts."""
     free_by_host: Dict[str, Tuple[int, str]] = {}
     for host, lst in gpus.items():
-        frees = [(g.get("memory_free"), g) for g in lst if isinstance(g.get("memory_free"), (int, float))]
+        frees = [(float(g["memory_free"]), g) for g in lst if isinstance(g.get("memory_free"), (int, float))]
         if frees:
             f, g = min(frees, key=lambda x: x[0])
             free_by_host[host] = (int(f), "GPU %s (%s)" % (g.get("index"), g.get("name") or "?"))

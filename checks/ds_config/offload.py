@@ -21,7 +21,7 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
     zero = zero_section(config)
     for sec in ("offload_param", "offload_optimizer"):
         s = zero.get(sec)
-        if offload_device(s) == "nvme" and s.get("nvme_path") in (None, ""):
+        if isinstance(s, dict) and offload_device(s) == "nvme" and s.get("nvme_path") in (None, ""):
             report.add(Status.FAIL, "zero_optimization.%s.device is nvme but nvme_path is not set (expected the "
                                     "directory to swap to)" % sec,
                        'set zero_optimization.%s.nvme_path, e.g. "/local_nvme"' % sec)

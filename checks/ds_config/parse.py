@@ -32,23 +32,40 @@ def load_config(path: str) -> Tuple[Dict[str, Any], List[Finding]]:
     Returns (config, findings): config is {} when it cannot be used; findings are FAILs with the reason
     (missing file, parse error with line and column, duplicate keys, not an object).
     """
+    config, findings, _ = _load(path)
+    return config, findings
+
+
+def usage_error(path: str) -> Optional[str]:
+    """One line for a config that cannot be used at all (``file:line:col: ...`` for a syntax error), else None.
+
+    The CLI stops on it before contacting any host (exit 2): DeepSpeed would refuse the file at start.
+    """
+    config, findings, where = _load(path)
+    if config or not findings:
+        return None
+    message = findings[0].message.replace("DeepSpeed config %s " % path, "DeepSpeed config ", 1)
+    return "%s: %s" % (where or path, message)
+
+
+def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
     try:
         with open(path, "r", encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s: no such file (expected the JSON/HJSON file the "
                                          "job passes to deepspeed.initialize)" % path,
-                            "pass the job's config file: --deepspeed-config PATH")]
+                            "pass the job's config file: --deepspeed-config PATH")], None
     except IsADirectoryError:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s is a directory (expected a JSON/HJSON file)" % path,
                             "pass the config file itself, e.g. --deepspeed-config %s"
-                            % os.path.join(path, "ds_config.json"))]
+                            % os.path.join(path, "ds_config.json"))], None
     except UnicodeDecodeError as exc:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s is not UTF-8 text (byte %d): %s"
-                            % (path, exc.start, exc.reason), "save the config as UTF-8 JSON")]
+                            % (path, exc.start, exc.reason), "save the config as UTF-8 JSON")], None
     except OSError as exc:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s cannot be read: %s" % (path, exc.strerror or exc),
-                            "check the file's permissions")]
+                            "check the file's permissions")], None
     if text.startswith("\ufeff"):
         text = text[1:]
 
@@ -83,10 +100,10 @@ def load_config(path: str) -> Tuple[Dict[str, Any], List[Finding]]:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s does not parse (%s) at line %s column %s: %s%s"
                             % (path, parser, lineno, colno, msg, (" near: %s" % snippet[:80]) if snippet else ""),
                             "fix the syntax at line %s of %s (DeepSpeed parses the config with hjson)"
-                            % (lineno, path))]
+                            % (lineno, path))], "%s:%s:%s" % (path, lineno, colno)
     except RecursionError:
         return {}, [Finding(Status.FAIL, "DeepSpeed config %s is nested too deeply to parse" % path,
-                            "simplify the config")]
+                            "simplify the config")], None
     findings: List[Finding] = []
     for key in duplicates:
         where = _key_lines(text, key)
@@ -99,8 +116,8 @@ def load_config(path: str) -> Tuple[Dict[str, Any], List[Finding]]:
         findings.append(Finding(Status.FAIL, "DeepSpeed config %s is a %s at the top level (expected an object "
                                              "{...})" % (path, type(config).__name__),
                                 "wrap the settings in { ... }"))
-        return {}, findings
-    return _plain(config), findings
+        return {}, findings, "%s:1:1" % path
+    return _plain(config), findings, None
 
 
 def config_section(config: Dict[str, Any], key: str) -> Dict[str, Any]:
@@ -138,7 +155,7 @@ def nvme_paths(config: Dict[str, Any]) -> List[str]:
     zero = zero_section(config)
     for name in ("offload_param", "offload_optimizer"):
         sec = zero.get(name)
-        if offload_device(sec) == "nvme" and sec.get("nvme_path") not in (None, "", "auto"):
+        if isinstance(sec, dict) and offload_device(sec) == "nvme" and sec.get("nvme_path") not in (None, "", "auto"):
             p = str(sec["nvme_path"])
             if p not in out:
                 out.append(p)
