@@ -6,7 +6,6 @@ nvml.txt through checks.gpu, ds_report.txt through checks.ds_report) and changed
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from preflight.checks.ds_config import keys as K
 from preflight.checks.base import HostContext, Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
 from preflight.checks.gpu import normalize_nvml_gpu
+from tests import fakes
 from preflight.config import load_thresholds
 
 HERE = Path(__file__).parent
@@ -710,30 +710,24 @@ def test_host_memory_reads_this_machine():
     json.dumps(res)
 
 
-class FakeHost:
-    def __init__(self, name: str, slots: int) -> None:
-        self.name, self.slots = name, slots
+def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: Any) -> fakes.FakeCluster:
+    """node00.. with 8 recorded H100s each; the host probe runs in this process, and raises on ``fail_on``."""
+    names = ["node%02d" % i for i in range(hosts)]
 
-
-class FakeCluster:
-    def __init__(self, config_path: str, hosts: int = 2, fail_on: str = "", **options: Any) -> None:
-        self.options = {"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None}
-        self.options.update(options)
-        self.hosts = [FakeHost("node%02d" % i, 8) for i in range(hosts)]
-        self.world_size = 8 * hosts
-        self.facts = {h.name: {"gpu": {"gpus": [h100_gpu(i) for i in range(8)]},
-                               "ds_report": recorded_ds_report()} for h in self.hosts}
-        self.thresholds = TH
-        self.fail_on = fail_on
-        self.calls: List[Any] = []
-
-    def call(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any:
-        self.calls.append((host, func))
-        if host == self.fail_on:
+    def probe(host: str, params: Dict[str, Any], timeout: float) -> Any:
+        if host == fail_on:
             raise RuntimeError("agent died")
-        module, _, attr = func.rpartition(".")
-        fn = getattr(importlib.import_module("preflight.checks." + module), attr)
-        return fn(params, HostContext(params=params, deadline=time.monotonic() + timeout))
+        return fakes.run_host_function("ds_config.host.probe", params, timeout)
+
+    opts: Dict[str, Any] = {"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None}
+    opts.update(options)
+    facts = {h: {"gpu": {"gpus": [h100_gpu(i) for i in range(8)]}, "ds_report": recorded_ds_report()} for h in names}
+    return fakes.FakeCluster(names, slots=8, thresholds=TH, facts=facts, options=opts,
+                             handlers={"ds_config.host.probe": probe})
+
+
+def called(cluster: fakes.FakeCluster) -> List[Any]:
+    return sorted((host, func) for host, func, _ in cluster.calls)
 
 
 def test_coordinate_gathers_json_facts_and_calls_host_memory():
@@ -742,7 +736,7 @@ def test_coordinate_gathers_json_facts_and_calls_host_memory():
     json.dumps(facts)
     assert facts["config"]["zero_optimization"]["stage"] == 3 and facts["load_findings"] == []
     assert facts["world_size"] == 16 and [h["name"] for h in facts["hosts"]] == ["node00", "node01"]
-    assert sorted(cluster.calls) == [("node00", "ds_config.host.probe"), ("node01", "ds_config.host.probe")]
+    assert called(cluster) == [("node00", "ds_config.host.probe"), ("node01", "ds_config.host.probe")]
     assert facts["host_memory"]["node00"]["mem_total"] > 0
     assert facts["host_facts"]["node00"]["gpu"]["gpus"][0]["cc"] == [9, 0]
     assert facts["host_facts"]["node00"]["nvme"] is None
@@ -761,7 +755,7 @@ def test_coordinate_records_host_failures_and_bad_configs():
     # no host_memory calls for a config without offload
     cluster = FakeCluster(cfg("zero2_bf16_7b.json"))
     D.coordinate(cluster)
-    assert cluster.calls == []
+    assert called(cluster) == []
     facts = D.coordinate(FakeCluster(cfg("bad_syntax.json")))
     assert facts["config"] is None and facts["load_findings"][0]["status"] == "fail"
     assert D.evaluate(facts, TH)["*"].status == Status.FAIL
