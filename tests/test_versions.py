@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +11,7 @@ from preflight.checks import ds_report as dr
 from preflight.checks import versions as v
 from preflight.checks.base import Status
 from preflight.config import load_defaults
+from tests import fakes
 
 FIX = Path(__file__).parent / "fixtures" / "h100-host"
 
@@ -42,7 +42,7 @@ def _cluster(n=3, **per_host):
         facts["node%02d" % i] = copy.deepcopy(_h100_host_facts())
     for name, change in per_host.items():
         change(facts[name])
-    return SimpleNamespace(hosts=[SimpleNamespace(name=n) for n in sorted(facts)], facts=facts)
+    return fakes.FakeCluster(sorted(facts), facts=facts)
 
 
 def test_coordinate_reads_other_checks_facts():
