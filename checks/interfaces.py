@@ -17,11 +17,13 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import socket
 import struct
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh
 
 NAME = "interfaces"
@@ -414,11 +416,45 @@ def _port(p: Dict[str, Any]) -> str:
     return "%s:%s" % (p.get("device"), p.get("port"))
 
 
+def _trusted_view(facts: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Finding]]:
+    """The facts with every name that breaks validate's rules left out, and one FAIL listing those names.
+
+    The facts come from the host: a name like '$(touch x)' or one holding a newline must never reach a message
+    unquoted, a fix, or (through preflight.recommend, which checks again) the recommended environment.
+    """
+    bad = validate.bad_interface_names(facts)
+    findings: List[Finding] = []
+    if bad:
+        findings.append(Finding(
+            Status.FAIL, "this host reports %d name%s outside Linux's rules (expected 1-15 bytes of [A-Za-z0-9_.:@-], "
+            "not starting with '-'): %s; preflight leaves them out of every command and of the recommended "
+            "environment" % (len(bad), "" if len(bad) == 1 else "s",
+                             ", ".join("%s %s" % (what, validate.quote(v)) for what, v in bad[:8])
+                             + (", ..." if len(bad) > 8 else "")),
+            "ip -br link; rename with: ip link set dev OLD name NEW (or find out what on this host reports them)"))
+    view = dict(facts)
+    view["interfaces"] = [i for i in facts.get("interfaces") or [] if isinstance(i, dict) and validate.ifname(
+        i.get("name")) and (i.get("bridge_master") is None or validate.ifname(i.get("bridge_master")))]
+    ib = []
+    for p in facts.get("ib") or []:
+        if isinstance(p, dict) and validate.hca_name(p.get("device")) and (
+                p.get("port") is None or validate.port_number(p.get("port"))):
+            p = dict(p, netdevs=[n for n in p.get("netdevs") or [] if validate.ifname(n)]
+                     if isinstance(p.get("netdevs"), list) else [])
+            ib.append(p)
+    view["ib"] = ib
+    route = facts.get("route_to_master")
+    if isinstance(route, dict) and route.get("dev") is not None and not validate.ifname(route.get("dev")):
+        view["route_to_master"] = dict(route, dev=None)
+    return view, findings
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     frac = float(limits(thresholds, NAME)["min_rate_fraction"])
+    raw = facts
+    facts, findings = _trusted_view(facts)
     ifaces = facts.get("interfaces") or []
     ib = facts.get("ib") or []
-    findings: List[Finding] = []
     active = [p for p in ib if p.get("active")]
     hca_list = ",".join(_port(p) for p in active)
 
@@ -471,8 +507,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             if master.get("error"):
                 findings.append(Finding(Status.FAIL, "master %s: %s (expected an address this host can reach)"
                                         % (master.get("given"), master.get("error") or err),
-                                        "getent hosts %s || echo '<MASTER_IP> %s' >> /etc/hosts"
-                                        % (master.get("given"), master.get("given"))))
+                                        "getent hosts %s || echo %s >> /etc/hosts"
+                                        % (shlex.quote(str(master.get("given"))),
+                                           shlex.quote("<MASTER_IP> %s" % master.get("given")))))
             elif "unreachable" in err.lower() or "no route" in err.lower():
                 findings.append(Finding(Status.FAIL, "no route from this host to master %s (%s): %s (expected a "
                                                      "route on the cluster interface)"
@@ -480,13 +517,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                         "ip route show; ip -br addr"))
             else:
                 findings.append(Finding(Status.ERROR, "could not find the route to master %s: %s"
-                                        % (master.get("given"), err), "ip route get %s" % master.get("ip")))
+                                        % (master.get("given"), err),
+                                        "ip route get %s" % shlex.quote(str(master.get("ip")))))
         else:
             dev = next((i for i in ifaces if i.get("name") == route.get("dev")), None)
             if dev and (dev.get("operstate") or "").lower() in ("down", "lowerlayerdown", "notpresent"):
                 findings.append(Finding(Status.FAIL, "the route to master %s goes via %s, which is %s (expected up)"
                                         % (master.get("given"), dev["name"], dev.get("operstate")),
-                                        "ip link set %s up; ip route get %s" % (dev["name"], master.get("ip"))))
+                                        "ip link set %s up; ip route get %s"
+                                        % (dev["name"], shlex.quote(str(master.get("ip"))))))
 
     phys = [i for i in ifaces if not i.get("virtual")]
     parts = ["%d interfaces (%s physical)" % (len(ifaces), ", ".join(
@@ -503,6 +542,6 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if route:
         parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
                                                              route.get("dev"), route.get("src")))
-    metrics = {k: facts.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
-                                          "master")}
+    metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
+                                        "master")}
     return combine(findings, "; ".join(parts), metrics)

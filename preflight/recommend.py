@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from preflight.checks import validate
 from preflight.checks.base import Status
 
 Env = Dict[str, str]
@@ -47,8 +48,9 @@ def socket_ifname(names: Sequence[str]) -> str:
 
 
 def _allowed(name: Optional[str], itf_facts: Optional[Dict[str, Any]]) -> bool:
-    """Never lo, docker* or bridges, whatever the measurements say."""
-    if not name or name == "lo" or name.startswith("docker"):
+    """Never lo, docker* or bridges, whatever the measurements say; never a name outside validate's rules (it
+    came from a host and would end up in every node's environment)."""
+    if not validate.ifname(name) or name == "lo" or str(name).startswith("docker"):
         return False
     for itf in (itf_facts or {}).get("interfaces") or []:
         if itf.get("name") == name and (itf.get("kind") in EXCLUDED_KINDS or itf.get("bridge_master")):
@@ -67,6 +69,22 @@ def _route_dev(itf_facts: Dict[str, Any]) -> Optional[str]:
             if addr and i.get("name") != "lo" and any(a.split("/")[0] == addr for a in i.get("ipv4") or []):
                 return i["name"]
     return route.get("dev")
+
+
+def _is_network(text: Any) -> bool:
+    try:
+        ipaddress.ip_network(str(text))
+        return True
+    except ValueError:
+        return False
+
+
+def _is_address(text: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(text))
+        return True
+    except ValueError:
+        return False
 
 
 def _version(text: Any) -> Optional[Tuple[int, int]]:
@@ -91,7 +109,7 @@ def roce_gid_index(ports: Sequence[Dict[str, Any]]) -> Tuple[Optional[int], str]
     """The GID index of a RoCE v2 IPv4 GID common to every given RoCE port, or (None, why not)."""
     common: Optional[set] = None
     for p in ports:
-        idx = {g.get("index") for g in p.get("gids") or []
+        idx = {g.get("index") for g in p.get("gids") or [] if validate.port_number(g.get("index"))
                if "v2" in (g.get("type") or "").lower() and str(g.get("gid", "")).startswith(IPV4_MAPPED_GID)}
         if not idx:
             return None, "%s:%s has no RoCE v2 GID of an IPv4 address" % (p.get("device"), p.get("port"))
@@ -128,7 +146,8 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
     bad = [(h, d) for h, d in named if not _allowed(d, iface.get(h))]
     if bad:
         notes.append("not recommending NCCL_SOCKET_IFNAME: %s is loopback, docker or a bridge (or unknown); NCCL "
-                     "must use the hosts' real NICs" % ", ".join("%s on %s" % (d, h) for h, d in bad))
+                     "must use the hosts' real NICs" % ", ".join(
+                         "%s on %s" % (d if validate.ifname(d) else validate.quote(d), h) for h, d in bad))
         return
     value = socket_ifname(devices)
     unique = sorted(set(devices))
@@ -147,7 +166,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
             "same interface as NCCL, for torch.distributed's gloo (CPU collectives, and the object collectives "
             "DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax")
     else:
-        net = chosen["network"] if chosen else None
+        net = chosen["network"] if chosen and _is_network(chosen.get("network")) else None
         how = ("GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to %s | awk '{print $2}')" % net) if net else \
             "GLOO_SOCKET_IFNAME=<that host's interface>"
         notes.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
@@ -162,7 +181,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
             on_chosen = ipaddress.ip_address(ssh_addr) in ipaddress.ip_network(chosen["network"])
         except (ValueError, TypeError, KeyError):
             on_chosen = None  # a name, not an address: unknown
-        if addr and on_chosen is False:
+        if addr and on_chosen is False and _is_address(addr):
             notes.append("the hostfile names resolve to another network (%s is %s) than the fastest one: launch with "
                          "deepspeed --master_addr=%s so that the rendezvous uses %s too"
                          % (master, ssh_addr, addr, chosen["network"]))
@@ -186,6 +205,15 @@ def _ib_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[str,
                      "fix the port, leave the host out, or set NCCL_IB_DISABLE=1 (sockets only, much slower)"
                      % (", ".join(without), "has" if len(without) == 1 else "have"))
     ports = [p for h in hosts for p in active[h]]
+    # Host-reported names go into NCCL_IB_HCA only when they pass validate's rules (interfaces FAILs the others).
+    odd = [p for p in ports if not (validate.hca_name(p.get("device")) and validate.port_number(p.get("port")))]
+    if odd:
+        notes.append("not using IB ports with invalid names in NCCL_IB_HCA: %s (see the interfaces results)"
+                     % ", ".join("%s:%s" % (validate.quote(p.get("device")), validate.quote(p.get("port")))
+                                 for p in odd[:8]))
+        ports = [p for p in ports if p not in odd]
+        if not ports:
+            return
     hcas = sorted({"%s:%s" % (p["device"], p["port"]) for p in ports})
     put("NCCL_IB_HCA", "=" + ",".join(hcas),
         "the active IB/RoCE ports; '=' makes NCCL match exact names (without it mlx5_1 also matches mlx5_10..)")
@@ -217,6 +245,12 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
     def put(name: str, value: str, why: str) -> None:
         if name in NEVER:  # a guard against regressions: these must never reach a user's environment
             raise ValueError("refusing to recommend %s" % name)
+        if not validate.env_key(name) or not validate.env_value(value):
+            # The last gate before the printed exports and the --env-file: whatever a host reported, nothing a
+            # shell or DeepSpeed's `export K="V"` would interpret gets through.
+            notes.append("not recommending %s: its value %s holds characters a shell would interpret"
+                         % (validate.quote(name), validate.quote(value)))
+            return
         env[name] = value
         reasons[name] = why
 
