@@ -10,6 +10,7 @@ exist on every process) and TORCH_NCCL_ASYNC_ERROR_HANDLING; see shared/referenc
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.checks import validate
@@ -26,6 +27,10 @@ NEVER = {
     "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name: use "
                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING (recommended above)",
 }
+# The only variables preflight ever writes to the --env-file (DeepSpeed's .deepspeed_env): a key outside this set is
+# a bug, never something a host could add.
+OWNED_KEYS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+                        "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 # NCCL picks the RoCE GID index dynamically from this version on (NCCL_IB_GID_INDEX default -1).
 DYNAMIC_GID_NCCL = (2, 21)
 IPV4_MAPPED_GID = "0000:0000:0000:0000:0000:ffff:"
@@ -243,7 +248,7 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
     notes: List[str] = []
 
     def put(name: str, value: str, why: str) -> None:
-        if name in NEVER:  # a guard against regressions: these must never reach a user's environment
+        if name in NEVER or name not in OWNED_KEYS:  # guards against regressions, not against hosts
             raise ValueError("refusing to recommend %s" % name)
         if not validate.env_key(name) or not validate.env_value(value):
             # The last gate before the printed exports and the --env-file: whatever a host reported, nothing a
@@ -267,3 +272,20 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
         notes.append("network checks failed (%s): fix them before trusting the interface recommendation"
                      % ", ".join(sorted({r.host for r in failing})))
     return env, reasons, notes
+
+
+def safe_env(env: Env) -> Env:
+    """The variables that may be written or printed: owned keys whose values a shell would not interpret."""
+    return {k: v for k, v in env.items() if k in OWNED_KEYS and validate.env_value(v)}
+
+
+def env_file_text(env: Env) -> str:
+    """DeepSpeed's .deepspeed_env: one KEY=VALUE line per variable and nothing else (a blank line crashes its
+    launcher). Its pdsh runner turns each line into `export K=V` (quoted as "V" when V has other characters than
+    [\\w@%+=:,./-]) in a shell on every node, so each value is checked again here: no $, `, ", \\ or newline."""
+    return "".join("%s=%s\n" % (k, v) for k, v in safe_env(env).items())
+
+
+def export_lines(env: Env) -> List[str]:
+    """The same variables as env_file_text, as shell lines to paste (shlex-quoted, so the same text)."""
+    return ["export %s=%s" % (k, shlex.quote(v)) for k, v in safe_env(env).items()]
