@@ -330,7 +330,8 @@ def _resolve(host: str, timeout: float) -> Dict[str, Any]:
 
 
 def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[str, Any]:
-    res = sh(["ip", "-j", "route", "get", ip], timeout=ctx.remaining(5))
+    # `to`: iproute2 takes the next word as the address whatever it starts with (it has no `--`).
+    res = sh(["ip", "-j", "route", "get", "to", ip], timeout=ctx.remaining(5))
     if res.ok:
         r = parse_ip_route_get(res.out)
         if r:

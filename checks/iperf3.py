@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip, spawn, stop
 
 NAME = "iperf3"
@@ -319,6 +320,14 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             stop(proc, grace=1.0)
 
 
+def _is_ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(value))
+        return True
+    except ValueError:
+        return False
+
+
 def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """One test from this host to params["addr"]:params["port"]; a failure is a result, never an exception.
 
@@ -327,6 +336,9 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """
     duration = max(1, int(round(float(params.get("duration_s", 2)))))
     connect_timeout = float(params.get("connect_timeout_s", 3.0))
+    for key in ("addr", "bind"):  # host-reported addresses: only a real IP address reaches iperf3's argv
+        if key in params and params[key] and not _is_ip(params[key]):
+            return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
     argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
     if params.get("bind"):
         argv += ["-B", str(params["bind"])]  # keep the test on the network under test whatever the routes say

@@ -34,8 +34,9 @@ STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the me
 def ssh_argv(host: str, connect_timeout: int) -> List[str]:
     # The check DeepSpeed's runner itself makes (ssh -o PasswordAuthentication=no HOST hostname), plus BatchMode
     # so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use them.
+    # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
     return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
-            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", host, "hostname"]
+            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", "--", host, "hostname"]
 
 
 # --- pure classification ---------------------------------------------------------------------
