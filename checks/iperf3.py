@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 import socket
 import statistics
 import subprocess
@@ -478,7 +479,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------------------
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
-    d = dev or "<nic>"
+    d = shlex.quote(dev) if validate.ifname(dev) else "<nic>"
     return ("on %s: ethtool %s (negotiated speed/duplex), ip -s link show %s (errors/drops), tc qdisc show dev %s "
             "(a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or leave "
             "the host out of the hostfile" % (host, d, d, d))

@@ -15,6 +15,7 @@ import errno
 import ipaddress
 import math
 import os
+import shlex
 import random
 import selectors
 import socket
@@ -450,6 +451,7 @@ def _names(items: Iterable[str]) -> str:
 def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
     """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
     rng = ports.replace("-", ":")
+    sources = [shlex.quote(str(s)) for s in sources]  # pasted as shell words: addresses, nothing else
     nft_src = sources[0] if len(sources) == 1 else "{ %s }" % ", ".join(sources)
     ufw = ("ufw allow from %s proto tcp to any port %s" % (sources[0], rng) if len(sources) == 1 else
            "for s in %s; do ufw allow from $s proto tcp to any port %s; done" % (" ".join(sources), rng))
