@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from preflight.inputs import MAX_HOSTFILE_BYTES, read_text_limited
+
 # DeepSpeed: re.search(r"^(\S+)\s+slots=(\d+)", line); we also allow a trailing comment.
 _ENTRY = re.compile(r"^(?P<host>\S+)\s+slots=(?P<slots>\d+)\s*(?:#.*)?$")
 _RANGE = re.compile(r"^(?P<prefix>[^\[\]]*)\[(?P<body>[^\[\]]+)\](?P<suffix>[^\[\]]*)$")
@@ -99,8 +101,7 @@ def parse_hostfile(text: str, path: str = "hostfile") -> List[HostSpec]:
 
 def load_hostfile(path: str) -> List[HostSpec]:
     try:
-        with open(path, "r", encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_text_limited(path, "--hostfile", MAX_HOSTFILE_BYTES)  # not /dev/zero, not 10 GB
     except FileNotFoundError:
         raise HostfileError(f"{path}: no such file; pass an existing hostfile with --hostfile") from None
     except IsADirectoryError:
