@@ -281,7 +281,8 @@ def _drain(stream: Any, tail: List[bytes]) -> None:
 def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Run ``iperf3 -s`` on every address of this host until the coordinator says stop (or the deadline).
 
-    params: {"port": 0 (any free port) or N}. Reports {"port": p} through ctx.ready once it listens.
+    params: {"port": 0 (any free port) or N, "bind": this host's address on the network under test}. Reports
+    {"port": p} through ctx.ready once it listens.
     """
     wanted = int(params.get("port") or 0)
     help_text = _help_text()
@@ -294,6 +295,9 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         for _ in range(1 if wanted else 3):  # a free port can be taken between probing and binding: retry
             port = wanted or _free_port()
             argv = ["iperf3", "-s", "-p", str(port)]
+            if params.get("bind") and _is_ip(params["bind"]):
+                # Only the address of the network under test, not every address of the host (issue 16).
+                argv += ["-B", str(params["bind"])]
             if "--idle-timeout" in help_text:
                 # Lets a server wedged by a vanished client accept the next test (iperf3 >= 3.8 only).
                 argv += ["--idle-timeout", str(int(params.get("idle_timeout_s", 30)))]
@@ -413,25 +417,27 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     rounds = pair_rounds(len(usable), int(t["extra_rounds"]), 0)
     facts["rounds"] = len(rounds)
     per_call = duration + connect_timeout + AGENT_MARGIN_S
-    serve_budget = len(networks) * len(rounds) * (per_call + 5) + SERVER_READY_S + 60
+    serve_budget = len(rounds) * (per_call + 5) + SERVER_READY_S + 60
     progress = getattr(cluster, "progress", None)
     if progress is not None:
         # +1: the runner advances once more when the check ends.
         progress.phase("iperf3 (%d networks x %d rounds)" % (len(networks), len(rounds)),
                        len(networks) * len(rounds) + 1)
-    services: Dict[str, Any] = {}
-    ports: Dict[str, int] = {}
-    try:
-        def start(h: str) -> int:
-            services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"])}, serve_budget)
-            return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
+    for net in networks:
+        # The servers of one network listen on that network's addresses only, and only while it is measured.
+        services: Dict[str, Any] = {}
+        ports: Dict[str, int] = {}
+        try:
+            def start(h: str, services: Dict[str, Any] = services, net: Dict[str, Any] = net) -> int:
+                services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
+                                                                 "bind": net["addresses"][h]}, serve_budget)
+                return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
 
-        for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
-            if isinstance(res, BaseException):
-                facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
-            else:
-                ports[h] = res
-        for net in networks:
+            for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
+                if isinstance(res, BaseException):
+                    facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
+                else:
+                    ports[h] = res
             links: List[Dict[str, Any]] = []
             for rnd in rounds:
                 params: Dict[str, Dict[str, Any]] = {}
@@ -461,17 +467,17 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
             net["links"] = links
             net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
             facts["networks"].append(net)
-    finally:
-        def halt(h: str) -> Any:
-            try:
-                return services[h].stop(15)
-            except BaseException:
-                services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
-                raise
-        done = _parallel(halt, list(services), 30)
-        for h, res in zip(list(services), done):
-            if isinstance(res, BaseException) and h in ports:
-                facts.setdefault("stop_errors", {})[h] = _err(res)
+        finally:
+            def halt(h: str, services: Dict[str, Any] = services) -> Any:
+                try:
+                    return services[h].stop(15)
+                except BaseException:
+                    services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
+                    raise
+            done = _parallel(halt, list(services), 30)
+            for h, res in zip(list(services), done):
+                if isinstance(res, BaseException) and h in ports:
+                    facts.setdefault("stop_errors", {})[h] = _err(res)
     facts["chosen"] = choose(facts["networks"], usable)
     return facts
 
