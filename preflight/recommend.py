@@ -13,7 +13,7 @@ import ipaddress
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.checks import validate
+from preflight.checks import interfaces, validate
 from preflight.checks.base import Status
 
 Env = Dict[str, str]
@@ -41,6 +41,13 @@ def _host_facts(cluster: Any, check: str) -> Dict[str, Dict[str, Any]]:
     facts = getattr(cluster, "facts", {}) or {}
     return {h.name: facts[h.name][check] for h in cluster.hosts
             if isinstance(facts.get(h.name), dict) and facts[h.name].get(check) is not None}
+
+
+def _interfaces_view(cluster: Any) -> Dict[str, Dict[str, Any]]:
+    """Each host's interfaces facts as the interfaces check judged them: names outside validate's rules and
+    fields of the wrong type left out (the host reported them; they are data, never part of an env value)."""
+    return {h: interfaces.trusted_view(f)[0] for h, f in _host_facts(cluster, "interfaces").items()
+            if isinstance(f, dict)}
 
 
 def socket_ifname(names: Sequence[str]) -> str:
@@ -259,9 +266,18 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
         env[name] = value
         reasons[name] = why
 
-    iface = _host_facts(cluster, "interfaces")
-    _socket_env(cluster, put, notes, iface)
-    _ib_env(cluster, put, notes, iface)
+    iface = _interfaces_view(cluster)
+    try:
+        _socket_env(cluster, put, notes, iface)
+        _ib_env(cluster, put, notes, iface)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # Facts of a shape no check produces (a broken or lying host): no network variables, never a crash.
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+                     "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL"):
+            env.pop(name, None)
+            reasons.pop(name, None)
+        notes.append("no network recommendation: the hosts' interface facts are malformed (%s: %s)"
+                     % (type(exc).__name__, validate.quote(str(exc))))
     put("NCCL_DEBUG", "WARN", "NCCL prints the reason of a failure instead of failing silently; INFO for more")
     put("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
         "a failed or timed-out collective aborts the job instead of hanging it (the legacy "

@@ -94,3 +94,22 @@ def test_recommendation_never_uses_odd_hca_or_gid_index():
     assert all(validate.env_value(v) for v in env.values()), env
     assert "NCCL_IB_GID_INDEX" not in env
     assert "`" not in env.get("NCCL_IB_HCA", "")
+
+
+MALFORMED = ["not a dict", [1, 2], {"interfaces": "eth0"}, {"interfaces": [None, "eth0", {"name": 7}]},
+             {"interfaces": [{"name": "eth0", "ipv4": "10.0.0.1/24"}], "route_to_master": "eth0"},
+             {"ib": {"device": "mlx5_0"}},
+             {"ib": [{"device": "mlx5_0", "port": 1, "active": True, "gids": "x", "link_layer": 5}]}]
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_recommendation_survives_malformed_interface_facts(bad):
+    hosts = ["n1", "n2"]
+    facts = {"n1": {"interfaces": iface_facts([itf("eth0", ["10.0.0.1/24"])], route_dev="eth0")},
+             "n2": {"interfaces": bad}}
+    env, _, notes = recommend(make_cluster(facts, hosts), [])
+    assert env["NCCL_DEBUG"] == "WARN" and all(validate.env_value(v) for v in env.values())
+    if isinstance(bad, dict):
+        assert interfaces.evaluate(bad, load_defaults()).status in (Status.FAIL, Status.PASS, Status.WARN)
+    else:
+        assert interfaces.evaluate(bad, load_defaults()).status == Status.ERROR
