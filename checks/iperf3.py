@@ -485,7 +485,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------------------
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
-    d = shlex.quote(dev) if validate.ifname(dev) else "<nic>"
+    d = shlex.quote(str(dev)) if validate.ifname(dev) else "<nic>"
     return ("on %s: ethtool %s (negotiated speed/duplex), ip -s link show %s (errors/drops), tc qdisc show dev %s "
             "(a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or leave "
             "the host out of the hostfile" % (host, d, d, d))

@@ -166,6 +166,6 @@ def load_thresholds(path: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
             result[section][key] = value
     for section, low, high in ORDERED:
         a, b = result.get(section, {}).get(low), result.get(section, {}).get(high)
-        if _is_number(a) and _is_number(b) and a > b:
+        if _is_number(a) and _is_number(b) and float(a) > float(b):  # type: ignore[arg-type]
             raise ConfigError(f"{path}: {section}.{low} = {_shown(a)} must not exceed {section}.{high} = {_shown(b)}")
     return result
