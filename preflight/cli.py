@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from preflight import checks as registry
 from preflight import __version__
 from preflight.config import ConfigError, load_thresholds
-from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, InputError, read_text_limited
+from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import HostfileError, apply_filters, load_hostfile, local_cluster, split_csv
 from preflight.transport import SSHOptions
 
@@ -214,6 +214,10 @@ def build_options(args: argparse.Namespace):
                      connect_timeout=args.connect_timeout)
     if args.ssh_key and not Path(args.ssh_key).expanduser().is_file():
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
+    for option, path in (("--ssh-config", args.ssh_config), ("--known-hosts", args.known_hosts)):
+        # Optional files (a missing one means none), but an existing one is read whole: bounded, regular.
+        if not local and path and os.path.lexists(os.path.expanduser(path)):
+            _check_input_file(option, path, MAX_SSH_FILE_BYTES)
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
 

@@ -12,6 +12,8 @@ import stat
 MAX_HOSTFILE_BYTES = 16 << 20
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEEPSPEED_CONFIG_BYTES = 16 << 20
+# ~/.ssh/config and known_hosts: a known_hosts of 100 000 hashed entries is ~40 MB.
+MAX_SSH_FILE_BYTES = 64 << 20
 
 
 class InputError(Exception):

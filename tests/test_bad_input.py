@@ -107,6 +107,8 @@ ROWS = [
     ("checks-empty", lambda t: ["--checks", ""], "--checks", None),
     ("checks-and-skip", lambda t: ["--checks", "python", "--skip", "python"], "python", None),
     ("checks-unknown", lambda t: ["--checks", "nosuch"], "nosuch", None),
+    ("ssh-config-dev-zero", lambda t: ["--ssh-config", "/dev/zero"], "--ssh-config /dev/zero", None),
+    ("known-hosts-dev-zero", lambda t: ["--known-hosts", "/dev/zero"], "--known-hosts /dev/zero", None),
     ("ssh-key-missing", lambda t: ["--ssh-key", str(t / "nokey")], "--ssh-key", None),
     ("json-dir-missing", lambda t: ["--json", str(t / "no" / "r.json")], "--json", None),
 ]
