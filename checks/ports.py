@@ -258,7 +258,9 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     lo, hi = parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"))
     # Only the addresses the coordinator will probe; the wildcard when it gave none or one is not on this host
     # (e.g. an address behind NAT), so that a probe never fails for the listener's sake.
-    addresses = sorted({str(a) for a in params.get("addresses") or [] if _is_ip(a)})
+    # A name (ssh_config's HostName may be one) resolves where the prober is: bind everything then.
+    wanted = list(params.get("addresses") or [])
+    addresses = sorted({str(a) for a in wanted}) if all(_is_ip(a) for a in wanted) else []
     if addresses:
         try:
             for s in _bind_on(0, addresses):

@@ -73,6 +73,12 @@ def test_ports_listener_falls_back_to_the_wildcard_for_a_foreign_address(two_net
     assert {a for a, _ in res["during"]} <= {"0.0.0.0", "::"} and res["after"] == []
 
 
+def test_ports_listener_binds_everything_when_a_probed_address_is_a_name(two_net):
+    h = two_net.hosts[0]
+    res = run_in(two_net, h, "ports", {"count": 1, "addresses": [h.addresses[1], "node01"]})
+    assert {a for a, _ in res["during"]} <= {"0.0.0.0", "::"} and res["after"] == []
+
+
 def test_iperf3_server_binds_only_the_network_under_test(two_net):
     if not shutil.which("iperf3"):
         pytest.skip("iperf3 is not installed")
