@@ -90,3 +90,10 @@ def test_launcher_ssh_fix_quotes_the_host(kind):
 def test_iperf3_fix_never_prints_an_odd_device():
     fix = iperf3._fix_slow("node1", "$(reboot)")
     assert "$(reboot)" not in fix and "<nic>" in fix
+
+
+def test_gpu_fixes_quote_the_host_reported_index_and_bus_id():
+    from preflight.checks import gpu
+    fake = {"index": "0;reboot", "uuid": "GPU-x", "pci_bus_id": "00:01.0;reboot", "handle_error": "Unknown Error"}
+    fixes = " ".join(f.fix for f in gpu._gpu_findings(fake, T))
+    assert "-i '0;reboot'" in fixes and not re.search(r"-i 0;reboot", fixes), fixes
