@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import re
 import shutil
 import sys
@@ -253,10 +254,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         if facts.get("installed") is None and facts.get("api_error"):
             return error("could not run the DeepSpeed op report (child %s: %s; ds_report: %s)" % (
                 python, facts["api_error"], facts.get("ds_report_error")),
-                "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % python, **metrics)
+                "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % shlex.quote(str(python)),
+                **metrics)
         reason = "DeepSpeed is not installed for %s (%s) and no ds_report is on PATH" % (
             python, facts.get("import_error") or facts.get("api_error") or "not importable")
-        fix = "%s -m pip install deepspeed" % python
+        fix = "%s -m pip install deepspeed" % shlex.quote(str(python))
         if required:
             return combine([Finding(Status.FAIL, reason + ", but required_ops = %s" % required, fix)], "", metrics)
         return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -435,7 +436,7 @@ def _label(gpu: Dict[str, Any]) -> str:
 def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Finding]:
     f: List[Finding] = []
     label = _label(gpu)
-    i = gpu.get("index")
+    i = shlex.quote(str(gpu.get("index")))  # host-reported: one shell word in every printed command
     reset = "sudo nvidia-smi -r -i %s (GPU reset, needs the GPU idle) or reboot" % i
 
     if gpu.get("handle_error"):
@@ -467,7 +468,7 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
         f.append(Finding(Status.FAIL, "%s: PCIe link downtrained to x%d (expected x%d): host<->GPU bandwidth "
                                       "is cut to %d%%" % (label, width, width_max, 100 * width // width_max),
                          "reseat the GPU/riser or replace the cable; check `sudo lspci -vv -s %s | grep -i "
-                         "LnkSta` and the BIOS PCIe settings" % (gpu.get("pci_bus_id") or "BUS_ID")))
+                         "LnkSta` and the BIOS PCIe settings" % shlex.quote(str(gpu.get("pci_bus_id") or "BUS_ID"))))
     if gen is not None and gen_max and gen < gen_max:
         f.append(Finding(Status.WARN, "%s: PCIe link at Gen%d, expected Gen%d (idle GPUs may lower the link "
                                       "speed to save power; downtrained if it stays low under load)"

@@ -17,11 +17,13 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import socket
 import struct
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh
 
 NAME = "interfaces"
@@ -328,7 +330,8 @@ def _resolve(host: str, timeout: float) -> Dict[str, Any]:
 
 
 def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[str, Any]:
-    res = sh(["ip", "-j", "route", "get", ip], timeout=ctx.remaining(5))
+    # `to`: iproute2 takes the next word as the address whatever it starts with (it has no `--`).
+    res = sh(["ip", "-j", "route", "get", "to", ip], timeout=ctx.remaining(5))
     if res.ok:
         r = parse_ip_route_get(res.out)
         if r:
@@ -414,11 +417,72 @@ def _port(p: Dict[str, Any]) -> str:
     return "%s:%s" % (p.get("device"), p.get("port"))
 
 
+def _strs(value: Any) -> List[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
+    """The facts with every name that breaks validate's rules left out (and every field of the wrong type
+    dropped), and one FAIL listing those names.
+
+    The facts come from the host: a name like '$(touch x)' or one holding a newline must never reach a message
+    unquoted, a fix, or (preflight.recommend uses this view too) the recommended environment.
+    """
+    facts = facts if isinstance(facts, dict) else {}
+    bad = validate.bad_interface_names(facts)
+    findings: List[Finding] = []
+    if bad:
+        findings.append(Finding(
+            Status.FAIL, "this host reports %d name%s outside Linux's rules (expected 1-15 bytes of [A-Za-z0-9_.:@-], "
+            "not starting with '-'): %s; preflight leaves them out of every command and of the recommended "
+            "environment" % (len(bad), "" if len(bad) == 1 else "s",
+                             ", ".join("%s %s" % (what, validate.quote(v)) for what, v in bad[:8])
+                             + (", ..." if len(bad) > 8 else "")),
+            "ip -br link; rename with: ip link set dev OLD name NEW (or find out what on this host reports them)"))
+    view = dict(facts)
+    view["interfaces"] = [
+        dict(i, ipv4=_strs(i.get("ipv4")), ipv6=_strs(i.get("ipv6")), kind=_opt_str(i.get("kind")),
+             operstate=_opt_str(i.get("operstate")))
+        for i in facts.get("interfaces") or [] if isinstance(i, dict) and validate.ifname(i.get("name"))
+        and (i.get("bridge_master") is None or validate.ifname(i.get("bridge_master")))]
+    ib = []
+    for p in facts.get("ib") if isinstance(facts.get("ib"), list) else []:
+        if isinstance(p, dict) and validate.hca_name(p.get("device")) and (
+                p.get("port") is None or validate.port_number(p.get("port"))):
+            rate = p.get("rate_gbps")
+            p = dict(p, netdevs=[n for n in _strs(p.get("netdevs")) if validate.ifname(n)],
+                     gids=[g for g in p.get("gids") or [] if isinstance(g, dict)] if isinstance(p.get("gids"), list)
+                     else [], active=p.get("active") is True, link_layer=_opt_str(p.get("link_layer")),
+                     state=_opt_str(p.get("state")), phys_state=_opt_str(p.get("phys_state")),
+                     rate_gbps=rate if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None)
+            ib.append(p)
+    view["ib"] = ib
+    route = facts.get("route_to_master")
+    if not isinstance(route, dict):
+        view["route_to_master"] = None
+    else:
+        view["route_to_master"] = {k: _opt_str(route.get(k)) for k in ("dev", "src", "gateway", "ip", "via")}
+        if view["route_to_master"]["dev"] is not None and not validate.ifname(route.get("dev")):
+            view["route_to_master"]["dev"] = None
+    view["peermem"] = facts.get("peermem") is True
+    if not isinstance(facts.get("master"), dict):
+        view["master"] = None
+    return view, findings
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     frac = float(limits(thresholds, NAME)["min_rate_fraction"])
+    if not isinstance(facts, dict):
+        return Outcome(Status.ERROR, "the host reported interfaces facts of the wrong shape (%s, expected an object)"
+                       % type(facts).__name__, "rerun with -v; look at what runs as --python on the host")
+    raw = facts
+    facts, findings = trusted_view(facts)
     ifaces = facts.get("interfaces") or []
     ib = facts.get("ib") or []
-    findings: List[Finding] = []
     active = [p for p in ib if p.get("active")]
     hca_list = ",".join(_port(p) for p in active)
 
@@ -471,8 +535,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             if master.get("error"):
                 findings.append(Finding(Status.FAIL, "master %s: %s (expected an address this host can reach)"
                                         % (master.get("given"), master.get("error") or err),
-                                        "getent hosts %s || echo '<MASTER_IP> %s' >> /etc/hosts"
-                                        % (master.get("given"), master.get("given"))))
+                                        "getent hosts %s || echo %s >> /etc/hosts"
+                                        % (shlex.quote(str(master.get("given"))),
+                                           shlex.quote("<MASTER_IP> %s" % master.get("given")))))
             elif "unreachable" in err.lower() or "no route" in err.lower():
                 findings.append(Finding(Status.FAIL, "no route from this host to master %s (%s): %s (expected a "
                                                      "route on the cluster interface)"
@@ -480,13 +545,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                         "ip route show; ip -br addr"))
             else:
                 findings.append(Finding(Status.ERROR, "could not find the route to master %s: %s"
-                                        % (master.get("given"), err), "ip route get %s" % master.get("ip")))
+                                        % (master.get("given"), err),
+                                        "ip route get %s" % shlex.quote(str(master.get("ip")))))
         else:
             dev = next((i for i in ifaces if i.get("name") == route.get("dev")), None)
             if dev and (dev.get("operstate") or "").lower() in ("down", "lowerlayerdown", "notpresent"):
                 findings.append(Finding(Status.FAIL, "the route to master %s goes via %s, which is %s (expected up)"
                                         % (master.get("given"), dev["name"], dev.get("operstate")),
-                                        "ip link set %s up; ip route get %s" % (dev["name"], master.get("ip"))))
+                                        "ip link set %s up; ip route get %s"
+                                        % (dev["name"], shlex.quote(str(master.get("ip"))))))
 
     phys = [i for i in ifaces if not i.get("virtual")]
     parts = ["%d interfaces (%s physical)" % (len(ifaces), ", ".join(
@@ -503,6 +570,6 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if route:
         parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
                                                              route.get("dev"), route.get("src")))
-    metrics = {k: facts.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
-                                          "master")}
+    metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
+                                        "master")}
     return combine(findings, "; ".join(parts), metrics)

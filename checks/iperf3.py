@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 import socket
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip, spawn, stop
 from .fmt import rate
 
@@ -271,7 +273,8 @@ def _drain(stream: Any, tail: List[bytes]) -> None:
 def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Run ``iperf3 -s`` on every address of this host until the coordinator says stop (or the deadline).
 
-    params: {"port": 0 (any free port) or N}. Reports {"port": p} through ctx.ready once it listens.
+    params: {"port": 0 (any free port) or N, "bind": this host's address on the network under test}. Reports
+    {"port": p} through ctx.ready once it listens.
     """
     wanted = int(params.get("port") or 0)
     help_text = _help_text()
@@ -284,6 +287,9 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         for _ in range(1 if wanted else 3):  # a free port can be taken between probing and binding: retry
             port = wanted or _free_port()
             argv = ["iperf3", "-s", "-p", str(port)]
+            if params.get("bind") and _is_ip(params["bind"]):
+                # Only the address of the network under test, not every address of the host (issue 16).
+                argv += ["-B", str(params["bind"])]
             if "--idle-timeout" in help_text:
                 # Lets a server wedged by a vanished client accept the next test (iperf3 >= 3.8 only).
                 argv += ["--idle-timeout", str(int(params.get("idle_timeout_s", 30)))]
@@ -311,6 +317,14 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             stop(proc, grace=1.0)
 
 
+def _is_ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(value))
+        return True
+    except ValueError:
+        return False
+
+
 def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """One test from this host to params["addr"]:params["port"]; a failure is a result, never an exception.
 
@@ -319,6 +333,9 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """
     duration = max(1, int(round(float(params.get("duration_s", 2)))))
     connect_timeout = float(params.get("connect_timeout_s", 3.0))
+    for key in ("addr", "bind"):  # host-reported addresses: only a real IP address reaches iperf3's argv
+        if key in params and params[key] and not _is_ip(params[key]):
+            return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
     argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
     if params.get("bind"):
         argv += ["-B", str(params["bind"])]  # keep the test on the network under test whatever the routes say
@@ -392,25 +409,27 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     rounds = pair_rounds(len(usable), int(t["extra_rounds"]), 0)
     facts["rounds"] = len(rounds)
     per_call = duration + connect_timeout + AGENT_MARGIN_S
-    serve_budget = len(networks) * len(rounds) * (per_call + 5) + SERVER_READY_S + 60
+    serve_budget = len(rounds) * (per_call + 5) + SERVER_READY_S + 60
     progress = getattr(cluster, "progress", None)
     if progress is not None:
         # +1: the runner advances once more when the check ends.
         progress.phase("iperf3 (%d networks x %d rounds)" % (len(networks), len(rounds)),
                        len(networks) * len(rounds) + 1)
-    services: Dict[str, Any] = {}
-    ports: Dict[str, int] = {}
-    try:
-        def start(h: str) -> int:
-            services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"])}, serve_budget)
-            return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
+    for net in networks:
+        # The servers of one network listen on that network's addresses only, and only while it is measured.
+        services: Dict[str, Any] = {}
+        ports: Dict[str, int] = {}
+        try:
+            def start(h: str, services: Dict[str, Any] = services, net: Dict[str, Any] = net) -> int:
+                services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
+                                                                 "bind": net["addresses"][h]}, serve_budget)
+                return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
 
-        for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
-            if isinstance(res, BaseException):
-                facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
-            else:
-                ports[h] = res
-        for net in networks:
+            for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
+                if isinstance(res, BaseException):
+                    facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
+                else:
+                    ports[h] = res
             links: List[Dict[str, Any]] = []
             for rnd in rounds:
                 params: Dict[str, Dict[str, Any]] = {}
@@ -440,17 +459,17 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
             net["links"] = links
             net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
             facts["networks"].append(net)
-    finally:
-        def halt(h: str) -> Any:
-            try:
-                return services[h].stop(15)
-            except BaseException:
-                services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
-                raise
-        done = _parallel(halt, list(services), 30)
-        for h, res in zip(list(services), done):
-            if isinstance(res, BaseException) and h in ports:
-                facts.setdefault("stop_errors", {})[h] = _err(res)
+        finally:
+            def halt(h: str, services: Dict[str, Any] = services) -> Any:
+                try:
+                    return services[h].stop(15)
+                except BaseException:
+                    services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
+                    raise
+            done = _parallel(halt, list(services), 30)
+            for h, res in zip(list(services), done):
+                if isinstance(res, BaseException) and h in ports:
+                    facts.setdefault("stop_errors", {})[h] = _err(res)
     facts["chosen"] = choose(facts["networks"], usable)
     return facts
 
@@ -458,7 +477,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------------------
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
-    d = dev or "<nic>"
+    d = shlex.quote(str(dev)) if validate.ifname(dev) else "<nic>"
     return ("on %s: ethtool %s (negotiated speed/duplex), ip -s link show %s (errors/drops), tc qdisc show dev %s "
             "(a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or leave "
             "the host out of the hostfile" % (host, d, d, d))

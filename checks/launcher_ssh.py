@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import re
 import shutil
 import threading
@@ -34,8 +35,9 @@ STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the me
 def ssh_argv(host: str, connect_timeout: int) -> List[str]:
     # The check DeepSpeed's runner itself makes (ssh -o PasswordAuthentication=no HOST hostname), plus BatchMode
     # so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use them.
+    # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
     return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
-            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", host, "hostname"]
+            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", "--", host, "hostname"]
 
 
 # --- pure classification ---------------------------------------------------------------------
@@ -76,6 +78,11 @@ def _auth_methods(stderr: str) -> str:
     return m.group(1) if m else ""
 
 
+def q(host: str) -> str:
+    # A host name inside a printed command is one shell word (the hostfile parser refuses '-'-leading names).
+    return shlex.quote(host)
+
+
 def explain(kind: str, host: str, master: str, stderr: str) -> Tuple[str, str]:
     """(why, fix) for a failure kind, naming the target host and the first host."""
     last = next((ln.strip() for ln in reversed((stderr or "").splitlines()) if ln.strip()), "").rstrip(".")
@@ -84,15 +91,15 @@ def explain(kind: str, host: str, master: str, stderr: str) -> Tuple[str, str]:
         asks = " (it would ask for a password)" if "password" in methods or "keyboard" in methods else ""
         return ("the key was refused: %s%s" % (last or "Permission denied", asks),
                 "on %s: ssh-copy-id %s (or append %s's ~/.ssh/id_*.pub to %s:~/.ssh/authorized_keys, mode 600, "
-                "~/.ssh mode 700)" % (master, host, master, host))
+                "~/.ssh mode 700)" % (master, q(host), master, host))
     if kind == "host_key_unknown":
         return ("%s's host key is not in %s's known_hosts (Host key verification failed)" % (host, master),
                 "on %s: ssh-keyscan -H %s >> ~/.ssh/known_hosts (compare the fingerprint with the host's)"
-                % (master, host))
+                % (master, q(host)))
     if kind == "host_key_changed":
         return ("%s's host key CHANGED since %s recorded it" % (host, master),
                 "if %s was reinstalled, on %s: ssh-keygen -R %s && ssh-keyscan -H %s >> ~/.ssh/known_hosts"
-                % (host, master, host, host))
+                % (host, master, q(host), q(host)))
     if kind == "unresolved":
         return ("the name %s does not resolve on %s (%s)" % (host, master, last),
                 "make the hostfile name resolvable on %s: /etc/hosts or DNS (DeepSpeed uses the hostfile names)"

@@ -406,9 +406,9 @@ def _verdict(facts: Dict[str, Any]) -> Outcome:
         why = bad.get("load_error") or "load failed"
         fix = hint["reinstall_runtime"]
         if over:
-            fix = "umount %s && %s" % (bad["realpath"], fix)
+            fix = "umount %s && %s" % (shlex.quote(str(bad["realpath"])), fix)
         else:
-            fix = "ls -lL %s; %s" % (bad["path"], fix)
+            fix = "ls -lL %s; %s" % (shlex.quote(str(bad["path"])), fix)
         findings.append(Finding(
             Status.FAIL,
             "libaio is present but cannot be loaded: %s (%s bytes%s): %s (expected a loadable shared library); "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import re
 import secrets
 import stat
@@ -275,6 +276,9 @@ def _size(n: Optional[int]) -> str:
     return "%d B" % n
 
 
+q = shlex.quote  # every path in a printed fix: a path like '/mnt/a b;touch /tmp/x' stays one word
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     t = limits(thresholds, NAME)
     min_w = float(t["min_write_gbps"]) * 1e9
@@ -291,16 +295,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         if not e.get("exists"):
             findings.append(Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
                                                  "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
-                                    "mkdir -p %s && findmnt -T %s" % (p, p)))
+                                    "mkdir -p -- %s && findmnt -T %s" % (q(p), q(p))))
             continue
         if not e.get("is_dir"):
             if e.get("kind") == "block device" and e.get("device_mounts"):
                 mp = e["device_mounts"][0]
-                fix = ("mkdir -p %s/offload, then set nvme_path / --nvme-path to %s/offload (%s is mounted on %s)"
-                       % (mp.rstrip("/"), mp.rstrip("/"), p, mp))
+                offload = q(mp.rstrip("/") + "/offload")
+                fix = ("mkdir -p -- %s, then set nvme_path / --nvme-path to %s (%s is mounted on %s)"
+                       % (offload, offload, q(p), q(mp)))
             elif e.get("kind") == "block device":
                 fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
-                       "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (p, p))
+                       "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (q(p), q(p)))
             else:
                 fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
             findings.append(Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
@@ -310,10 +315,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             findings.append(Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
                                                  "the training user can create files in)"
                                     % (where, e.get("uid", "?"), e.get("error") or "?"),
-                                    ("mount -o remount,rw %s" % (e.get("mountpoint") or p))
+                                    ("mount -o remount,rw %s" % q(str(e.get("mountpoint") or p)))
                                     if "Read-only" in (e.get("error") or "") else
                                     "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
-                                    "user's ids" % (p, p)))
+                                    "user's ids" % (q(p), q(p))))
             continue
         if e.get("direct_error"):
             st = Status.FAIL if require_direct else Status.WARN
@@ -323,14 +328,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                         "swap files with O_DIRECT, so NVMe offload there fails%s"
                                     % (where, e["direct_error"], measured),
                                     "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
-                                    "ext4/xfs mount" % p))
+                                    "ext4/xfs mount" % q(p)))
         if e.get("measure_skipped"):
             free = e.get("free_bytes")
             findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
                                     % (where, e["measure_skipped"],
                                        "; only %s free" % _size(free) if free is not None else ""),
-                                    "df -h %s; du -xsh %s/* | sort -h | tail" % (p, p) if free is not None else
-                                    "findmnt -T %s" % p))
+                                    "df -h %s; du -xsh %s/* | sort -h | tail" % (q(p), q(p)) if free is not None else
+                                    "findmnt -T %s" % q(p)))
             continue
         if e.get("error"):
             if e.get("timed_out"):
@@ -345,11 +350,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                             "rerun with a longer --timeout or a smaller [nvme] test_mib"))
             elif "Input/output error" in e["error"] or "No space left" in e["error"]:
                 findings.append(Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
-                                        "check the device: dmesg | tail -50; df -h %s" % p))
+                                        "check the device: dmesg | tail -50; df -h %s" % q(p)))
             else:
                 findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
-                                        "dd if=/dev/zero of=%s/.preflight-ddtest bs=1M count=256 oflag=direct "
-                                        "conv=fdatasync; rm -f %s/.preflight-ddtest" % (p, p)))
+                                        _dd_fix(p)))
             continue
         tag = "" if e.get("direct") else " (buffered, not direct)"
         w, r = e.get("write_Bps"), e.get("read_Bps")
@@ -374,4 +378,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 
 def _slow_fix(p: str) -> str:
     # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)?
-    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; nvme smart-log /dev/nvme0n1" % p
+    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; nvme smart-log /dev/nvme0n1" % q(p)
+
+
+def _dd_fix(p: str) -> str:
+    """The dd test to paste: mktemp makes a fresh file (O_EXCL, mode 0600) rather than a fixed name, which another
+    user of a shared directory could plant as a symlink to a file root would then overwrite."""
+    return ("f=$(mktemp -p %s .preflight-ddtest.XXXXXX) && dd if=/dev/zero of=\"$f\" bs=1M count=256 "
+            "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"" % q(p))

@@ -15,6 +15,7 @@ import errno
 import ipaddress
 import math
 import os
+import shlex
 import random
 import selectors
 import socket
@@ -115,6 +116,33 @@ def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: 
 
 # --- host side -------------------------------------------------------------------------------
 
+def _bind_on(port: int, addresses: Sequence[str]) -> List[socket.socket]:
+    """Listen on port at each of addresses, or on every address when none are given; all or nothing.
+
+    Binding the addresses the check probes (not the wildcard) keeps the test listeners off every other network of
+    the host while they are open (issue 16: listeners bound to wildcard addresses)."""
+    if not addresses:
+        return [_bind(port)]
+    socks: List[socket.socket] = []
+    try:
+        for addr in addresses:
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            socks.append(socket.create_server((addr, port), family=family, backlog=128))
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def _is_ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(value))
+        return True
+    except ValueError:
+        return False
+
+
 def _bind(port: int) -> socket.socket:
     """Listen on every address, IPv4 and IPv6, with SO_REUSEADDR like torch's TCPStore (TIME_WAIT is no conflict)."""
     if socket.has_dualstack_ipv6():
@@ -165,24 +193,26 @@ def _owners(inodes: Iterable[int], budget_s: float = 2.0) -> List[Dict[str, Any]
     return found
 
 
-def _claim_master_port(port: int, socks: List[socket.socket]) -> Dict[str, Any]:
-    """Is the port free? A LISTEN entry in /proc or a failing bind means torch's rendezvous cannot bind it."""
+def _claim_master_port(port: int, socks: List[socket.socket], addresses: Sequence[str] = ()) -> Dict[str, Any]:
+    """Is the port free? A LISTEN entry in /proc (on any address) or a failing bind means torch's rendezvous cannot
+    bind it."""
     info: Dict[str, Any] = {"port": port, "free": True, "listening": [], "holders": [], "error": None}
     held = _listening(port)
     if held:
         info["listening"] = ["%s:%d" % (s["address"], s["port"]) for s in held]
     try:
-        sock = _bind(port)
+        mine = _bind_on(port, addresses)
     except OSError as exc:
         info["free"] = False
         info["error"] = "bind: %s" % (exc.strerror or exc)
         held = held or _listening(port)
     else:
         if held:
-            sock.close()
+            for sock in mine:
+                sock.close()
             info["free"] = False
         else:
-            socks.append(sock)
+            socks.extend(mine)
     if not info["free"]:
         info["holders"] = _owners(s["inode"] for s in held)
     return info
@@ -226,13 +256,25 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     count = int(params.get("count", 3))
     master_port = params.get("master_port")
     lo, hi = parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"))
-    info: Dict[str, Any] = {"ports": [], "range": [lo, hi], "master_port": None, "accepted": {}}
+    # Only the addresses the coordinator will probe; the wildcard when it gave none or one is not on this host
+    # (e.g. an address behind NAT), so that a probe never fails for the listener's sake.
+    # A name (ssh_config's HostName may be one) resolves where the prober is: bind everything then.
+    wanted = list(params.get("addresses") or [])
+    addresses = sorted({str(a) for a in wanted}) if all(_is_ip(a) for a in wanted) else []
+    if addresses:
+        try:
+            for s in _bind_on(0, addresses):
+                s.close()
+        except OSError:
+            addresses = []
+    info: Dict[str, Any] = {"ports": [], "range": [lo, hi], "master_port": None, "accepted": {},
+                            "bound": addresses or ["*"]}
     socks: List[socket.socket] = []
     stop = threading.Event()
     thread = None
     try:
         if master_port:
-            info["master_port"] = _claim_master_port(int(master_port), socks)
+            info["master_port"] = _claim_master_port(int(master_port), socks, addresses)
         rng = random.SystemRandom()
         for _ in range(count * 20):
             if len(info["ports"]) >= count:
@@ -241,7 +283,7 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             if port in info["ports"] or port == master_port:
                 continue
             try:
-                socks.append(_bind(port))
+                socks.extend(_bind_on(port, addresses))
             except OSError:
                 continue  # taken: try another
             info["ports"].append(port)
@@ -368,7 +410,8 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
         service_timeout = start_budget + READY_TIMEOUT_S + max_probe + timeout_c + 60 * batches
 
         def start(h: str) -> None:
-            params = {"count": int(lim["sample_ports"]), "master_port": master_port if h == master else None}
+            params = {"count": int(lim["sample_ports"]), "master_port": master_port if h == master else None,
+                      "addresses": sorted({n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)})}
             services[h] = cluster.start(h, NAME + ".listen", params, service_timeout)
 
         # Start every listener first, then wait for all of them against one deadline: they come up in parallel.
@@ -450,6 +493,7 @@ def _names(items: Iterable[str]) -> str:
 def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
     """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
     rng = ports.replace("-", ":")
+    sources = [shlex.quote(str(s)) for s in sources]  # pasted as shell words: addresses, nothing else
     nft_src = sources[0] if len(sources) == 1 else "{ %s }" % ", ".join(sources)
     ufw = ("ufw allow from %s proto tcp to any port %s" % (sources[0], rng) if len(sources) == 1 else
            "for s in %s; do ufw allow from $s proto tcp to any port %s; done" % (" ".join(sources), rng))

@@ -6,7 +6,9 @@ Exit codes: 0 no FAIL/ERROR (warnings allowed); 1 any FAIL or ERROR (or WARN wit
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -14,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from preflight import checks as registry
 from preflight import __version__
 from preflight.config import ConfigError, load_thresholds
+from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
                                 split_csv)
 from preflight.transport import SSHOptions
@@ -25,44 +28,57 @@ class UsageError(Exception):
     pass
 
 
-def _positive(kind: type, noun: str):
-    """argparse type: a number of ``kind`` that is > 0, with a message naming what was wrong."""
+def _positive(kind: type, noun: str, most: float):
+    """argparse type: a finite number of ``kind`` with 0 < value <= most; argparse names the option in the error."""
     def parse(text: str):
         try:
             value = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value <= 0 or value > most:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; expected 0 < x <= {most:g}")
         return value
     return parse
 
 
-_positive_float = _positive(float, "a number")
-_positive_int = _positive(int, "an integer")
+# Upper bounds keep every deadline representable (time.time() + inf overflows) and every run finite.
+_seconds = _positive(float, "a number of seconds", 86400.0)
+_connect_seconds = _positive(float, "a number of seconds", 3600.0)
+_positive_int = _positive(int, "an integer", 100000)
+_count = _positive(float, "a number", 1e15)
+_gbps = _positive(float, "a number", 1e6)
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    value = _positive(int, "an integer", 65535)(text)
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the option, and where the help is (not the usage block)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; try '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("--version", action="version", version=f"preflight {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile}")
 
-    sub.add_parser("list", help="list every check with one line of description")
+    commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
 
     hf = sub.add_parser("hostfile", help="check a hostfile as DeepSpeed reads it; --expand writes its ranges out")
     hf.add_argument("--expand", metavar="FILE", required=True,
                     help="print FILE with every range (node[01-04]) written out, one 'HOSTNAME slots=N' line per "
                          "host: the hostfile DeepSpeed's launcher reads as preflight does")
 
-    run = sub.add_parser("run", help="run the checks on every host of the hostfile (default: this machine)")
+    commands["hostfile"] = hf
+    run = commands["run"] = sub.add_parser(
+        "run", help="run the checks on every host of the hostfile (default: this machine)")
     g = run.add_argument_group("cluster")
     g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile ('host slots=N'; node[01-04] ranges ok). "
                    "Without it the cluster is this machine alone, run without SSH")
@@ -71,26 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--python", default="python3", metavar="PATH",
                    help="interpreter on the hosts: the job's environment (default: python3)")
     g = run.add_argument_group("checks")
-    g.add_argument("--checks", default="", metavar="A,B", help="run only these checks (see `preflight list`)")
+    g.add_argument("--checks", default=None, metavar="A,B", help="run only these checks (see `preflight list`)")
     g.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
     g.add_argument("--config", metavar="FILE", help="thresholds TOML (see preflight/defaults.toml)")
-    g.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S",
+    g.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
                    help="deadline of each check on a host (default 120)")
-    g.add_argument("--parallel", type=_positive_int, default=32, metavar="N",
+    g.add_argument("--parallel", type=_positive(int, "an integer", 4096), default=32, metavar="N",
                    help="hosts worked on at once (default 32)")
     g.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
                    help="directory to measure with dd on every host (repeatable); the test file is removed")
     g.add_argument("--master-port", type=_port, default=29500, metavar="PORT",
                    help="torch.distributed master port to check (default 29500, DeepSpeed's default)")
     g.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed config to validate against the cluster")
-    g.add_argument("--model-params", type=_positive_float, metavar="N",
+    g.add_argument("--model-params", type=_count, metavar="N",
                    help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
-    g.add_argument("--largest-layer-params", type=_positive_float, metavar="N",
+    g.add_argument("--largest-layer-params", type=_count, metavar="N",
                    help="parameters of the largest layer (ZeRO-3 estimate)")
     g.add_argument("--model-parallel-size", type=_positive_int, metavar="N",
                    help="tensor x pipeline parallel degree of the job (1: data parallel only), so the batch math "
                         "uses the data-parallel size: world size / N")
-    g.add_argument("--min-busbw", type=_positive_float, metavar="GBPS",
+    g.add_argument("--min-busbw", type=_gbps, metavar="GBPS",
                    help="all-reduce bus bandwidth below this (GB/s) fails")
     g = run.add_argument_group("ssh")
     g.add_argument("--ssh-user", metavar="USER")
@@ -101,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--accept-new-host-keys", action="store_true",
                    help="record unknown host keys in --known-hosts (like StrictHostKeyChecking=accept-new); "
                         "a changed key is always refused")
-    g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S",
+    g.add_argument("--connect-timeout", type=_connect_seconds, default=10.0, metavar="S",
                    help="TCP connect + SSH handshake deadline per host (default 10)")
     g = run.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README)")
@@ -112,17 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    parser.set_defaults(_commands=commands)
     return parser
 
 
-def select_checks(only: str, skip: str, deepspeed_config: Optional[str]) -> List[str]:
+def select_checks(only: Optional[str], skip: str, deepspeed_config: Optional[str]) -> List[str]:
     """Check ids to run, in registry order ('ssh' always runs: every other check needs the connection)."""
     known = [n for n in registry.ORDER if n != "ssh"]
-    wanted = list(split_csv(only))
+    wanted = list(split_csv(only or ""))
     skipped = list(split_csv(skip))
+    if only is not None and not wanted:
+        raise UsageError("--checks is empty; name at least one check (see `preflight list`), or leave it out")
     for name in wanted + skipped:
         if name not in registry.ORDER:
             raise UsageError(f"unknown check {name!r}; known checks: {', '.join(registry.ORDER)}")
+    both = [n for n in wanted if n in skipped]
+    if both:
+        raise UsageError(f"--checks and --skip both name {', '.join(both)}; name each check in only one of them")
     if wanted:
         chosen = [n for n in known if n in wanted]
     else:
@@ -140,6 +162,20 @@ def _check_output_path(option: str, path: Optional[str]) -> None:
         raise UsageError(f"{option} {path}: directory {parent} is not writable")
     if Path(path).is_dir():
         raise UsageError(f"{option} {path}: is a directory; give a file name")
+
+
+def _check_input_file(option: str, path: str, max_bytes: int) -> None:
+    """A regular, readable, bounded UTF-8 file, or a UsageError naming the option (never a MemoryError)."""
+    try:
+        read_text_limited(path, option, max_bytes)
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{option} {path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path}: not a UTF-8 text file") from None
 
 
 def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
@@ -167,9 +203,11 @@ def build_options(args: argparse.Namespace):
         if args.include or args.exclude:
             raise UsageError("--include/--exclude need --hostfile")
         hosts, local = local_cluster(), True
-    if args.deepspeed_config and not Path(args.deepspeed_config).is_file():
-        raise UsageError(f"--deepspeed-config {args.deepspeed_config}: no such file")
+        if not shutil.which(args.python):
+            raise UsageError(f"--python {args.python}: not found on this machine (without --hostfile the checks run "
+                             "here); pass an existing interpreter")
     if args.deepspeed_config:
+        _check_input_file("--deepspeed-config", args.deepspeed_config, MAX_DEEPSPEED_CONFIG_BYTES)
         from preflight.checks.ds_config.parse import usage_error
         bad = usage_error(args.deepspeed_config)  # DeepSpeed would refuse it at start: nothing to check it against
         if bad:
@@ -193,6 +231,10 @@ def build_options(args: argparse.Namespace):
                      connect_timeout=args.connect_timeout)
     if args.ssh_key and not Path(args.ssh_key).expanduser().is_file():
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
+    for option, path in (("--ssh-config", args.ssh_config), ("--known-hosts", args.known_hosts)):
+        # Optional files (a missing one means none), but an existing one is read whole: bounded, regular.
+        if not local and path and os.path.lexists(os.path.expanduser(path)):
+            _check_input_file(option, path, MAX_SSH_FILE_BYTES)
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
 
@@ -216,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     err = rep.stderr_console()
     try:
         options = build_options(args)
-    except (UsageError, HostfileError, ConfigError) as exc:
+    except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(f"preflight: error: {exc}", soft_wrap=True, markup=False)
         return EXIT_USAGE
     for note in options.extra.get("input_notes") or []:
@@ -258,7 +300,10 @@ def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, so the hint points at `preflight run --help`
+        parser = args._commands.get(args.command, parser)
+        parser.error("unrecognized arguments: %s" % " ".join(extra))
     if args.command == "list":
         return cmd_list(sys.stdout)
     if args.command == "run":

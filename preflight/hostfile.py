@@ -25,6 +25,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from preflight.inputs import MAX_HOSTFILE_BYTES, InputError, read_text_limited
+
 # DeepSpeed's _parse_hostfile pattern, used with re.search on the stripped line.
 _ENTRY = re.compile(r"^(\S+)\s+slots=(\d+)")
 # A line's end for readlines() on a file opened in text mode (universal newlines).
@@ -176,8 +178,9 @@ def parse_hostfile(text: str, path: str = "hostfile", notes: Optional[List[str]]
 
 def read_hostfile(path: str) -> str:
     try:
-        with open(path, "r", encoding="utf-8", newline="") as fh:
-            return fh.read()
+        return read_text_limited(path, "--hostfile", MAX_HOSTFILE_BYTES)  # not /dev/zero, not 10 GB
+    except InputError as exc:
+        raise HostfileError(str(exc)) from None
     except FileNotFoundError:
         raise HostfileError(f"{path}: no such file; pass an existing hostfile with --hostfile") from None
     except IsADirectoryError:

@@ -168,11 +168,12 @@ def build_run_options(config: pytest.Config) -> Tuple[argparse.Namespace, "RunOp
     from preflight import cli
     from preflight.config import ConfigError
     from preflight.hostfile import HostfileError
+    from preflight.inputs import InputError
 
     args = _parse(cli_argv(config))
     try:
         return args, cli.build_options(args)
-    except (cli.UsageError, HostfileError, ConfigError) as exc:
+    except (cli.UsageError, HostfileError, ConfigError, InputError) as exc:
         raise pytest.UsageError(f"preflight: {_rename(str(exc))}") from None
 
 

@@ -10,8 +10,10 @@ exist on every process) and TORCH_NCCL_ASYNC_ERROR_HANDLING; see shared/referenc
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from preflight.checks import interfaces, validate
 from preflight.checks.base import Status
 
 Env = Dict[str, str]
@@ -27,6 +29,10 @@ NEVER = {
     "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name: use "
                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING (recommended above)",
 }
+# The only variables preflight ever writes to the --env-file (DeepSpeed's .deepspeed_env): a key outside this set is
+# a bug, never something a host could add.
+OWNED_KEYS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+                        "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 # NCCL picks the RoCE GID index dynamically from this version on (NCCL_IB_GID_INDEX default -1).
 DYNAMIC_GID_NCCL = (2, 21)
 IPV4_MAPPED_GID = "0000:0000:0000:0000:0000:ffff:"
@@ -39,6 +45,13 @@ def _host_facts(cluster: Any, check: str) -> Dict[str, Dict[str, Any]]:
             if isinstance(facts.get(h.name), dict) and facts[h.name].get(check) is not None}
 
 
+def _interfaces_view(cluster: Any) -> Dict[str, Dict[str, Any]]:
+    """Each host's interfaces facts as the interfaces check judged them: names outside validate's rules and
+    fields of the wrong type left out (the host reported them; they are data, never part of an env value)."""
+    return {h: interfaces.trusted_view(f)[0] for h, f in _host_facts(cluster, "interfaces").items()
+            if isinstance(f, dict)}
+
+
 def socket_ifname(names: Sequence[str]) -> str:
     """One NCCL_SOCKET_IFNAME value matching the chosen interface on every host.
 
@@ -49,8 +62,9 @@ def socket_ifname(names: Sequence[str]) -> str:
 
 
 def _allowed(name: Optional[str], itf_facts: Optional[Dict[str, Any]]) -> bool:
-    """Never lo, docker* or bridges, whatever the measurements say."""
-    if not name or name == "lo" or name.startswith("docker"):
+    """Never lo, docker* or bridges, whatever the measurements say; never a name outside validate's rules (it
+    came from a host and would end up in every node's environment)."""
+    if not validate.ifname(name) or name == "lo" or str(name).startswith("docker"):
         return False
     for itf in (itf_facts or {}).get("interfaces") or []:
         if itf.get("name") == name and (itf.get("kind") in EXCLUDED_KINDS or itf.get("bridge_master")):
@@ -69,6 +83,22 @@ def _route_dev(itf_facts: Dict[str, Any]) -> Optional[str]:
             if addr and i.get("name") != "lo" and any(a.split("/")[0] == addr for a in i.get("ipv4") or []):
                 return i["name"]
     return route.get("dev")
+
+
+def _is_network(text: Any) -> bool:
+    try:
+        ipaddress.ip_network(str(text))
+        return True
+    except ValueError:
+        return False
+
+
+def _is_address(text: Any) -> bool:
+    try:
+        ipaddress.ip_address(str(text))
+        return True
+    except ValueError:
+        return False
 
 
 def _version(text: Any) -> Optional[Tuple[int, int]]:
@@ -93,7 +123,7 @@ def roce_gid_index(ports: Sequence[Dict[str, Any]]) -> Tuple[Optional[int], str]
     """The GID index of a RoCE v2 IPv4 GID common to every given RoCE port, or (None, why not)."""
     common: Optional[set] = None
     for p in ports:
-        idx = {g.get("index") for g in p.get("gids") or []
+        idx = {g.get("index") for g in p.get("gids") or [] if validate.port_number(g.get("index"))
                if "v2" in (g.get("type") or "").lower() and str(g.get("gid", "")).startswith(IPV4_MAPPED_GID)}
         if not idx:
             return None, "%s:%s has no RoCE v2 GID of an IPv4 address" % (p.get("device"), p.get("port"))
@@ -130,7 +160,8 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
     bad = [(h, d) for h, d in named if not _allowed(d, iface.get(h))]
     if bad:
         notes.append("not recommending NCCL_SOCKET_IFNAME: %s is loopback, docker or a bridge (or unknown); NCCL "
-                     "must use the hosts' real NICs" % ", ".join("%s on %s" % (d, h) for h, d in bad))
+                     "must use the hosts' real NICs" % ", ".join(
+                         "%s on %s" % (d if validate.ifname(d) else validate.quote(d), h) for h, d in bad))
         return
     value = socket_ifname(devices)
     unique = sorted(set(devices))
@@ -149,7 +180,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
             "same interface as NCCL, for torch.distributed's gloo (CPU collectives, and the object collectives "
             "DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax")
     else:
-        net = chosen["network"] if chosen else None
+        net = chosen["network"] if chosen and _is_network(chosen.get("network")) else None
         how = ("GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to %s | awk '{print $2}')" % net) if net else \
             "GLOO_SOCKET_IFNAME=<that host's interface>"
         notes.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
@@ -164,7 +195,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
             on_chosen = ipaddress.ip_address(ssh_addr) in ipaddress.ip_network(chosen["network"])
         except (ValueError, TypeError, KeyError):
             on_chosen = None  # a name, not an address: unknown
-        if addr and on_chosen is False:
+        if addr and on_chosen is False and _is_address(addr):
             notes.append("the hostfile names resolve to another network (%s is %s) than the fastest one: launch with "
                          "deepspeed --master_addr=%s so that the rendezvous uses %s too"
                          % (master, ssh_addr, addr, chosen["network"]))
@@ -188,6 +219,15 @@ def _ib_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[str,
                      "fix the port, leave the host out, or set NCCL_IB_DISABLE=1 (sockets only, much slower)"
                      % (", ".join(without), "has" if len(without) == 1 else "have"))
     ports = [p for h in hosts for p in active[h]]
+    # Host-reported names go into NCCL_IB_HCA only when they pass validate's rules (interfaces FAILs the others).
+    odd = [p for p in ports if not (validate.hca_name(p.get("device")) and validate.port_number(p.get("port")))]
+    if odd:
+        notes.append("not using IB ports with invalid names in NCCL_IB_HCA: %s (see the interfaces results)"
+                     % ", ".join("%s:%s" % (validate.quote(p.get("device")), validate.quote(p.get("port")))
+                                 for p in odd[:8]))
+        ports = [p for p in ports if p not in odd]
+        if not ports:
+            return
     hcas = sorted({"%s:%s" % (p["device"], p["port"]) for p in ports})
     put("NCCL_IB_HCA", "=" + ",".join(hcas),
         "the active IB/RoCE ports; '=' makes NCCL match exact names (without it mlx5_1 also matches mlx5_10..)")
@@ -217,14 +257,29 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
     notes: List[str] = []
 
     def put(name: str, value: str, why: str) -> None:
-        if name in NEVER:  # a guard against regressions: these must never reach a user's environment
+        if name in NEVER or name not in OWNED_KEYS:  # guards against regressions, not against hosts
             raise ValueError("refusing to recommend %s" % name)
+        if not validate.env_key(name) or not validate.env_value(value):
+            # The last gate before the printed exports and the --env-file: whatever a host reported, nothing a
+            # shell or DeepSpeed's `export K="V"` would interpret gets through.
+            notes.append("not recommending %s: its value %s holds characters a shell would interpret"
+                         % (validate.quote(name), validate.quote(value)))
+            return
         env[name] = value
         reasons[name] = why
 
-    iface = _host_facts(cluster, "interfaces")
-    _socket_env(cluster, put, notes, iface)
-    _ib_env(cluster, put, notes, iface)
+    iface = _interfaces_view(cluster)
+    try:
+        _socket_env(cluster, put, notes, iface)
+        _ib_env(cluster, put, notes, iface)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # Facts of a shape no check produces (a broken or lying host): no network variables, never a crash.
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+                     "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL"):
+            env.pop(name, None)
+            reasons.pop(name, None)
+        notes.append("no network recommendation: the hosts' interface facts are malformed (%s: %s)"
+                     % (type(exc).__name__, validate.quote(str(exc))))
     put("NCCL_DEBUG", "WARN", "NCCL prints the reason of a failure instead of failing silently; INFO for more")
     put("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
         "a failed or timed-out collective aborts the job instead of hanging it (the legacy "
@@ -235,3 +290,20 @@ def recommend(cluster: Any, results: List[Any]) -> Tuple[Env, Dict[str, str], Li
         notes.append("network checks failed (%s): fix them before trusting the interface recommendation"
                      % ", ".join(sorted({r.host for r in failing})))
     return env, reasons, notes
+
+
+def safe_env(env: Env) -> Env:
+    """The variables that may be written or printed: owned keys whose values a shell would not interpret."""
+    return {k: v for k, v in env.items() if k in OWNED_KEYS and validate.env_value(v)}
+
+
+def env_file_text(env: Env) -> str:
+    """DeepSpeed's .deepspeed_env: one KEY=VALUE line per variable and nothing else (a blank line crashes its
+    launcher). Its pdsh runner turns each line into `export K=V` (quoted as "V" when V has other characters than
+    [\\w@%+=:,./-]) in a shell on every node, so each value is checked again here: no $, `, ", \\ or newline."""
+    return "".join("%s=%s\n" % (k, v) for k, v in safe_env(env).items())
+
+
+def export_lines(env: Env) -> List[str]:
+    """The same variables as env_file_text, as shell lines to paste (shlex-quoted, so the same text)."""
+    return ["export %s=%s" % (k, shlex.quote(v)) for k, v in safe_env(env).items()]

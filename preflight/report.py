@@ -143,8 +143,9 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
         console.print(matrix(report))
         if report.env:
             console.print(Text("recommended environment (also written by --env-file):", style="bold"))
-            for key, value in report.env.items():
-                console.print(f"export {key}={value}", highlight=False, soft_wrap=True)
+            from preflight.recommend import export_lines, safe_env
+            for key, line in zip(safe_env(report.env), export_lines(report.env)):
+                console.print(Text(line), highlight=False, soft_wrap=True)
                 if verbose:
                     console.print(Text(f"    # {report.reasons.get(key, '')}", style="dim"), soft_wrap=True)
         for note in report.notes if verbose else []:
@@ -194,7 +195,8 @@ def to_html(report: Report) -> str:
 
 def to_env_file(report: Report) -> str:
     """DeepSpeed's .deepspeed_env: KEY=VALUE lines and nothing else (a blank line crashes its launcher)."""
-    return "".join(f"{k}={v}\n" for k, v in report.env.items())
+    from preflight.recommend import env_file_text
+    return env_file_text(report.env)
 
 
 def write_file(path: str, text: str, out: Optional[TextIO] = None) -> None:

@@ -6,14 +6,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from preflight.checks import fmt, iperf3
 from preflight.checks.base import Status
 from preflight.config import load_defaults
-from preflight.runner import Progress
 from tests import fakes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -159,7 +159,7 @@ def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
     assert res["denied1"]["rc"] == 255 and "Permission denied" in res["denied1"]["stderr"]
     assert res["slow1"]["rc"] == 124 and ls.classify(124, res["slow1"]["stderr"]) == "timeout"
     calls = fake_ssh.read_text().splitlines()
-    assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x good0 hostname" in calls
+    assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -- good0 hostname" in calls
 
 
 def test_probe_respects_the_overall_deadline(fake_ssh):

@@ -134,7 +134,7 @@ def test_missing_path_fails_with_fix():
     o = nvme.evaluate({"paths": [e]}, T)
     assert o.status == Status.FAIL
     assert "/local_nvme/offload: does not exist" in o.message and "expected an existing directory" in o.message
-    assert "mkdir -p /local_nvme/offload" in o.fix
+    assert "mkdir -p -- /local_nvme/offload" in o.fix
 
 
 def test_unwritable_path_fails():
@@ -149,7 +149,7 @@ def test_block_device_is_refused():
               error="is a block device, not a directory", device_mounts=["/local_nvme"])
     o = nvme.evaluate({"paths": [e]}, T)
     assert o.status == Status.FAIL and "block device" in o.message
-    assert o.fix.startswith("mkdir -p /local_nvme/offload,") and "--nvme-path to /local_nvme/offload" in o.fix
+    assert o.fix.startswith("mkdir -p -- /local_nvme/offload,") and "--nvme-path to /local_nvme/offload" in o.fix
 
 
 def test_no_path_skips_with_reason():

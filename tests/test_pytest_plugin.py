@@ -83,7 +83,7 @@ def test_without_preflight_options_the_plugin_adds_nothing(pytester: pytest.Pyte
 @pytest.mark.parametrize("hostfile, args, words", [
     ("node01\n", [], "hostfile:1: bad entry 'node01'"),
     ("node01 slots=1\n", ["--preflight-checks=libaio,nope"], "unknown check 'nope'"),
-    ("node01 slots=1\n", ["--preflight-timeout=-1"], "argument --preflight-timeout: '-1' must be > 0"),
+    ("node01 slots=1\n", ["--preflight-timeout=-1"], "argument --preflight-timeout: '-1' is out of range; expected 0 < x <= 86400"),
     ("node01 slots=1\n", ["--preflight-config=missing.toml"], "missing.toml: no such file"),
     (None, ["--preflight-checks=libaio"], "--preflight-checks needs --preflight-hostfile"),
     ("node01 slots=1\n", ["--preflight-model-parallel-size=0"],
