@@ -22,6 +22,7 @@ from preflight.hostfile import (HostfileError, apply_filters, expanded_text, loa
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+VERSION_LINE = f"preflight {__version__}"
 
 
 class UsageError(Exception):
@@ -66,8 +67,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
-    parser.add_argument("--version", action="version", version=f"preflight {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile}")
+    parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile,version}")
 
     commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "host: the hostfile DeepSpeed's launcher reads as preflight does")
 
     commands["hostfile"] = hf
+    commands["version"] = sub.add_parser("version", help="print preflight's version (as --version does)")
     run = commands["run"] = sub.add_parser(
         "run", help="run the checks on every host of the hostfile (default: this machine)")
     g = run.add_argument_group("cluster")
@@ -310,6 +312,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_run(args)
     if args.command == "hostfile":
         return cmd_hostfile(args, sys.stdout, sys.stderr)
+    if args.command == "version":
+        print(VERSION_LINE)
+        return EXIT_OK
     parser.print_help()
     return EXIT_USAGE
 
