@@ -10,9 +10,9 @@ Parses, among others (NVML first; these are the fallbacks):
     nvcc --version:
         Cuda compilation tools, release 13.0, V13.0.88
 
-Thresholds ([driver_cuda] in defaults.toml): ``minor_compat_status`` ("warn" or "fail").
-``gpus_expected`` is read from ``facts["gpus_expected"]`` (the coordinator's per-host param) or
-``thresholds["gpu"]["gpus_expected"]``: one knob shared with the ``gpu`` check.
+Thresholds ([driver_cuda] in defaults.toml): ``minor_compat_status`` ("warn" or "fail"). Whether GPUs are
+expected (a missing driver FAILs instead of SKIPping) comes from ``base.gpus_expected``: the coordinator's param,
+``[gpu] gpus_expected``, or the host's own evidence (/dev/nvidia*, an NVIDIA PCI device, a CUDA build of torch).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, limits,
-                    nvml_session, read_text, sh, skip)
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, gpu_evidence,
+                    gpus_expected, limits, nvml_session, read_text, sh, skip)
 
 NAME = "driver_cuda"
 DESCRIPTION = "NVIDIA driver can run torch's CUDA (incl. minor-version compat), nvcc matches, GPUs >= slots"
@@ -273,6 +273,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
             facts.update(driver=facts["proc_driver_version"], driver_source="proc")
 
     facts.update(_torch_facts())
+    facts["gpu_evidence"] = gpu_evidence(facts.get("torch_cuda"))
 
     nvcc_path = _find_nvcc()
     facts["nvcc_path"] = nvcc_path
@@ -287,10 +288,8 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def _gpus_expected(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> bool:
-    if facts.get("gpus_expected") is not None:
-        return bool(facts["gpus_expected"])
-    return bool(limits(thresholds, "gpu")["gpus_expected"])
+def _gpus_expected(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Tuple[bool, str]:
+    return gpus_expected(facts, bool(limits(thresholds, "gpu")["gpus_expected"]))
 
 
 def _threshold(thresholds: Dict[str, Any], key: str) -> Any:
@@ -320,7 +319,7 @@ def _driver_for(cuda: str) -> Optional[str]:
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    expected = _gpus_expected(facts, thresholds)
+    expected, why_expected = _gpus_expected(facts, thresholds)
     driver = facts.get("driver")
     metrics = {k: facts.get(k) for k in ("driver", "cuda_driver", "torch", "torch_cuda", "nccl", "gpu_count",
                                          "nvcc", "slots")}
@@ -343,7 +342,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
             nvml_error or "unavailable", facts.get("smi_error") or "unavailable")
         if expected:
-            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (gpus_expected = true)",
+            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
                                     "install the NVIDIA datacenter driver (>= %s for CUDA %s) and check that "
                                     "`nvidia-smi` lists the GPUs" % (
                                         _driver_for(facts.get("torch_cuda") or "") or "the branch for torch's CUDA",

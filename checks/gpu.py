@@ -21,8 +21,8 @@ import shlex
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, limits,
-                    nvml_session, read_text, sh, skip)
+from .base import (Finding, HostContext, NVMLUnavailable, Outcome, Status, as_str, combine, error, gpu_evidence,
+                    gpus_expected, limits, nvml_session, read_text, sh, skip)
 
 NAME = "gpu"
 DESCRIPTION = "GPU health: ECC, row remapping, PCIe link, clock slowdowns, temperature, modes, memory in use, Xids"
@@ -420,6 +420,8 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     facts["driver_present"] = bool(facts["source"] or facts["proc_driver"])
     if facts["driver_present"]:
         _collect_kernel_log(ctx, facts)
+    else:
+        facts["gpu_evidence"] = gpu_evidence()
     return facts
 
 
@@ -586,8 +588,7 @@ def _xid_findings(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Fin
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    expected = bool(facts["gpus_expected"]) if facts.get("gpus_expected") is not None else bool(
-        _t(thresholds, "gpus_expected"))
+    expected, why_expected = gpus_expected(facts, bool(_t(thresholds, "gpus_expected")))
     gpus = facts.get("gpus") or []
     metrics: Dict[str, Any] = {"gpu_count": len(gpus), "driver": facts.get("driver"), "source": facts.get("source")}
 
@@ -595,7 +596,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
             facts.get("nvml_error") or "unavailable", facts.get("smi_error") or "unavailable")
         if expected:
-            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (gpus_expected = true)",
+            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
                                     "install the NVIDIA datacenter driver and check that `nvidia-smi` lists the "
                                     "GPUs")], "", metrics)
         return skip(reason + "; GPU health does not apply (set gpus_expected = true to make this a failure)",
