@@ -18,7 +18,7 @@ from preflight import __version__
 from preflight.config import ConfigError, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
-                                split_csv)
+                                split_csv, with_slots)
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("cluster")
     g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile ('host slots=N'; node[01-04] ranges ok). "
                    "Without it the cluster is this machine alone, run without SSH")
+    g.add_argument("--slots", type=_positive_int, metavar="N",
+                   help="GPUs (ranks) per host: overrides the hostfile's slots and, without a hostfile, the visible "
+                        "GPUs of this machine (like DeepSpeed's --num_gpus)")
     g.add_argument("-i", "--include", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("-e", "--exclude", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("--python", default="python3", metavar="PATH",
@@ -198,13 +201,19 @@ def build_options(args: argparse.Namespace):
         _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
     thresholds = load_thresholds(args.config)
     notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
+    info: List[str] = []  # what preflight decided for the user (e.g. where the local slot count came from)
+    if args.slots is not None and (args.include or args.exclude):
+        # DeepSpeed: "Cannot specify num_nodes/gpus with include/exclude"
+        raise UsageError("--slots cannot be combined with --include/--exclude (as DeepSpeed's --num_gpus)")
     if args.hostfile:
         hosts = apply_filters(load_hostfile(args.hostfile, notes), args.include, args.exclude)
+        if args.slots is not None:
+            hosts = with_slots(hosts, args.slots)
         local = False
     else:
         if args.include or args.exclude:
             raise UsageError("--include/--exclude need --hostfile")
-        hosts, local = local_cluster(), True
+        hosts, local = local_cluster(args.slots, info), True
         if not shutil.which(args.python):
             raise UsageError(f"--python {args.python}: not found on this machine (without --hostfile the checks run "
                              "here); pass an existing interpreter")
@@ -226,7 +235,7 @@ def build_options(args: argparse.Namespace):
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
         "model_parallel_size": args.model_parallel_size,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
-        "input_notes": notes,
+        "input_notes": notes, "info_notes": info,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
@@ -263,6 +272,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(f"preflight: error: {exc}", soft_wrap=True, markup=False)
         return EXIT_USAGE
+    for note in options.extra.get("info_notes") or []:
+        err.print(f"preflight: {note}", soft_wrap=True, highlight=False, markup=False)
     for note in options.extra.get("input_notes") or []:
         err.print(f"preflight: warning: {note}", soft_wrap=True, highlight=False, markup=False)
     runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))

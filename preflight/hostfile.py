@@ -20,7 +20,10 @@ rejected with ``file:line``: slots=0, more than MAX_SLOTS slots, a byte-order ma
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
+import subprocess
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -262,9 +265,58 @@ def apply_filters(hosts: List[HostSpec], include: str = "", exclude: str = "") -
     return selected
 
 
-def local_cluster(slots: int = 1) -> List[HostSpec]:
-    """No hostfile: the cluster is this machine alone, like DeepSpeed's launcher without a hostfile."""
-    return [HostSpec(name="localhost", slots=slots, index=0, gpus=list(range(slots)), line=0)]
+def visible_gpus(env: Optional[Dict[str, str]] = None) -> Tuple[List[int], str]:
+    """The GPUs DeepSpeed's launcher would use on this machine without a hostfile, and where that came from.
+
+    CUDA_VISIBLE_DEVICES first (DeepSpeed turns it into ``--include localhost:<ids>``; "" or -1 hide every GPU),
+    then NVML's device count, then ``nvidia-smi -L`` lines ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)").
+    """
+    env = os.environ if env is None else env
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        ids: List[int] = []
+        for part in (p.strip() for p in cvd.split(",")):
+            if not part.isdigit():  # -1, "NoDevFiles", a UUID/MIG name: the ones before it are the visible set
+                break
+            ids.append(int(part))
+        return ids, f"CUDA_VISIBLE_DEVICES={cvd!r}"
+    try:
+        import pynvml  # nvidia-ml-py
+        pynvml.nvmlInit()
+        try:
+            return list(range(int(pynvml.nvmlDeviceGetCount()))), "NVML"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no module, no driver: try the next source
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL)
+        if out.returncode == 0:
+            return [i for i, ln in enumerate(ln for ln in out.stdout.splitlines() if ln.startswith("GPU "))], \
+                "nvidia-smi -L"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return [], "no NVIDIA GPU visible (no NVML, no nvidia-smi)"
+
+
+def local_cluster(slots: Optional[int] = None, notes: Optional[List[str]] = None) -> List[HostSpec]:
+    """No hostfile: the cluster is this machine alone, with every visible GPU as DeepSpeed's launcher uses it.
+
+    ``slots`` (``--slots``) overrides the detection; a machine without GPUs gets one slot (one gloo rank).
+    """
+    if slots is not None:
+        gpus, source = list(range(slots)), f"--slots {slots}"
+    else:
+        gpus, source = visible_gpus()
+    if notes is not None:
+        notes.append(f"this machine: {max(1, len(gpus))} slot(s), from {source}")
+    return [HostSpec(name="localhost", slots=max(1, len(gpus)), index=0, gpus=gpus or [0], line=0)]
+
+
+def with_slots(hosts: List[HostSpec], slots: int) -> List[HostSpec]:
+    """``--slots N`` on a hostfile: N GPUs per host, ids 0..N-1, as DeepSpeed's ``--num_gpus`` does."""
+    return [dataclasses.replace(h, slots=slots, gpus=list(range(slots))) for h in hosts]
 
 
 def split_csv(value: str) -> Tuple[str, ...]:

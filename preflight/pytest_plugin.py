@@ -69,6 +69,7 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--hostfile", "DeepSpeed hostfile: run preflight on its hosts and report each (host, check) as a test",
          metavar="FILE"),
     Flag("--include", "DeepSpeed syntax 'host1:0,1@host2'", metavar="SPEC"),
+    Flag("--slots", "GPUs (ranks) per host; without a hostfile: this machine's visible GPUs", metavar="N"),
     Flag("--exclude", "DeepSpeed syntax 'host1:0,1@host2'", metavar="SPEC"),
     Flag("--python", "interpreter on the hosts: the job's environment (default: python3)", metavar="PATH"),
     Flag("--checks", "run only these checks (see `preflight list`)", metavar="A,B"),
