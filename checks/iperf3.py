@@ -236,6 +236,33 @@ def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]
     return blamed
 
 
+def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
+    """{host: why} for hosts that no iperf3 test could connect to, on the network whose addresses are given
+    ({host: address}): every inbound test to the host failed (two at least), the failures are blamed on it (its
+    peers succeed elsewhere), and its server was up (so it is the network, not a missing iperf3). Pure; used by
+    the all-reduce to leave such hosts out."""
+    found: Dict[str, str] = {}
+    for net in facts.get("networks") or []:
+        if not isinstance(net, dict) or not net.get("links"):
+            continue
+        net_addrs = net.get("addresses") or {}
+        hosts = [h for h in addresses if net_addrs.get(h) == addresses[h]]
+        if not hosts:
+            continue
+        links = [ln for ln in net["links"] if isinstance(ln, dict)]
+        blamed = blame_failures(links)
+        for h in hosts:
+            inbound = [ln for ln in links if ln.get("dst") == h]
+            bad = [ln for ln in blamed.get(h, []) if ln.get("dst") == h and ln.get("blame") is None
+                   and not ln.get("agent_failed")]
+            # Two failed tests at least: one lost connect under load must not take a host out of a run.
+            if len(bad) >= 2 and len(bad) == len(inbound) and h not in found:
+                found[h] = "iperf3: every test to %s on %s failed (%s)" % (
+                    h, net.get("network"), "; ".join("%s->%s: %s" % (ln["src"], h, str(ln.get("error"))[:120])
+                                                     for ln in bad[:2]))
+    return found
+
+
 # --- host side -------------------------------------------------------------------------------------------
 
 def _help_text() -> Optional[str]:
@@ -429,6 +456,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                             "error": None}
                     if isinstance(value, BaseException):
                         link["error"] = "the client on %s did not report: %s" % (src, _err(value))
+                        link["agent_failed"] = True  # preflight's machinery, not evidence about the network
                     else:
                         link.update(gbps=value.get("gbps"), retransmits=value.get("retransmits"),
                                     error=value.get("error"), sent_gbps=value.get("sent_gbps"))

@@ -24,6 +24,7 @@ from .verdict import judge
 
 MAX_RANKS_IN_METRICS = 512
 
+
 def _iperf3(cluster: Any) -> Dict[str, Any]:
     facts = (cluster.facts.get("*") or {}).get("iperf3")
     return facts if isinstance(facts, dict) else {}
@@ -53,7 +54,7 @@ def _plan_jobs(hosts: Sequence[Any], master_addr: str, port: int) -> Dict[str, L
     jobs: Dict[str, List[Dict[str, Any]]] = {}
     base_rank = 0
     for h in hosts:
-        gpus = list(h.gpus) or list(range(h.slots))
+        gpus = list(h.gpus or []) or list(range(h.slots))
         jobs[h.name] = [{"tag": "main", "rank": base_rank + i, "local_rank": i, "local_world_size": h.slots,
                          "world_size": world, "master_addr": master_addr, "master_port": port,
                          "device": gpus[i] if i < len(gpus) else i} for i in range(h.slots)]
@@ -69,7 +70,7 @@ def _pair_jobs(pairs: Sequence[Tuple[Any, Any]], addr_of: Dict[str, str], port: 
         tag = "pair:%s,%s" % (a.name, b.name)
         for r, h in enumerate((a, b)):
             mine = jobs.setdefault(h.name, [])
-            gpus = list(h.gpus) or [0]
+            gpus = list(h.gpus or []) or [0]
             mine.append({"tag": tag, "rank": r, "local_rank": 0, "local_world_size": 1, "world_size": 2,
                          "master_addr": addr_of[a.name], "master_port": port,
                          "device": gpus[len(mine) % len(gpus)]})
@@ -323,32 +324,69 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
             "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]))}
 
 
+def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Hosts that the ports or iperf3 check already proved unreachable over TCP on the addresses the all-reduce
+    will use: a full run including them can only wait out init_timeout_s, so they are left out and named."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for check in ("ports", "iperf3"):
+        facts = cluster_facts.get(check)
+        if not isinstance(facts, dict):
+            continue
+        try:
+            if check == "ports":
+                from ..ports import blocked_hosts
+                hits = blocked_hosts(facts, addr_of)
+            else:
+                from ..iperf3 import unreachable_hosts
+                hits = unreachable_hosts(facts, addr_of)
+        except Exception:  # another check's facts: a schema change there must not break this check
+            continue
+        for h, why in hits.items():
+            if h in found:
+                found[h]["reason"] += "; " + why
+                found[h]["sources"].append(check)
+            else:
+                found[h] = {"host": h, "reason": why, "sources": [check], "kind": "mesh"}
+    return [found[h] for h in addr_of if h in found]
+
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
     cfg = limits(cluster.thresholds, NAME)
     t0 = time.monotonic()
     hosts = list(cluster.hosts)
+    reachable = {x.name for x in hosts}
     port = int(cluster.options.get("master_port") or 29500)
-    facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
-                             "world_size": sum(h.slots for h in hosts), "master_port": port,
-                             "min_busbw": cluster.options.get("min_busbw"),
-                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in
-                                             {x.name for x in hosts}]}
-    master = cluster.master if cluster.master.name in facts["slots"] else hosts[0]
     iperf = _iperf3(cluster)
     chosen = iperf.get("chosen") or {}
     chosen_addr = chosen.get("addresses") or {}
+    # Fail fast: what the ports and iperf3 checks already proved is not waited out again (init_timeout_s, then
+    # pairwise runs). Those hosts are named, and the all-reduce runs among the others.
+    excluded: List[Dict[str, Any]] = []
+    if cfg["exclude_unreachable"] and len(hosts) >= 2:
+        excluded = known_unreachable(cluster.facts.get("*") or {}, {
+            h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
+        if excluded:
+            cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
+                names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
+            hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
+    facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
+                             "world_size": sum(h.slots for h in hosts), "master_port": port,
+                             "min_busbw": cluster.options.get("min_busbw"), "excluded": excluded,
+                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable]}
+
+    def done(status: str, **more: Any) -> Dict[str, Any]:
+        facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
+        return facts
+
+    if not hosts:
+        return done("skipped", reason="no host is left to run it on")
+    master = cluster.master if cluster.master.name in facts["slots"] else hosts[0]
     master_addr = chosen_addr.get(master.name) or cluster.address(master.name)
     addr_of = {h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts}
     owner = {a: h for h, a in addr_of.items()}
     owner.update({cluster.address(h.name): h.name for h in hosts})
     facts.update(master=master.name, master_addr=master_addr, network=chosen.get("network"),
                  iperf3_median_gbps=chosen.get("median_gbps"), init_timeout_s=float(cfg["init_timeout_s"]))
-
-    def done(status: str, **more: Any) -> Dict[str, Any]:
-        facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
-        return facts
-
     if facts["world_size"] <= 1:
         return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
                                       "copy), so it measures no bandwidth" % facts["world_size"])
@@ -381,15 +419,15 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                                         "source": "probe", "kind": "no_gpu"} for h, n in blind.items()]})
     if all(cuda.values()):
         backend = "nccl"
-        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus),
+        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus or []),
                                                                        probes[h.name]["device_count"])
-                 for h in hosts if max(list(h.gpus) or [h.slots - 1]) >= probes[h.name]["device_count"]}
+                 for h in hosts if max(list(h.gpus or []) or [h.slots - 1]) >= probes[h.name]["device_count"]}
         if short:
             return done("failed", backend=backend, failure={"kind": "no_gpu", "message": "; ".join(
                 "%s: %s" % kv for kv in short.items())}, errors=[],
                 localization={"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
                                            for h, why in short.items()]})
-        facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus) or range(h.slots))]
+        facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus or []) or range(h.slots))]
                               for h in hosts}
         facts["nccl"] = {h: p.get("nccl") for h, p in probes.items()}
     elif any(cuda.values()):
