@@ -21,6 +21,7 @@ ORDER = [
     "nvme",
     "interfaces",
     "versions",
+    "compute",
     "ports",
     "launcher_ssh",
     "iperf3",

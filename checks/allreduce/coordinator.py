@@ -30,9 +30,11 @@ def _iperf3(cluster: Any) -> Dict[str, Any]:
     return facts if isinstance(facts, dict) else {}
 
 
-def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: float) -> List[Dict[str, Any]]:
+def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: float,
+                       stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Stragglers of the iperf3 check's links on the chosen network, by that check's own rule (a host's median link
-    against the median of the links without it), so that both checks blame the same host."""
+    against the median of the links without it: below the fraction, or statistically clear with ``stats``, the
+    [iperf3] thresholds), so that both checks blame the same host."""
     chosen = iperf.get("chosen") or {}
     nets = [n for n in iperf.get("networks") or [] if isinstance(n, dict) and n.get("links")]
     net = next((n for n in nets if n.get("network") == chosen.get("network")), None) or (nets[0] if nets else None)
@@ -40,11 +42,12 @@ def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: fl
         return []
     try:
         from ..iperf3 import find_stragglers
-        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction)
+        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
     except Exception:  # another check's facts: a schema change there must not break this check
         return []
-    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f"
-             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"]),
+    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f%s"
+             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"],
+                " (robust z %.1f)" % s["z"] if "z" in s else ""),
              "source": "iperf3", "kind": "slow"} for h, s in found.items()]
 
 
@@ -464,8 +467,9 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     sizes, stopped = _group_table(ranks)
     facts.update(sizes=sizes, stopped_early=stopped, errors=errors[:64], error_count=len(errors))
     localization: Dict[str, Any] = {"suspects": []}
-    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(
-        limits(cluster.thresholds, "iperf3")["straggler_warn_fraction"]))
+    iperf_limits = limits(cluster.thresholds, "iperf3")
+    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(iperf_limits["straggler_warn_fraction"]),
+                                        iperf_limits)
     if not ok:
         primary = errors[0] if errors else {"kind": "other", "error": "; ".join(agent_errors.values())}
         facts["failure"] = {"kind": primary["kind"], "message": _failure_message(errors, facts, agent_errors)}
