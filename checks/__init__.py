@@ -20,6 +20,7 @@ ORDER = [
     "libaio",
     "nvme",
     "interfaces",
+    "memlock",
     "versions",
     "compute",
     "ports",

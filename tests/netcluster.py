@@ -480,10 +480,14 @@ class NetCluster:
 
     # -- network conditions --------------------------------------------------
 
-    def shape(self, host: Host | str, mbit: float, network: int = 0) -> None:
-        """Limit both directions of the host's link on `network` to `mbit` Mbit/s."""
+    def shape(self, host: Host | str, mbit: float, network: int = 0, jitter: Sequence[str] | None = None) -> None:
+        """Limit both directions of the host's link on `network` to `mbit` Mbit/s; with `jitter` (delay, spread,
+        e.g. ("1ms", "0.5ms")) a netem below the rate limit also delays each packet normally distributed."""
         for netns, dev in self._link_ends(host, network):
-            _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", *self._tbf(mbit)])
+            _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf(mbit)])
+            if jitter:
+                _run(["tc", *netns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+                      "delay", jitter[0], jitter[1], "distribution", "normal"])
 
     def unshape(self, host: Host | str, network: int = 0) -> None:
         for netns, dev in self._link_ends(host, network):
