@@ -22,6 +22,7 @@ ORDER = [
     "interfaces",
     "memlock",
     "versions",
+    "clock",
     "compute",
     "ports",
     "launcher_ssh",
