@@ -28,6 +28,7 @@ ORDER = [
     "launcher_ssh",
     "iperf3",
     "allreduce",
+    "checkpoint",
     "ds_config",
 ]
 

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parameters of the largest layer (ZeRO-3 estimate)")
     g.add_argument("--min-busbw", type=_positive_float, metavar="GBPS",
                    help="all-reduce bus bandwidth below this (GB/s) fails")
+    g.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="the job's checkpoint directory: exists and writable on every host, free space for one "
+                        "checkpoint (with --model-params), one shared filesystem; the test files are removed")
     g = run.add_argument_group("ssh")
     g.add_argument("--ssh-user", metavar="USER")
     g.add_argument("--ssh-port", type=_port, metavar="PORT")
@@ -170,6 +173,7 @@ def build_options(args: argparse.Namespace):
         "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
+        "checkpoint_dir": args.checkpoint_dir,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,

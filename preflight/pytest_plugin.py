@@ -82,6 +82,7 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--model-params", "model parameter count (e.g. 7e9) for the ZeRO memory estimate", metavar="N"),
     Flag("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)", metavar="N"),
     Flag("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", metavar="GBPS"),
+    Flag("--checkpoint-dir", "the job's checkpoint directory to check on every host", metavar="DIR"),
     Flag("--ssh-user", "SSH user", metavar="USER"),
     Flag("--ssh-port", "SSH port", metavar="PORT"),
     Flag("--ssh-key", "private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)", metavar="FILE"),
