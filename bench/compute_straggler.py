@@ -4,7 +4,8 @@ Builds 4 namespace hosts (real sshd each) and runs `preflight run --checks compu
 different one each time) in a cgroup limited to --cores CPUs (tests/netcluster.py `throttle`: cgroup v2 cpu.max,
 or v1 cpu.cfs_quota_us where the cpu controller is there), then --reps times with no host limited. Detection: the
 limited host's cell is WARN or FAIL; a false positive: any other host's is. The hosts share this machine's cores,
-so they are measured one at a time (`parallel_hosts = 1`, `rounds` as given). Needs root:
+so they are measured one at a time with one thread each (`parallel_hosts = 1`, `cpu_threads = 1`, `rounds` as
+given): a healthy host then gets up to a core, the limited one --cores. Needs root:
 
     python3 bench/compute_straggler.py                         # 4 hosts, half a core, 10 + 10 runs
     python3 bench/compute_straggler.py --reps 3 --cores 0.5 --rounds 2 --out /tmp/compute.json
@@ -49,14 +50,15 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--cores", type=float, default=0.5)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", help="JSON path (default bench/results/compute_straggler.json)")
     args = parser.parse_args()
     require_netcluster()
     cases: Dict[str, List[Dict[str, Any]]] = {"limited": [], "healthy": []}
     with tempfile.TemporaryDirectory() as tmp, NetCluster(args.hosts) as cluster:
         config = Path(tmp) / "compute.toml"
-        config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\n" % args.rounds)
+        config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n"
+                          % args.rounds)
         for rep in range(args.reps):
             slow = cluster.hosts[rep % len(cluster.hosts)].name
             cluster.throttle(slow, cores=args.cores)

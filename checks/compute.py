@@ -81,7 +81,9 @@ def _rates(fn: Any, work: float, seconds: float, sync: Any, chunks: int) -> Tupl
     return med, (MAD_TO_SIGMA * mad / med) if med else 0.0
 
 
-def _measure_cpu(torch: Any, seconds: float, chunks: int, n: int, copy_mib: int) -> Dict[str, Any]:
+def _measure_cpu(torch: Any, seconds: float, chunks: int, n: int, copy_mib: int, threads: int) -> Dict[str, Any]:
+    if threads > 0:
+        torch.set_num_threads(threads)
     a = torch.randn(n, n, dtype=torch.float32)
     b = torch.randn(n, n, dtype=torch.float32)
     out: Dict[str, Any] = {"gemm_n": n, "torch_threads": torch.get_num_threads()}
@@ -197,7 +199,7 @@ def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         out["gpus"] = _measure_gpus(torch, gpus, params, seconds, chunks, ctx.deadline - 5)
     else:
         out["cpu"].update(_measure_cpu(torch, seconds, chunks, int(params["cpu_gemm_n"]),
-                                       int(params["cpu_copy_mib"])))
+                                       int(params["cpu_copy_mib"]), int(params["cpu_threads"])))
     out["elapsed_s"] = round(time.monotonic() - start, 3)
     return out
 
@@ -208,7 +210,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     lim = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     params = {key: lim[key] for key in ("seconds", "chunks", "gpu_gemm_n", "hbm_mib", "pcie_mib", "cpu_gemm_n",
-                                        "cpu_copy_mib")}
+                                        "cpu_copy_mib", "cpu_threads")}
     facts: Dict[str, Any] = {"hosts": hosts, "unreachable": [h.name for h in cluster.all_hosts if h.name not in hosts],
                              "by_host": {}, "errors": {}}
     # One host's torch import plus ~4 timed loops per GPU; generous, since a cold environment imports slowly.

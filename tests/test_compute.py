@@ -164,7 +164,7 @@ def test_collect_measures_this_cpu_for_real():
     pytest.importorskip("torch")
     lim = TH["compute"]
     params = {k: lim[k] for k in ("seconds", "chunks", "gpu_gemm_n", "hbm_mib", "pcie_mib", "cpu_gemm_n",
-                                  "cpu_copy_mib")}
+                                  "cpu_copy_mib", "cpu_threads")}
     facts = compute.collect(params, HostContext(params=params, deadline=time.monotonic() + 120))
     cpu = facts["cpu"]
     if facts.get("gpus"):
@@ -180,10 +180,10 @@ def test_collect_measures_this_cpu_for_real():
 needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
                                    reason=str(NetCluster.unavailable_reason()))
 # Namespace hosts share this machine's 2 cores. They are measured together (the default), starting at one moment
-# (align_s), so that other work on this machine slows all of them alike: each host's two threads then get about
-# half a core, and a host limited to a fifth of a core is a clear straggler whatever else runs. 1 s in 0.2 s
+# (align_s), so that other work on this machine slows all of them alike, with one thread each (cpu_threads): each
+# host then gets about half a core, and a host limited to a fifth of a core is a clear straggler. 1 s in 0.2 s
 # slices spans two periods of the CPU limit (100 ms) per slice.
-CONFIG = "[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\n"
+CONFIG = "[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n"
 LIMIT_CORES = 0.2
 
 
