@@ -9,6 +9,7 @@ given): a healthy host then gets up to a core, the limited one --cores. Needs ro
 
     python3 bench/compute_straggler.py                         # 4 hosts, half a core, 10 + 10 runs
     python3 bench/compute_straggler.py --reps 3 --cores 0.5 --rounds 2 --out /tmp/compute.json
+    python3 bench/compute_straggler.py --together --cores 0.2      # as the test: 4 hosts at once, 1/5 core
 
 Sample output:
 
@@ -51,14 +52,20 @@ def main() -> int:
     parser.add_argument("--cores", type=float, default=0.5)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--together", action="store_true",
+                        help="measure all hosts at once (each gets cores/hosts), as the namespace test does")
     parser.add_argument("--out", help="JSON path (default bench/results/compute_straggler.json)")
     args = parser.parse_args()
     require_netcluster()
     cases: Dict[str, List[Dict[str, Any]]] = {"limited": [], "healthy": []}
     with tempfile.TemporaryDirectory() as tmp, NetCluster(args.hosts) as cluster:
         config = Path(tmp) / "compute.toml"
-        config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n"
-                          % args.rounds)
+        if args.together:
+            # As tests/test_compute.py: all hosts at once from one start time, so other work slows them alike.
+            config.write_text("[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n")
+        else:
+            config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\n"
+                              "cpu_threads = 1\n" % args.rounds)
         for rep in range(args.reps):
             slow = cluster.hosts[rep % len(cluster.hosts)].name
             cluster.throttle(slow, cores=args.cores)
@@ -87,7 +94,8 @@ def main() -> int:
                   "n/a" if r["ratio_median"] is None else round(r["ratio_median"], 2),
                   "n/a" if r["ratio_min"] is None else round(r["ratio_min"], 2),
                   "n/a" if r["ratio_max"] is None else round(r["ratio_max"], 2), r["wall_s_median"]] for r in rows]))
-    write_json("compute_straggler", {"hosts": args.hosts, "cores": args.cores, "rounds": args.rounds, "rows": rows,
+    write_json("compute_straggler", {"hosts": args.hosts, "cores": args.cores, "rounds": args.rounds,
+                                     "together": args.together, "rows": rows,
                                      "runs": cases}, args.out)
     return 0
 

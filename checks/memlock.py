@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 from .base import HostContext, Outcome, Status, limits
 
 NAME = "memlock"
-DESCRIPTION = "locked-memory limit (ulimit -l) of the job's processes; unlimited where RDMA devices are present"
+DESCRIPTION = "locked-memory limit (ulimit -l) of the job's processes; must be unlimited where RDMA devices are"
 SCOPE = "host"
 DEFAULT = True
 
@@ -56,7 +56,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         return Outcome(Status.WARN, "%s, but this host has RDMA devices (%s): NCCL over InfiniBand/RoCE registers "
                        "its buffers with the NIC and fails or falls back to sockets when it cannot lock them; "
                        "expected unlimited" % (where, ", ".join(rdma[:4])), fix, metrics)
-    if soft is not None and soft < float(lim["min_gib"]) * GiB:
+    if soft is not None and float(lim["min_gib"]) > 0 and soft < float(lim["min_gib"]) * GiB:
         return Outcome(Status.WARN, "%s, below %.0f GiB: pinned-memory buffers (DeepSpeed pin_memory, offload) and "
                        "RDMA registration need more" % (where, float(lim["min_gib"])), fix, metrics)
     return Outcome(Status.PASS, where + (" (RDMA devices: %s)" % ", ".join(rdma[:4]) if rdma else ""),

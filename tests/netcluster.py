@@ -243,6 +243,15 @@ def _sweep_stale() -> None:
     for path, (_, alive) in dirs.items():
         if not alive:
             shutil.rmtree(path, ignore_errors=True)
+    # CPU-limit cgroups (throttle) of clusters whose owner died; their processes are gone with the namespaces.
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")):
+        for cg in root.glob(f"{_PREFIX}*-*"):
+            if re.match(rf"^{_PREFIX}([0-9a-f]{{{_ID_HEX}}})-", cg.name) and cg.name[len(_PREFIX):].split("-")[0] \
+                    not in live:
+                try:
+                    cg.rmdir()
+                except OSError:
+                    pass
 
 
 def _reserve_state_dir() -> tuple[str, Path]:

@@ -32,12 +32,14 @@ def test_unlimited_with_rdma_passes_and_says_so():
     assert out.metrics["ulimit_l"] == "unlimited"
 
 
-def test_a_small_limit_warns_with_the_number_and_the_fix():
+def test_a_small_limit_is_a_fact_and_warns_below_a_configured_floor():
     out = memlock.evaluate(UBUNTU, TH)
+    assert out.status == Status.PASS and "may lock 8192 KiB (hard limit 8192 KiB)" in out.message
+    assert out.metrics["ulimit_l"] == "8192"
+    strict = dict(TH, memlock=dict(TH["memlock"], min_gib=1.0))
+    out = memlock.evaluate(UBUNTU, strict)
     assert out.status == Status.WARN and "may lock 8192 KiB (hard limit 8192 KiB), below 1 GiB" in out.message
-    assert "memlock unlimited" in out.fix and out.metrics["ulimit_l"] == "8192"
-    relaxed = dict(TH, memlock=dict(TH["memlock"], min_gib=0.001))
-    assert memlock.evaluate(UBUNTU, relaxed).status == Status.PASS
+    assert "memlock unlimited" in out.fix
 
 
 def test_rdma_hosts_need_unlimited():
@@ -60,17 +62,20 @@ def test_collect_reads_this_process_limit():
 def test_namespace_host_with_a_lowered_limit_is_named(netcluster_factory, tmp_path):
     # node02's sshd (and so every session it starts) gets a 64 KiB limit, as a host missing limits.conf has.
     cluster = netcluster_factory(2, names=["node01", "node02"])
+    config = tmp_path / "memlock.toml"
+    config.write_text("[memlock]\nmin_gib = 1.0\n")
     for pid in _pids_in(cluster, "node02"):  # its sshd among them
         subprocess.run(["prlimit", "--pid", str(pid), "--memlock=65536:65536"], check=False)
     out = tmp_path / "out.json"
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
-            "--known-hosts", str(cluster.known_hosts), "--checks", "memlock", "--json", str(out)]
+            "--known-hosts", str(cluster.known_hosts), "--checks", "memlock", "--config", str(config),
+            "--json", str(out)]
     subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     cells = {r["host"]: r for r in json.loads(out.read_text())["results"] if r["check"] == "memlock"}
     assert cells["node02"]["status"] == "warn" and "may lock 64 KiB" in cells["node02"]["message"]
     assert cells["node02"]["metrics"]["ulimit_l"] == "64"
-    assert cells["node01"]["metrics"]["soft_bytes"] != 65536
+    assert cells["node01"]["metrics"]["soft_bytes"] != 65536 and "may lock 64 KiB" not in cells["node01"]["message"]
 
 
 def _pids_in(cluster, name):
