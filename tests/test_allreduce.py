@@ -224,6 +224,27 @@ def test_pairwise_bandwidth_names_the_host_whose_best_pair_is_slow():
     assert [s["host"] for s in coordinator._pair_suspects(failing, "failure", 0.75)] == ["node02"]
 
 
+def test_pairwise_names_a_host_10_percent_slow_by_statistics_not_by_noise():
+    def ring(best):
+        hosts = list(best)
+        return [{"hosts": [a, b], "ok": True, "busbw_GBps": min(best[a], best[b])}
+                for a, b in zip(hosts, hosts[1:] + hosts[:1])]
+    cfg = THRESHOLDS["allreduce"]
+    even = {"n1": 0.100, "n2": 0.101, "n3": 0.0995, "n4": 0.1005, "n5": 0.100, "n6": 0.0998}
+    # node n4's best pair is its better neighbour's rate; make n4 itself 10% slow on both of its pairs
+    slow = dict(even, n4=0.090)
+    pairs = ring(slow)
+    for p in pairs:
+        if "n4" in p["hosts"]:
+            p["busbw_GBps"] = 0.090
+    named = coordinator._pair_suspects(pairs, "bandwidth", 0.75, cfg)
+    assert [s["host"] for s in named] == ["n4"] and "90% of the median" in named[0]["reason"]
+    assert coordinator._pair_suspects(pairs, "bandwidth", 0.75) == []  # the fixed fraction alone misses it
+    assert coordinator._pair_suspects(ring(even), "bandwidth", 0.75, cfg) == []
+    noisy = {"n1": 0.100, "n2": 0.080, "n3": 0.120, "n4": 0.090, "n5": 0.110, "n6": 0.095}
+    assert coordinator._pair_suspects(ring(noisy), "bandwidth", 0.75, cfg) == []
+
+
 def test_iperf3_straggler_map():
     iperf = {"chosen": {"network": 1}, "networks": [
         {"network": 0, "links": [{"src": "a", "dst": "b", "gbps": 0.1}]},

@@ -13,6 +13,7 @@ Thresholds: the ``[allreduce]`` section (and ``[iperf3] straggler_warn_fraction`
 from __future__ import annotations
 
 import re
+import statistics
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -254,7 +255,8 @@ def _failure_suspects(errors: Sequence[Dict[str, Any]], port: int) -> List[Dict[
     return suspects
 
 
-def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float) -> List[Dict[str, Any]]:
+def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
+                   stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """From pairwise runs: a host a peer could not reach, a host that fails with every peer, or (bandwidth mode)
     a host whose best pair is below fraction x the median host's best pair."""
     suspects: Dict[str, Dict[str, Any]] = {}
@@ -274,13 +276,20 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float) 
         best = {h: max([p["busbw_GBps"] for p in ps if p["ok"] and p.get("busbw_GBps")] or [0.0])
                 for h, ps in per_host.items()}
         if len(best) >= 3:
-            ordered = sorted(best.values())
-            median = ordered[len(ordered) // 2]
+            median = statistics.median(best.values())
+            # The same rule as the iperf3 map: below the fraction, or a statistically clear deficit (robust z
+            # against the hosts' spread, 1.4826 x MAD, at least noise_floor) that is also larger than min_deficit.
+            spread = 1.4826 * statistics.median([abs(b - median) for b in best.values()])
+            sigma = max(spread, float((stats or {}).get("noise_floor", 1.0)) * median, 1e-12)
             for h, b in best.items():
-                if b < fraction * median and h not in suspects:
-                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, the "
-                                   "median host's %s GB/s" % (gbps(b), gbps(median)), "source": "pairwise",
-                                   "kind": "slow"}
+                z = (b - median) / sigma
+                clear = stats is not None and z < -float(stats["z_threshold"]) \
+                    and b < (1 - float(stats["min_deficit"])) * median
+                if (b < fraction * median or clear) and h not in suspects:
+                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, %.0f%% "
+                                   "of the median host's %s GB/s (robust z %.1f)" % (gbps(b), 100 * b / median if
+                                                                                    median else 0, gbps(median), z),
+                                   "source": "pairwise", "kind": "slow"}
     return list(suspects.values())
 
 
@@ -324,7 +333,7 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
                                         for h, u in _unreachable(errs, int(common["port"])).items()}
             out.append(entry)
     return {"mode": mode, "bytes": int(nbytes), "pairs": out,
-            "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]))}
+            "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]), cfg)}
 
 
 def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) -> List[Dict[str, Any]]:
