@@ -20,11 +20,15 @@ ORDER = [
     "libaio",
     "nvme",
     "interfaces",
+    "memlock",
     "versions",
+    "clock",
+    "compute",
     "ports",
     "launcher_ssh",
     "iperf3",
     "allreduce",
+    "checkpoint",
     "ds_config",
 ]
 

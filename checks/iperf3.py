@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import shlex
 import socket
 import statistics
@@ -87,6 +88,16 @@ def parse_client_json(text: str) -> Dict[str, Any]:
     if sent.get("bits_per_second") is not None:
         out["sent_gbps"] = round(float(sent["bits_per_second"]) / 1e9, 6)
     out["retransmits"] = sent.get("retransmits")  # absent on non-Linux senders
+    # Per-interval rates (-i): repeated measurements of the one link, for the straggler detector's noise estimate.
+    # The first interval holds TCP's slow start, and a last one shorter than the others is a remainder: both go.
+    rates = []
+    for iv in data.get("intervals") or []:
+        summ = iv.get("sum") if isinstance(iv, dict) else None
+        if isinstance(summ, dict) and isinstance(summ.get("bits_per_second"), (int, float)):
+            rates.append((float(summ.get("seconds") or 0.0), float(summ["bits_per_second"]) / 1e9))
+    if len(rates) > 2:
+        full = max(sec for sec, _ in rates)
+        out["samples_gbps"] = [round(g, 6) for sec, g in rates[1:] if sec >= 0.9 * full]
     return out
 
 
@@ -187,33 +198,75 @@ def choose(networks: List[Dict[str, Any]], hosts: Sequence[str]) -> Optional[Dic
             "addresses": dict(best["addresses"]), "median_gbps": best["median_gbps"], "hosts": list(hosts)}
 
 
-def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str],
-                    fraction: float) -> Dict[str, Dict[str, Any]]:
+# 1.4826 * MAD estimates the standard deviation of normally distributed data (the usual robust-z constant).
+MAD_TO_SIGMA = 1.4826
+
+
+def _rel_noise(samples: Sequence[float]) -> Optional[float]:
+    """Relative robust spread (1.4826 * MAD / median) of one link's interval rates; None below 3 samples."""
+    if len(samples) < 3:
+        return None
+    med = statistics.median(samples)
+    return MAD_TO_SIGMA * statistics.median([abs(x - med) for x in samples]) / med if med > 0 else None
+
+
+def p_value(z: float) -> float:
+    """One-sided tail probability of a normal deviate as extreme as z."""
+    return 0.5 * math.erfc(abs(z) / math.sqrt(2))
+
+
+def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
+                    stats: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
     """Hosts whose links are consistently slow, with the slowness attributed to the host the slow links share.
 
     A slow host drags down every link it is part of, so its partners look slow too. Each step compares every
-    host's median link rate with the median of the links that do not involve it, flags only the worst host
-    below ``fraction``, then forgets the flagged host's links (they are explained) and repeats. A partner of
-    the straggler keeps its other, fast links and is not flagged.
-    Returns {host: {"median_gbps", "links", "reference_gbps", "ratio"}}.
+    host's median link rate with the median of the links that do not involve it (its ``ratio``), flags only the
+    worst host, then forgets the flagged host's links (they are explained) and repeats. A partner of the straggler
+    keeps its other, fast links and is not flagged.
+
+    A host is flagged when its ratio is below ``fraction`` (the hard floor), or, with ``stats`` (``z_threshold``,
+    ``min_deficit``, ``noise_floor``), when its deficit is statistically clear and large enough: robust z =
+    (ratio - median ratio) / sigma below -z_threshold and ratio below 1 - min_deficit. sigma is the largest of the
+    fleet's spread (1.4826 x MAD of the hosts' ratios), the measurement's own noise (each link's interval rates give
+    its spread; a host's median over n links is known to about 1.25 x spread / sqrt(n), and the reference as well)
+    and noise_floor. Returns {host: {"median_gbps", "links", "reference_gbps", "ratio", "z", "p", "sigma", "by"}},
+    "by" being "fraction" or "statistics".
     """
     good = [ln for ln in links if not ln.get("error") and ln.get("gbps") is not None]
     flagged: Dict[str, Dict[str, Any]] = {}
     while True:
         active = [ln for ln in good if ln["src"] not in flagged and ln["dst"] not in flagged]
-        worst = None
+        entries: Dict[str, Dict[str, Any]] = {}
         for h in hosts:
             if h in flagged:
                 continue
-            own = [ln["gbps"] for ln in active if h in (ln["src"], ln["dst"])]
-            rest = [ln["gbps"] for ln in active if h not in (ln["src"], ln["dst"])]
-            ref = _median(rest)
+            own = [ln for ln in active if h in (ln["src"], ln["dst"])]
+            rest = [ln for ln in active if h not in (ln["src"], ln["dst"])]
+            ref = _median([ln["gbps"] for ln in rest])
             if not own or not ref:
                 continue  # nothing to compare with (2 hosts, or every other link failed)
-            ratio = _median(own) / ref
-            if ratio < fraction and (worst is None or ratio < worst[1]["ratio"]):
-                worst = (h, {"median_gbps": _median(own), "links": len(own), "reference_gbps": ref,
-                             "ratio": ratio})
+            med = _median([ln["gbps"] for ln in own]) or 0.0
+            noise = [n for n in (_rel_noise(ln.get("samples_gbps") or []) for ln in own + rest) if n is not None]
+            meas = 1.2533 * statistics.median(noise) * math.sqrt(1.0 / len(own) + 1.0 / len(rest)) if noise else 0.0
+            entries[h] = {"median_gbps": med, "links": len(own), "reference_gbps": ref, "ratio": med / ref,
+                          "noise": meas}
+        worst = None
+        ratios = [e["ratio"] for e in entries.values()]
+        if ratios:
+            center = statistics.median(ratios)
+            spread = MAD_TO_SIGMA * statistics.median([abs(r - center) for r in ratios])
+        for h, e in entries.items():
+            if stats:
+                sigma = max(spread, e["noise"], float(stats["noise_floor"]))
+                e.update(sigma=sigma, z=(e["ratio"] - center) / sigma)
+                e["p"] = p_value(e["z"])
+                clear = e["z"] < -float(stats["z_threshold"]) and e["ratio"] < 1.0 - float(stats["min_deficit"])
+            else:
+                clear = False
+            if e["ratio"] < fraction or clear:
+                e["by"] = "fraction" if e["ratio"] < fraction else "statistics"
+                if worst is None or e["ratio"] < worst[1]["ratio"]:
+                    worst = (h, e)
         if worst is None:
             return flagged
         flagged[worst[0]] = worst[1]
@@ -236,6 +289,33 @@ def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]
         for h in ends:
             blamed.setdefault(h, []).append(ln)
     return blamed
+
+
+def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
+    """{host: why} for hosts that no iperf3 test could connect to, on the network whose addresses are given
+    ({host: address}): every inbound test to the host failed (two at least), the failures are blamed on it (its
+    peers succeed elsewhere), and its server was up (so it is the network, not a missing iperf3). Pure; used by
+    the all-reduce to leave such hosts out."""
+    found: Dict[str, str] = {}
+    for net in facts.get("networks") or []:
+        if not isinstance(net, dict) or not net.get("links"):
+            continue
+        net_addrs = net.get("addresses") or {}
+        hosts = [h for h in addresses if net_addrs.get(h) == addresses[h]]
+        if not hosts:
+            continue
+        links = [ln for ln in net["links"] if isinstance(ln, dict)]
+        blamed = blame_failures(links)
+        for h in hosts:
+            inbound = [ln for ln in links if ln.get("dst") == h]
+            bad = [ln for ln in blamed.get(h, []) if ln.get("dst") == h and ln.get("blame") is None
+                   and not ln.get("agent_failed")]
+            # Two failed tests at least: one lost connect under load must not take a host out of a run.
+            if len(bad) >= 2 and len(bad) == len(inbound) and h not in found:
+                found[h] = "iperf3: every test to %s on %s failed (%s)" % (
+                    h, net.get("network"), "; ".join("%s->%s: %s" % (ln["src"], h, str(ln.get("error"))[:120])
+                                                     for ln in bad[:2]))
+    return found
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -337,6 +417,8 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         if key in params and params[key] and not _is_ip(params[key]):
             return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
     argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
+    if params.get("interval_s"):
+        argv += ["-i", "%g" % float(params["interval_s"])]
     if params.get("bind"):
         argv += ["-B", str(params["bind"])]  # keep the test on the network under test whatever the routes say
     if int(params.get("streams", 1)) > 1:
@@ -441,16 +523,20 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                         continue
                     params[src] = {"addr": net["addresses"][dst], "port": ports[dst], "dst": dst,
                                    "bind": net["addresses"][src], "duration_s": duration,
-                                   "connect_timeout_s": connect_timeout, "streams": int(t["streams"])}
+                                   "connect_timeout_s": connect_timeout, "streams": int(t["streams"]),
+                                   "interval_s": float(t["interval_s"])}
                 got = cluster.call_all(NAME + ".client", params, per_call) if params else {}
                 for src, value in got.items():
                     link = {"src": src, "dst": params[src]["dst"], "gbps": None, "retransmits": None,
                             "error": None}
                     if isinstance(value, BaseException):
                         link["error"] = "the client on %s did not report: %s" % (src, _err(value))
+                        link["agent_failed"] = True  # preflight's machinery, not evidence about the network
                     else:
                         link.update(gbps=value.get("gbps"), retransmits=value.get("retransmits"),
                                     error=value.get("error"), sent_gbps=value.get("sent_gbps"))
+                        if value.get("samples_gbps"):
+                            link["samples_gbps"] = value["samples_gbps"]
                         if value.get("missing"):
                             link["blame"] = src
                     links.append(link)
@@ -475,6 +561,13 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
 
 
 # --- evaluation ------------------------------------------------------------------------------------------
+
+def _confidence(s: Dict[str, Any]) -> str:
+    if "z" not in s:
+        return "n/a"
+    p = s["p"]
+    return "z %.1f, p %s" % (s["z"], "< 1e-9" if p < 1e-9 else "= %.1g" % p)
+
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
     d = shlex.quote(str(dev)) if validate.ifname(dev) else "<nic>"
@@ -524,7 +617,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     links = judged.get("links") or []
     good = ok_links(judged)
     cluster_median = judged.get("median_gbps")
-    stragglers = find_stragglers(links, measured, warn_frac)
+    stragglers = find_stragglers(links, measured, warn_frac, t)
     blamed = blame_failures(links)
     where = "%s" % judged["network"]
     by_network = {n["network"]: n.get("median_gbps") for n in networks}
@@ -540,10 +633,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         if h in stragglers:
             s = stragglers[h]
             status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
+            why = ("below %.0f%%" % (warn_frac * 100) if s["by"] == "fraction" else
+                   "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(t["min_deficit"]), s["z"],
+                                                                      float(t["z_threshold"])))
             findings.append(Finding(status, "%s: median %s over %d links vs cluster median %s (%.0f%%) on %s via %s "
-                                    "(straggler: below %.0f%%)"
+                                    "(straggler: %s; confidence: %s)"
                                     % (h, rate(s["median_gbps"]), s["links"], rate(s["reference_gbps"]),
-                                       s["ratio"] * 100, where, dev, warn_frac * 100), _fix_slow(h, dev)))
+                                       s["ratio"] * 100, where, dev, why, _confidence(s)), _fix_slow(h, dev)))
         if min_gbps > 0 and med is not None and med < min_gbps:
             findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
                                     % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
@@ -567,7 +663,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                    "by_network": {n["network"]: _median([ln["gbps"] for ln in ok_links(n)
                                                          if h in (ln["src"], ln["dst"])]) for n in networks}}
         if h in stragglers:
-            metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3))
+            metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3),
+                           z=round(stragglers[h].get("z", 0.0), 2), detected_by=stragglers[h]["by"])
         out[h] = combine(findings, ok_msg, metrics)
 
     summary = "; ".join(_network_line(n) for n in networks)

@@ -523,6 +523,34 @@ def _egress_blocked(probes: List[Dict[str, Any]]) -> Dict[str, List[str]]:
     return out
 
 
+def blocked_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
+    """{host: why} for hosts that this check proved other hosts cannot open TCP connections to (or from) on the
+    given addresses ({host: address}, the network a later phase will use): a failed inbound probe to the host's
+    address from a source whose own egress works, or the host's own egress blocked. Pure; the all-reduce uses it
+    to leave such hosts out instead of waiting for its init timeout."""
+    probes = [p for p in facts.get("probes") or [] if isinstance(p, dict) and p.get("result") != "skipped"]
+    egress = _egress_blocked(probes)
+    found: Dict[str, str] = {}
+    for h, dsts in egress.items():
+        if h in addresses:
+            found[h] = "ports: outbound TCP from %s to high ports is blocked (none of %s reachable from it)" % (
+                h, _names(dsts))
+    failed: Dict[str, Dict[str, Any]] = {}
+    for p in probes:
+        dst = p.get("dst")
+        if p.get("result") == "ok" or dst not in addresses or p.get("address") != addresses[dst] \
+                or p.get("src") in egress:
+            continue
+        entry = failed.setdefault(dst, {"srcs": set(), "ports": set(), "result": p.get("result")})
+        entry["srcs"].add(p.get("src"))
+        entry["ports"].add(p.get("port"))
+    for h, e in failed.items():
+        found.setdefault(h, "ports: inbound TCP to %s (%s) port%s %s from %s %s" % (
+            h, addresses[h], "s" if len(e["ports"]) > 1 else "", ", ".join(str(x) for x in sorted(e["ports"])),
+            _names(e["srcs"]), REASONS.get(e["result"], e["result"])))
+    return found
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     hosts: List[str] = facts.get("hosts", [])
     master, mport = facts.get("master"), facts.get("master_port")

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "uses the data-parallel size: world size / N")
     g.add_argument("--min-busbw", type=_gbps, metavar="GBPS",
                    help="all-reduce bus bandwidth below this (GB/s) fails")
+    g.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="the job's checkpoint directory: exists and writable on every host, free space for one "
+                        "checkpoint (with --model-params), one shared filesystem; the test files are removed")
     g = run.add_argument_group("ssh")
     g.add_argument("--ssh-user", metavar="USER")
     g.add_argument("--ssh-port", type=_port, metavar="PORT")
@@ -236,6 +239,7 @@ def build_options(args: argparse.Namespace):
         "model_parallel_size": args.model_parallel_size,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
         "input_notes": notes, "info_notes": info,
+        "checkpoint_dir": args.checkpoint_dir,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,

@@ -85,6 +85,7 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--model-parallel-size", "tensor x pipeline parallel degree (1: data parallel only) for the batch math",
          metavar="N"),
     Flag("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", metavar="GBPS"),
+    Flag("--checkpoint-dir", "the job's checkpoint directory to check on every host", metavar="DIR"),
     Flag("--ssh-user", "SSH user", metavar="USER"),
     Flag("--ssh-port", "SSH port", metavar="PORT"),
     Flag("--ssh-key", "private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)", metavar="FILE"),

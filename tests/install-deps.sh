@@ -8,7 +8,7 @@ if command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         openssh-server openssh-client iperf3 iproute2 nftables util-linux procps kmod \
-        libaio-dev gcc libc6-dev ninja-build chromium chromium-driver >/dev/null
+        libaio-dev gcc libc6-dev ninja-build chromium chromium-driver faketime >/dev/null
 fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
 # DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.

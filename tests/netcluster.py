@@ -243,6 +243,15 @@ def _sweep_stale() -> None:
     for path, (_, alive) in dirs.items():
         if not alive:
             shutil.rmtree(path, ignore_errors=True)
+    # CPU-limit cgroups (throttle) of clusters whose owner died; their processes are gone with the namespaces.
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")):
+        for cg in root.glob(f"{_PREFIX}*-*"):
+            if re.match(rf"^{_PREFIX}([0-9a-f]{{{_ID_HEX}}})-", cg.name) and cg.name[len(_PREFIX):].split("-")[0] \
+                    not in live:
+                try:
+                    cg.rmdir()
+                except OSError:
+                    pass
 
 
 def _reserve_state_dir() -> tuple[str, Path]:
@@ -256,6 +265,13 @@ def _reserve_state_dir() -> tuple[str, Path]:
 
 
 # ----------------------------------------------------------------- files
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _keypair(comment: str = "") -> tuple[str, str]:
@@ -379,6 +395,7 @@ class NetCluster:
         self.hosts: list[Host] = []
         self.fault_hosts: list[Host] = []
         self._procs: list[subprocess.Popen] = []
+        self._cgroups: dict[str, Path] = {}  # host name -> its CPU-limiting cgroup (throttle)
         self._closed = False
         self.owner_pid = os.getpid()
         _sweep_stale()
@@ -472,10 +489,14 @@ class NetCluster:
 
     # -- network conditions --------------------------------------------------
 
-    def shape(self, host: Host | str, mbit: float, network: int = 0) -> None:
-        """Limit both directions of the host's link on `network` to `mbit` Mbit/s."""
+    def shape(self, host: Host | str, mbit: float, network: int = 0, jitter: Sequence[str] | None = None) -> None:
+        """Limit both directions of the host's link on `network` to `mbit` Mbit/s; with `jitter` (delay, spread,
+        e.g. ("1ms", "0.5ms")) a netem below the rate limit also delays each packet normally distributed."""
         for netns, dev in self._link_ends(host, network):
-            _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", *self._tbf(mbit)])
+            _run(["tc", *netns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf(mbit)])
+            if jitter:
+                _run(["tc", *netns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+                      "delay", jitter[0], jitter[1], "distribution", "normal"])
 
     def unshape(self, host: Host | str, network: int = 0) -> None:
         for netns, dev in self._link_ends(host, network):
@@ -521,6 +542,69 @@ table inet {_FIREWALL_TABLE} {{
     def _nft(h: Host, rules: str) -> None:
         _run(["ip", "netns", "exec", h.ns, "nft", "-f", "-"], input=rules)
 
+    # -- CPU limits -----------------------------------------------------------
+
+    @staticmethod
+    def _cpu_cgroup_root() -> tuple[Path, str]:
+        """(hierarchy root, "v2" or "v1") that holds the cpu controller: cgroup v2 where it is there, else the
+        v1 `cpu` hierarchy (hybrid hosts, like this machine)."""
+        v2 = Path("/sys/fs/cgroup")
+        if "cpu" in (_read(v2 / "cgroup.controllers") or "").split():
+            return v2, "v2"
+        v1 = Path("/sys/fs/cgroup/cpu")
+        if (v1 / "cpu.cfs_quota_us").exists():
+            return v1, "v1"
+        raise NetClusterError("no cgroup cpu controller (neither cgroup v2 cpu nor v1 cpu) to throttle a host")
+
+    def throttle(self, host: Host | str, cores: float = 0.5) -> None:
+        """Limit every process of the host to `cores` CPUs: a cgroup with cpu.max (v2) or cpu.cfs_quota_us (v1)
+        holding its sshd, so every later SSH session (and all it starts) is limited too."""
+        h = self.host(host)
+        root, version = self._cpu_cgroup_root()
+        cg = root / f"{_PREFIX}{self.id}-{h.name}"
+        if version == "v2":
+            (root / "cgroup.subtree_control").write_text("+cpu")
+        cg.mkdir(exist_ok=True)
+        self._cgroups[h.name] = cg
+        period = 100_000
+        if version == "v2":
+            (cg / "cpu.max").write_text(f"{int(cores * period)} {period}")
+        else:
+            (cg / "cpu.cfs_period_us").write_text(str(period))
+            (cg / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+        for pid in _processes_in([h.ns]):
+            try:
+                (cg / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                pass
+
+    def unthrottle(self, host: Host | str) -> None:
+        h = self.host(host)
+        cg = self._cgroups.pop(h.name, None)
+        if cg is not None:
+            self._remove_cgroup(cg)
+
+    @staticmethod
+    def _remove_cgroup(cg: Path) -> None:
+        for line in (_read(cg / "cgroup.procs") or "").split():
+            try:
+                (cg.parent / "cgroup.procs").write_text(line)
+            except (ProcessLookupError, OSError):
+                pass
+        for _ in range(50):  # a process that just exited leaves the cgroup a moment later
+            try:
+                cg.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise NetClusterError(f"cgroup {cg} is still busy")
+
+    def _remove_cgroups(self) -> None:
+        for name in list(self._cgroups):
+            self._remove_cgroup(self._cgroups.pop(name))
+
     # -- fault hosts ---------------------------------------------------------
 
     def add_blackhole(self, name: str) -> str:
@@ -555,7 +639,7 @@ table inet {_FIREWALL_TABLE} {{
         self._closed = True
         _LIVE.discard(self)
         errors = []
-        for step in (self._kill_all, self._remove_network, self._remove_state):
+        for step in (self._kill_all, self._remove_cgroups, self._remove_network, self._remove_state):
             try:
                 step()
             except Exception as exc:  # later steps must still run

@@ -224,6 +224,27 @@ def test_pairwise_bandwidth_names_the_host_whose_best_pair_is_slow():
     assert [s["host"] for s in coordinator._pair_suspects(failing, "failure", 0.75)] == ["node02"]
 
 
+def test_pairwise_names_a_host_10_percent_slow_by_statistics_not_by_noise():
+    def ring(best):
+        hosts = list(best)
+        return [{"hosts": [a, b], "ok": True, "busbw_GBps": min(best[a], best[b])}
+                for a, b in zip(hosts, hosts[1:] + hosts[:1])]
+    cfg = THRESHOLDS["allreduce"]
+    even = {"n1": 0.100, "n2": 0.101, "n3": 0.0995, "n4": 0.1005, "n5": 0.100, "n6": 0.0998}
+    # node n4's best pair is its better neighbour's rate; make n4 itself 10% slow on both of its pairs
+    slow = dict(even, n4=0.090)
+    pairs = ring(slow)
+    for p in pairs:
+        if "n4" in p["hosts"]:
+            p["busbw_GBps"] = 0.090
+    named = coordinator._pair_suspects(pairs, "bandwidth", 0.75, cfg)
+    assert [s["host"] for s in named] == ["n4"] and "90% of the median" in named[0]["reason"]
+    assert coordinator._pair_suspects(pairs, "bandwidth", 0.75) == []  # the fixed fraction alone misses it
+    assert coordinator._pair_suspects(ring(even), "bandwidth", 0.75, cfg) == []
+    noisy = {"n1": 0.100, "n2": 0.080, "n3": 0.120, "n4": 0.090, "n5": 0.110, "n6": 0.095}
+    assert coordinator._pair_suspects(ring(noisy), "bandwidth", 0.75, cfg) == []
+
+
 def test_iperf3_straggler_map():
     iperf = {"chosen": {"network": 1}, "networks": [
         {"network": 0, "links": [{"src": "a", "dst": "b", "gbps": 0.1}]},
@@ -231,6 +252,139 @@ def test_iperf3_straggler_map():
                                  {"src": "c", "dst": "d", "gbps": 2.1}, {"src": "d", "dst": "a", "gbps": 9.3}]}]}
     suspects = coordinator._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
     assert [s["host"] for s in suspects] == ["c"]
+
+
+# --- fail fast: hosts that ports/iperf3 already proved unreachable are left out ---------------------------------------
+
+def _ports_firewalled(prefix: str = "198.18.0.") -> dict:
+    """ports facts recorded on 3 namespace hosts with node03 dropping inbound TCP 1024-65535 (tests/test_ports.py),
+    on the addresses FakeCluster gives its hosts."""
+    from tests.test_ports import RECORDED
+    return json.loads(json.dumps(RECORDED["firewalled"]).replace("198.18.1.", prefix))
+
+
+def _iperf3_firewalled(hosts=("node01", "node02", "node03", "node04"), bad="node04", prefix="198.18.0.") -> dict:
+    """iperf3 facts of a ring + 2 rounds where every test to `bad` fails with iperf3's own connect error."""
+    pairs = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]] + [(b, a) for i, a in enumerate(hosts)
+                                                                            for b in hosts[i + 1:]]
+    links = [{"src": a, "dst": b, "gbps": None if b == bad else 0.19, "retransmits": 0,
+              "error": "unable to connect to server: Connection timed out" if b == bad else None} for a, b in pairs]
+    net = {"network": prefix + "0/24", "devices": dict.fromkeys(hosts, "eth0"),
+           "addresses": {h: prefix + str(i + 1) for i, h in enumerate(hosts)}, "links": links, "median_gbps": 0.19}
+    return {"hosts": list(hosts), "networks": [net], "chosen": None, "errors": {}}
+
+
+def test_ports_evidence_names_the_firewalled_host_on_the_allreduce_addresses():
+    from preflight.checks import ports
+    facts = _ports_firewalled("198.18.1.")
+    addrs = {"node01": "198.18.1.1", "node02": "198.18.1.2", "node03": "198.18.1.3"}
+    found = ports.blocked_hosts(facts, addrs)
+    assert list(found) == ["node03"]
+    assert "inbound TCP to node03 (198.18.1.3)" in found["node03"] and "from node01, node02" in found["node03"]
+    assert "timed out" in found["node03"]
+    # Other addresses (the all-reduce runs on another network): the SSH network's probes prove nothing there.
+    assert ports.blocked_hosts(facts, {h: "10.9.0.%d" % i for i, h in enumerate(addrs, 1)}) == {}
+    from tests.test_ports import RECORDED
+    assert ports.blocked_hosts(RECORDED["healthy"], addrs) == {}
+
+
+def test_iperf3_evidence_needs_every_inbound_test_to_fail():
+    from preflight.checks import iperf3
+    facts = _iperf3_firewalled()
+    addrs = facts["networks"][0]["addresses"]
+    found = iperf3.unreachable_hosts(facts, addrs)
+    assert list(found) == ["node04"] and "every test to node04" in found["node04"]
+    # One lost test among good ones, a missing iperf3 (blame) or a broken agent is no network evidence.
+    links = facts["networks"][0]["links"]
+    for ln in links:
+        if ln["dst"] == "node04" and ln["src"] != "node01":
+            ln.update(gbps=0.19, error=None)
+    assert iperf3.unreachable_hosts(facts, addrs) == {}
+    for ln in links:
+        if ln["dst"] == "node04":
+            ln.update(gbps=None, error="no iperf3 server on node04 (iperf3: command not found)", blame="node04")
+    assert iperf3.unreachable_hosts(facts, addrs) == {}
+
+
+class _Service:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout=None):
+        return self.value
+
+    def stop(self, timeout=15.0):
+        return self.value
+
+    def wait_ready(self, timeout):
+        return {}
+
+    def kill(self):
+        pass
+
+
+def _fake_group(host, params, timeout):
+    """supervisor.run's answer: every rank of this host ok, 1 size at 0.19 Gbit/s-ish."""
+    return _Service({"host": host, "ranks": [dict(spec, host=host, ok=True, sizes=[
+        {"bytes": 1 << 20, "time_s": 0.06, "iters": 3}]) for spec in params["jobs"]]})
+
+
+def _probe(host, params, timeout):
+    return {"torch": "2.13.0+cpu", "cuda": False, "device_count": 0, "gpu_names": [], "nccl": None,
+            "interface": {"ifname": "eth0", "address": None, "source": "route to MASTER_ADDR"}}
+
+
+def test_coordinate_leaves_out_what_ports_and_iperf3_proved_and_runs_among_the_rest():
+    from tests.fakes import FakeCluster
+    cluster = FakeCluster(["node01", "node02", "node03"], thresholds=THRESHOLDS,
+                          handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
+    cluster.facts["*"] = {"ports": _ports_firewalled(),
+                          "iperf3": _iperf3_firewalled(("node01", "node02", "node03"), "node03")}
+    facts = allreduce.coordinate(cluster)
+    assert [e["host"] for e in facts["excluded"]] == ["node03"]
+    assert facts["excluded"][0]["sources"] == ["ports", "iperf3"]
+    assert facts["hosts"] == ["node01", "node02"] and facts["world_size"] == 2 and facts["status"] == "ok"
+    started = {h for h, func, _ in cluster.calls if func == "allreduce.supervisor.run"}
+    probed = {h for h, func, _ in cluster.calls if func == "allreduce.supervisor.probe"}
+    assert started == probed == {"node01", "node02"}  # nothing is started on the firewalled host
+    out = allreduce.evaluate(facts, THRESHOLDS)
+    assert out["node03"].status == Status.FAIL
+    assert out["node03"].message.startswith("all-reduce: left out, already found unreachable: ports: inbound TCP to "
+                                            "node03 (198.18.0.3)")
+    assert "allow inbound TCP" in out["node03"].fix
+    star = out["*"]
+    assert star.status == Status.FAIL and star.message.startswith("left out node03: ports: inbound TCP")
+    assert "among the other 2 hosts: busbw" in star.message
+    assert "node01" not in out and "node02" not in out
+    # Switched off: the old behaviour, every host runs.
+    off = dict(THRESHOLDS, allreduce=dict(THRESHOLDS["allreduce"], exclude_unreachable=False))
+    cluster2 = FakeCluster(["node01", "node02", "node03"], thresholds=off, facts={"*": cluster.facts["*"]},
+                           handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
+    assert allreduce.coordinate(cluster2)["hosts"] == ["node01", "node02", "node03"]
+
+
+def test_a_firewalled_master_is_left_out_and_another_host_leads():
+    from tests.fakes import FakeCluster
+    cluster = FakeCluster(["node04", "node01", "node02", "node03"], thresholds=THRESHOLDS,
+                          handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
+    cluster.facts["*"] = {"iperf3": _iperf3_firewalled(("node04", "node01", "node02", "node03"), "node04")}
+    facts = allreduce.coordinate(cluster)
+    assert facts["master"] == "node01" and facts["master_addr"] == "198.18.0.2"
+    assert [e["host"] for e in facts["excluded"]] == ["node04"]
+
+
+def test_two_hosts_one_unreachable_fails_without_running_anything():
+    from tests.fakes import FakeCluster
+
+    def never(*a, **k):
+        raise AssertionError("nothing may run: one rank left")
+    cluster = FakeCluster(["node01", "node02", "node03"], unreachable=["node01"], thresholds=THRESHOLDS,
+                          handlers={"allreduce.supervisor.probe": never, "allreduce.supervisor.run": never})
+    cluster.facts["*"] = {"ports": _ports_firewalled()}
+    facts = allreduce.coordinate(cluster)
+    out = allreduce.evaluate(facts, THRESHOLDS)
+    assert facts["status"] == "skipped" and out["node03"].status == Status.FAIL
+    assert out["*"].status == Status.FAIL and "no all-reduce among the other 1 host" in out["*"].message
 
 
 # --- host side, on this machine (no SSH, no root) ----------------------------------------------------------------------
@@ -413,6 +567,25 @@ def test_firewalled_hosts_fail_bounded_named_and_leave_no_worker(cluster3, tmp_p
     assert "node02" not in cells
     assert elapsed < 120, f"took {elapsed:.0f}s"
     assert not left, f"workers survived: {left}"
+
+
+def test_host_that_ports_found_firewalled_is_left_out_and_the_rest_still_runs(cluster3, tmp_path):
+    cluster3.firewall("node02", drop_tcp_dports="1024-65535")
+    try:
+        proc, cells, _ = run_cli(cluster3, tmp_path, checks="ports,allreduce")
+        left = _wait_no_survivors(cluster3)
+    finally:
+        cluster3.unfirewall("node02")
+    star, bad = cells["*"], cells.get("node02", {})
+    assert bad.get("status") == "fail", cells
+    assert bad["message"].startswith("all-reduce: left out, already found unreachable: ports: inbound TCP to node02")
+    assert star["status"] == "fail" and star["message"].startswith("left out node02: ports:"), star["message"]
+    # the two others really ran: a measured table, and no rank on node02
+    assert "among the other 2 hosts: busbw" in star["message"], star["message"]
+    assert star["metrics"]["sizes"] and star["metrics"]["world_size"] == 2
+    assert {r["host"] for r in star["metrics"]["ranks"]} == {"node01", "node03"}
+    assert "node01" not in cells and "node03" not in cells
+    assert proc.returncode == 1 and not left, left
 
 
 def test_a_slow_host_is_named_when_busbw_is_below_min_busbw(cluster3, tmp_path):

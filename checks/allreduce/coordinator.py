@@ -13,6 +13,7 @@ Thresholds: the ``[allreduce]`` section (and ``[iperf3] straggler_warn_fraction`
 from __future__ import annotations
 
 import re
+import statistics
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -24,14 +25,17 @@ from .verdict import judge
 
 MAX_RANKS_IN_METRICS = 512
 
+
 def _iperf3(cluster: Any) -> Dict[str, Any]:
     facts = (cluster.facts.get("*") or {}).get("iperf3")
     return facts if isinstance(facts, dict) else {}
 
 
-def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: float) -> List[Dict[str, Any]]:
+def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: float,
+                       stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Stragglers of the iperf3 check's links on the chosen network, by that check's own rule (a host's median link
-    against the median of the links without it), so that both checks blame the same host."""
+    against the median of the links without it: below the fraction, or statistically clear with ``stats``, the
+    [iperf3] thresholds), so that both checks blame the same host."""
     chosen = iperf.get("chosen") or {}
     nets = [n for n in iperf.get("networks") or [] if isinstance(n, dict) and n.get("links")]
     net = next((n for n in nets if n.get("network") == chosen.get("network")), None) or (nets[0] if nets else None)
@@ -39,11 +43,12 @@ def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: fl
         return []
     try:
         from ..iperf3 import find_stragglers
-        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction)
+        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
     except Exception:  # another check's facts: a schema change there must not break this check
         return []
-    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f"
-             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"]),
+    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f%s"
+             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"],
+                " (robust z %.1f)" % s["z"] if "z" in s else ""),
              "source": "iperf3", "kind": "slow"} for h, s in found.items()]
 
 
@@ -53,7 +58,7 @@ def _plan_jobs(hosts: Sequence[Any], master_addr: str, port: int) -> Dict[str, L
     jobs: Dict[str, List[Dict[str, Any]]] = {}
     base_rank = 0
     for h in hosts:
-        gpus = list(h.gpus) or list(range(h.slots))
+        gpus = list(h.gpus or []) or list(range(h.slots))
         jobs[h.name] = [{"tag": "main", "rank": base_rank + i, "local_rank": i, "local_world_size": h.slots,
                          "world_size": world, "master_addr": master_addr, "master_port": port,
                          "device": gpus[i] if i < len(gpus) else i} for i in range(h.slots)]
@@ -69,7 +74,7 @@ def _pair_jobs(pairs: Sequence[Tuple[Any, Any]], addr_of: Dict[str, str], port: 
         tag = "pair:%s,%s" % (a.name, b.name)
         for r, h in enumerate((a, b)):
             mine = jobs.setdefault(h.name, [])
-            gpus = list(h.gpus) or [0]
+            gpus = list(h.gpus or []) or [0]
             mine.append({"tag": tag, "rank": r, "local_rank": 0, "local_world_size": 1, "world_size": 2,
                          "master_addr": addr_of[a.name], "master_port": port,
                          "device": gpus[len(mine) % len(gpus)]})
@@ -250,7 +255,8 @@ def _failure_suspects(errors: Sequence[Dict[str, Any]], port: int) -> List[Dict[
     return suspects
 
 
-def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float) -> List[Dict[str, Any]]:
+def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
+                   stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """From pairwise runs: a host a peer could not reach, a host that fails with every peer, or (bandwidth mode)
     a host whose best pair is below fraction x the median host's best pair."""
     suspects: Dict[str, Dict[str, Any]] = {}
@@ -270,13 +276,20 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float) 
         best = {h: max([p["busbw_GBps"] for p in ps if p["ok"] and p.get("busbw_GBps")] or [0.0])
                 for h, ps in per_host.items()}
         if len(best) >= 3:
-            ordered = sorted(best.values())
-            median = ordered[len(ordered) // 2]
+            median = statistics.median(best.values())
+            # The same rule as the iperf3 map: below the fraction, or a statistically clear deficit (robust z
+            # against the hosts' spread, 1.4826 x MAD, at least noise_floor) that is also larger than min_deficit.
+            spread = 1.4826 * statistics.median([abs(b - median) for b in best.values()])
+            sigma = max(spread, float((stats or {}).get("noise_floor", 1.0)) * median, 1e-12)
             for h, b in best.items():
-                if b < fraction * median and h not in suspects:
-                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, the "
-                                   "median host's %s GB/s" % (gbps(b), gbps(median)), "source": "pairwise",
-                                   "kind": "slow"}
+                z = (b - median) / sigma
+                clear = stats is not None and z < -float(stats["z_threshold"]) \
+                    and b < (1 - float(stats["min_deficit"])) * median
+                if (b < fraction * median or clear) and h not in suspects:
+                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, %.0f%% "
+                                   "of the median host's %s GB/s (robust z %.1f)" % (gbps(b), 100 * b / median if
+                                                                                    median else 0, gbps(median), z),
+                                   "source": "pairwise", "kind": "slow"}
     return list(suspects.values())
 
 
@@ -320,35 +333,72 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
                                         for h, u in _unreachable(errs, int(common["port"])).items()}
             out.append(entry)
     return {"mode": mode, "bytes": int(nbytes), "pairs": out,
-            "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]))}
+            "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]), cfg)}
 
+
+def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Hosts that the ports or iperf3 check already proved unreachable over TCP on the addresses the all-reduce
+    will use: a full run including them can only wait out init_timeout_s, so they are left out and named."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for check in ("ports", "iperf3"):
+        facts = cluster_facts.get(check)
+        if not isinstance(facts, dict):
+            continue
+        try:
+            if check == "ports":
+                from ..ports import blocked_hosts
+                hits = blocked_hosts(facts, addr_of)
+            else:
+                from ..iperf3 import unreachable_hosts
+                hits = unreachable_hosts(facts, addr_of)
+        except Exception:  # another check's facts: a schema change there must not break this check
+            continue
+        for h, why in hits.items():
+            if h in found:
+                found[h]["reason"] += "; " + why
+                found[h]["sources"].append(check)
+            else:
+                found[h] = {"host": h, "reason": why, "sources": [check], "kind": "mesh"}
+    return [found[h] for h in addr_of if h in found]
 
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
     cfg = limits(cluster.thresholds, NAME)
     t0 = time.monotonic()
     hosts = list(cluster.hosts)
+    reachable = {x.name for x in hosts}
     port = int(cluster.options.get("master_port") or 29500)
-    facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
-                             "world_size": sum(h.slots for h in hosts), "master_port": port,
-                             "min_busbw": cluster.options.get("min_busbw"),
-                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in
-                                             {x.name for x in hosts}]}
-    master = cluster.master if cluster.master.name in facts["slots"] else hosts[0]
     iperf = _iperf3(cluster)
     chosen = iperf.get("chosen") or {}
     chosen_addr = chosen.get("addresses") or {}
+    # Fail fast: what the ports and iperf3 checks already proved is not waited out again (init_timeout_s, then
+    # pairwise runs). Those hosts are named, and the all-reduce runs among the others.
+    excluded: List[Dict[str, Any]] = []
+    if cfg["exclude_unreachable"] and len(hosts) >= 2:
+        excluded = known_unreachable(cluster.facts.get("*") or {}, {
+            h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
+        if excluded:
+            cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
+                names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
+            hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
+    facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
+                             "world_size": sum(h.slots for h in hosts), "master_port": port,
+                             "min_busbw": cluster.options.get("min_busbw"), "excluded": excluded,
+                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable]}
+
+    def done(status: str, **more: Any) -> Dict[str, Any]:
+        facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
+        return facts
+
+    if not hosts:
+        return done("skipped", reason="no host is left to run it on")
+    master = cluster.master if cluster.master.name in facts["slots"] else hosts[0]
     master_addr = chosen_addr.get(master.name) or cluster.address(master.name)
     addr_of = {h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts}
     owner = {a: h for h, a in addr_of.items()}
     owner.update({cluster.address(h.name): h.name for h in hosts})
     facts.update(master=master.name, master_addr=master_addr, network=chosen.get("network"),
                  iperf3_median_gbps=chosen.get("median_gbps"), init_timeout_s=float(cfg["init_timeout_s"]))
-
-    def done(status: str, **more: Any) -> Dict[str, Any]:
-        facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
-        return facts
-
     if facts["world_size"] <= 1:
         return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
                                       "copy), so it measures no bandwidth" % facts["world_size"])
@@ -381,15 +431,15 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                                         "source": "probe", "kind": "no_gpu"} for h, n in blind.items()]})
     if all(cuda.values()):
         backend = "nccl"
-        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus),
+        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus or []),
                                                                        probes[h.name]["device_count"])
-                 for h in hosts if max(list(h.gpus) or [h.slots - 1]) >= probes[h.name]["device_count"]}
+                 for h in hosts if max(list(h.gpus or []) or [h.slots - 1]) >= probes[h.name]["device_count"]}
         if short:
             return done("failed", backend=backend, failure={"kind": "no_gpu", "message": "; ".join(
                 "%s: %s" % kv for kv in short.items())}, errors=[],
                 localization={"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
                                            for h, why in short.items()]})
-        facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus) or range(h.slots))]
+        facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus or []) or range(h.slots))]
                               for h in hosts}
         facts["nccl"] = {h: p.get("nccl") for h, p in probes.items()}
     elif any(cuda.values()):
@@ -426,8 +476,9 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     sizes, stopped = _group_table(ranks)
     facts.update(sizes=sizes, stopped_early=stopped, errors=errors[:64], error_count=len(errors))
     localization: Dict[str, Any] = {"suspects": []}
-    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(
-        limits(cluster.thresholds, "iperf3")["straggler_warn_fraction"]))
+    iperf_limits = limits(cluster.thresholds, "iperf3")
+    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(iperf_limits["straggler_warn_fraction"]),
+                                        iperf_limits)
     if not ok:
         primary = errors[0] if errors else {"kind": "other", "error": "; ".join(agent_errors.values())}
         facts["failure"] = {"kind": primary["kind"], "message": _failure_message(errors, facts, agent_errors)}

@@ -105,6 +105,32 @@ def _host_fix(suspect: Dict[str, Any], facts: Dict[str, Any], default: str) -> s
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    """The run among the hosts that took part, then the hosts left out because ports/iperf3 proved them unreachable
+    (each FAILs with that evidence, and so does the cluster row: the job's all-reduce would hang at init)."""
+    result = _evaluate_run(facts, thresholds)
+    excluded = [e for e in facts.get("excluded") or [] if isinstance(e, dict) and e.get("host")]
+    if not excluded:
+        return result
+    fix = _host_fix(excluded[0], facts, "")
+    for e in excluded:
+        result[e["host"]] = Outcome(Status.FAIL, "all-reduce: left out, already found unreachable: %s" % e["reason"],
+                                    _host_fix(e, facts, fix))
+    rest = result["*"]
+    others = len(facts.get("hosts") or [])
+    if rest.status == Status.SKIP:
+        tail = "no all-reduce among the other %d host%s (%s)" % (others, "" if others == 1 else "s", rest.message)
+    else:
+        tail = "among the other %d host%s: %s" % (others, "" if others == 1 else "s", rest.message)
+    message = "left out %s: %s; a job including %s hangs at init; %s" % (
+        names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded[:4]),
+        "it" if len(excluded) == 1 else "them", tail)
+    metrics = dict(rest.metrics, excluded=excluded)
+    result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
+                          else fix, metrics, rest.findings)
+    return result
+
+
+def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     cfg = limits(thresholds, NAME)
     status = facts.get("status")
     base_metrics = {k: facts.get(k) for k in ("backend", "world_size", "hosts", "master", "master_addr",

@@ -1,0 +1,220 @@
+"""The compute check: the verdict on recorded measurements (GPU and CPU), this machine's real measurement, and a
+host slowed for real (a cgroup CPU limit) on the namespace cluster."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from preflight.checks import compute
+from preflight.checks.base import HostContext, Status
+from preflight.config import load_defaults
+from tests.netcluster import NetCluster
+
+REPO = Path(__file__).resolve().parent.parent
+TH = load_defaults()
+
+# Figures of a real H100 SXM host scaled per GPU: a healthy 8 x H100 80GB HBM3 node measures about these (bf16
+# 8192^3 GEMM ~700 TFLOPS, HBM copy ~2.9 TB/s, pinned Gen5 copies ~53 GB/s); noise is the slices' relative spread.
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.1, "gemm_tflops": 702.0, "gemm_tflops_noise": 0.004,
+        "hbm_gbps": 2895.0, "hbm_gbps_noise": 0.002, "h2d_gbps": 53.4, "h2d_gbps_noise": 0.003, "d2h_gbps": 52.9,
+        "d2h_gbps_noise": 0.003}
+
+
+def gpu_cluster(hosts=2, gpus=8, jitter=0.004):
+    """{host: facts} of healthy H100 hosts, each GPU a little different (as real ones are)."""
+    by_host = {}
+    for h in range(hosts):
+        name = "gpu%02d" % (h + 1)
+        devs = []
+        for i in range(gpus):
+            wobble = 1 + jitter * (((h * gpus + i) * 7) % 5 - 2) / 2  # deterministic +-1 jitter steps
+            g = {k: (round(v * wobble, 2) if isinstance(v, float) and not k.endswith("_noise") and k != "memory_gib"
+                     else v) for k, v in H100.items()}
+            g.update(index=i, uuid="GPU-%08x-1111-2222-3333-%012x" % (h, i))
+            devs.append(g)
+        by_host[name] = {"torch": "2.11.0+cu130", "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480C", "threads": 224},
+                         "gpus": devs}
+    return {"hosts": list(by_host), "unreachable": [], "errors": {}, "by_host": by_host}
+
+
+# Recorded on 4 namespace hosts of this 2-core machine (bench/compute_straggler.py), node03 in a cgroup limited to
+# half a core; measured one host at a time (parallel_hosts = 1).
+CPU_RECORDED = {
+    "hosts": ["node01", "node02", "node03", "node04"], "unreachable": [], "errors": {},
+    "by_host": {
+        "node01": {"torch": "2.13.0+cpu", "cpu": {"model": "AMD EPYC", "threads": 2, "gemm_n": 512, "torch_threads": 2,
+                                                   "gemm_gflops": 38.2, "gemm_gflops_noise": 0.021, "mem_gbps": 9.61,
+                                                   "mem_gbps_noise": 0.012}},
+        "node02": {"torch": "2.13.0+cpu", "cpu": {"model": "AMD EPYC", "threads": 2, "gemm_n": 512, "torch_threads": 2,
+                                                   "gemm_gflops": 36.9, "gemm_gflops_noise": 0.034, "mem_gbps": 9.34,
+                                                   "mem_gbps_noise": 0.019}},
+        "node03": {"torch": "2.13.0+cpu", "cpu": {"model": "AMD EPYC", "threads": 2, "gemm_n": 512, "torch_threads": 2,
+                                                   "gemm_gflops": 9.4, "gemm_gflops_noise": 0.41, "mem_gbps": 4.02,
+                                                   "mem_gbps_noise": 0.35}},
+        "node04": {"torch": "2.13.0+cpu", "cpu": {"model": "AMD EPYC", "threads": 2, "gemm_n": 512, "torch_threads": 2,
+                                                   "gemm_gflops": 37.5, "gemm_gflops_noise": 0.025, "mem_gbps": 9.48,
+                                                   "mem_gbps_noise": 0.015}},
+    }}
+
+
+def named(out):
+    return sorted(h for h, o in out.items() if h != "*" and o.status in (Status.WARN, Status.FAIL))
+
+
+# --- pure ---------------------------------------------------------------------------------------------------------
+
+def test_robust_z_uses_median_and_mad_with_a_floor():
+    med, sigma, z = compute.robust_z([100, 101, 99, 100, 50], 50, 0.01)
+    assert med == 100 and sigma == pytest.approx(1.4826) and z == pytest.approx(-50 / 1.4826)
+    # identical peers: MAD 0, so the floor (1% of the median) keeps z finite
+    assert compute.robust_z([10, 10, 10], 9.9, 0.01)[2] == pytest.approx(-1.0)
+
+
+def test_healthy_gpus_pass_with_their_numbers():
+    out = compute.evaluate(gpu_cluster(), TH)
+    assert named(out) == [], {h: o.message for h, o in out.items()}
+    assert out["gpu01"].status == Status.PASS and "GPU 0 " in out["gpu01"].message
+    assert "16 x H100 80GB HBM3: median bf16 GEMM" in out["*"].message
+
+
+def test_a_gpu_at_low_clocks_is_named_with_index_and_uuid_and_confidence():
+    facts = gpu_cluster()
+    slow = facts["by_host"]["gpu02"]["gpus"][5]
+    slow["gemm_tflops"] = round(slow["gemm_tflops"] * 0.90, 2)  # 10% slower: below -5 sigma and the 5% floor
+    out = compute.evaluate(facts, TH)
+    assert named(out) == ["gpu02"]
+    bad = out["gpu02"]
+    assert bad.status == Status.WARN
+    assert "gpu02 GPU 5 (GPU-00000001-1111-2222-3333-000000000005): bf16 GEMM" in bad.message
+    assert "90% of the median of 16 H100 80GB HBM3" in bad.message and "robust z -" in bad.message
+    assert "p < 1e-9" in bad.message and "nvidia-smi -q -i 5 -d CLOCK" in bad.fix
+    assert "slow device(s) on gpu02" in out["*"].message
+
+
+def test_small_deficits_and_noisy_measurements_are_not_named():
+    facts = gpu_cluster()
+    g = facts["by_host"]["gpu01"]["gpus"][2]
+    g["hbm_gbps"] = round(g["hbm_gbps"] * 0.97, 1)  # 3%: below the practical floor, however clear statistically
+    assert named(compute.evaluate(facts, TH)) == []
+    facts = gpu_cluster()
+    for h in facts["by_host"].values():
+        for d in h["gpus"]:
+            d["h2d_gbps_noise"] = 0.05  # every device's own slices vary by 5%
+    facts["by_host"]["gpu01"]["gpus"][3]["h2d_gbps"] *= 0.8  # 20% low is only -4 sigma of that noise
+    assert named(compute.evaluate(facts, TH)) == []
+    facts["by_host"]["gpu01"]["gpus"][3]["h2d_gbps"] = 53.4 * 0.45  # x8 link: below half FAILs whatever the noise
+    out = compute.evaluate(facts, TH)
+    assert named(out) == ["gpu01"] and out["gpu01"].status == Status.FAIL
+    assert "pinned H2D" in out["gpu01"].message and "-d PCIE" in out["gpu01"].fix
+
+
+def test_baselines_catch_a_cluster_that_is_uniformly_slow():
+    facts = gpu_cluster(hosts=1, gpus=2)  # 2 GPUs: too few to compare with each other
+    for d in facts["by_host"]["gpu01"]["gpus"]:
+        d["gemm_tflops"] = 300.0  # both at 30% of the 989 TFLOPS dense peak (clocks held low everywhere)
+    out = compute.evaluate(facts, TH)
+    assert out["gpu01"].status == Status.WARN
+    assert "bf16 GEMM 300 TFLOPS is below 50% of the H100 80GB HBM3 peak 989 TFLOPS (30%)" in out["gpu01"].message
+    assert "fewer than 3: not compared with each other" in out["*"].message
+    unknown = gpu_cluster(hosts=1, gpus=2)
+    for d in unknown["by_host"]["gpu01"]["gpus"]:
+        d.update(name="NVIDIA L40S", gemm_tflops=1.0)  # no published peak configured: no baseline verdict
+    assert compute.evaluate(unknown, TH)["gpu01"].status == Status.PASS
+
+
+def test_recorded_cpu_hosts_name_the_throttled_one():
+    out = compute.evaluate(copy.deepcopy(CPU_RECORDED), TH)
+    assert named(out) == ["node03"]
+    assert out["node03"].status == Status.FAIL  # a quarter of the others' GEMM rate
+    assert out["node03"].message.startswith("node03 CPU: CPU fp32 GEMM 9.4 GFLOPS is 25% of the median of 4 AMD EPYC")
+    assert "cpu.max" in out["node03"].fix
+    for h in ("node01", "node02", "node04"):
+        assert out[h].status == Status.PASS and "CPU fp32 GEMM" in out[h].message
+    healthy = copy.deepcopy(CPU_RECORDED)
+    healthy["by_host"]["node03"]["cpu"].update(gemm_gflops=37.8, gemm_gflops_noise=0.03, mem_gbps=9.5,
+                                               mem_gbps_noise=0.02)
+    assert named(compute.evaluate(healthy, TH)) == []
+
+
+def test_no_torch_skips_errors_are_errors_and_a_failed_gpu_is_an_error():
+    facts = copy.deepcopy(CPU_RECORDED)
+    facts["by_host"]["node02"] = {"torch": None, "error": "ModuleNotFoundError: No module named 'torch'",
+                                  "cpu": {"model": "x", "threads": 1}}
+    facts["errors"]["node04"] = "timed out after 160s"
+    del facts["by_host"]["node04"]
+    facts["unreachable"] = ["node05"]
+    out = compute.evaluate(facts, TH)
+    assert out["node02"].status == Status.SKIP and "No module named 'torch'" in out["node02"].message
+    assert out["node04"].status == Status.ERROR and out["node05"].status == Status.ERROR
+    gpu = gpu_cluster(hosts=1, gpus=3)
+    gpu["by_host"]["gpu01"]["gpus"][1] = {"index": 1, "error": "OutOfMemoryError: CUDA out of memory"}
+    out = compute.evaluate(gpu, TH)
+    assert out["gpu01"].status == Status.ERROR and "GPU 1: could not measure" in out["gpu01"].message
+
+
+# --- this machine: the real measurement ---------------------------------------------------------------------------
+
+def test_collect_measures_this_cpu_for_real():
+    pytest.importorskip("torch")
+    lim = TH["compute"]
+    params = {k: lim[k] for k in ("seconds", "chunks", "gpu_gemm_n", "hbm_mib", "pcie_mib", "cpu_gemm_n",
+                                  "cpu_copy_mib", "cpu_threads")}
+    facts = compute.collect(params, HostContext(params=params, deadline=time.monotonic() + 120))
+    cpu = facts["cpu"]
+    if facts.get("gpus"):
+        pytest.skip("a real NVIDIA driver is present: the GPU path runs instead")
+    assert cpu["gemm_gflops"] > 0 and cpu["mem_gbps"] > 0 and cpu["threads"] >= 1
+    assert 0 <= cpu["gemm_gflops_noise"] < 5
+    out = compute.evaluate({"hosts": ["me"], "by_host": {"me": facts}, "errors": {}, "unreachable": []}, TH)
+    assert out["me"].status == Status.PASS and "(fewer than 3" in out["*"].message
+
+
+# --- the namespace cluster ----------------------------------------------------------------------------------------
+
+needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
+                                   reason=str(NetCluster.unavailable_reason()))
+# Namespace hosts share this machine's 2 cores. They are measured together (the default), starting at one moment
+# (align_s), so that other work on this machine slows all of them alike, with one thread each (cpu_threads): each
+# host then gets about half a core, and a host limited to a fifth of a core is a clear straggler. 1 s in 0.2 s
+# slices spans two periods of the CPU limit (100 ms) per slice.
+CONFIG = "[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n"
+LIMIT_CORES = 0.2
+
+
+def run_compute(cluster, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config, out = tmp_path / "compute.toml", tmp_path / "out.json"
+    config.write_text(CONFIG)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--checks", "compute", "--config", str(config),
+            "--json", str(out)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert out.exists(), proc.stderr[-3000:]
+    return {r["host"]: r for r in json.loads(out.read_text())["results"] if r["check"] == "compute"}, proc
+
+
+@needs_cluster
+def test_a_host_in_a_cpu_limited_cgroup_is_named_and_nobody_when_none_is(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(4, names=["node01", "node02", "node03", "node04"])
+    cells, proc = run_compute(cluster, tmp_path / "healthy")
+    assert [h for h, c in cells.items() if c["status"] != "pass"] == [], {h: c["message"] for h, c in cells.items()}
+    assert proc.returncode == 0
+    cluster.throttle("node03", cores=LIMIT_CORES)
+    try:
+        cells, proc = run_compute(cluster, tmp_path / "throttled")
+    finally:
+        cluster.unthrottle("node03")
+    bad = cells["node03"]
+    assert bad["status"] in ("warn", "fail"), bad["message"]
+    assert bad["message"].startswith("node03 CPU: CPU fp32 GEMM"), bad["message"]
+    assert "of the median of 4" in bad["message"] and "robust z" in bad["message"]
+    for h in ("node01", "node02", "node04"):
+        assert cells[h]["status"] == "pass", cells[h]["message"]
+    assert "slow device(s) on node03" in cells["*"]["message"]
