@@ -54,13 +54,31 @@ def _stdin_for(request: Dict[str, Any]) -> bytes:
     return b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n"
 
 
+# What the coordinator reads from one host for one request when the config does not say ([agent] in
+# defaults.toml holds the documented value).
+DEFAULT_MAX_OUTPUT = 64 * 2**20
+
+
 def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
+    """The agent's RESULT payload; everything in it came from the host, so its shape is checked here."""
+    if res.error:  # the transport stopped the command itself: output over the cap, or a dead peer
+        raise AgentError(f"{what}: {res.error}", res.stderr[-2000:])
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(RESULT + " "):
-            payload = json.loads(line[len(RESULT) + 1:])
-            if not payload.get("ok"):
-                raise AgentError(f"{what} failed on the host: {payload.get('error')}",
-                                 payload.get("traceback", ""))
+            try:
+                payload = json.loads(line[len(RESULT) + 1:])
+            except ValueError as exc:
+                raise AgentError(f"{what}: the host's answer is not valid JSON ({exc})", line[:2000]) from None
+            if not isinstance(payload, dict) or not isinstance(payload.get("ok"), bool):
+                raise AgentError(f"{what}: the host's answer is not an agent result (no boolean 'ok')",
+                                 line[:2000])
+            if not payload["ok"]:
+                raise AgentError(f"{what} failed on the host: {str(payload.get('error'))[:2000]}",
+                                 str(payload.get("traceback", ""))[:20000])
+            if "value" not in payload:
+                raise AgentError(f"{what}: the host's answer has no 'value'", line[:2000])
+            if not isinstance(payload.get("host", {}), dict):
+                raise AgentError(f"{what}: the host's answer has a 'host' that is not an object", line[:2000])
             return payload
     tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
     if res.timed_out:
@@ -73,18 +91,21 @@ def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
 class Agent:
     """The agent on one host: ``collect`` runs host checks; ``call``/``start`` run a host-side function."""
 
-    def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight"):
+    def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight",
+                 max_output: int = DEFAULT_MAX_OUTPUT):
         self.transport = transport
         self.python = python
         # The token appears in every agent's argv, so a last-resort cleanup can find them with pkill -f.
         self.token = token
+        self.max_output = max_output
         self.hostinfo: Dict[str, Any] = {}
 
     def _argv(self) -> Sequence[str]:
         return [self.python, "-c", BOOTSTRAP, self.token]
 
     def _start(self, request: Dict[str, Any]) -> RunningCommand:
-        return self.transport.start(self._argv(), _stdin_for(request), keep_stdin_open=True)
+        return self.transport.start(self._argv(), _stdin_for(request), keep_stdin_open=True,
+                                    max_output=self.max_output)
 
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         # The agent runs checks one after another, each under its own deadline; allow start-up on top.
@@ -93,7 +114,7 @@ class Agent:
                            "timeout": per_check}).wait(budget)
         payload = _parse_result(res, "host checks")
         self.hostinfo = payload.get("host", {})
-        return payload["value"]
+        return check_collect_shape(payload["value"], checks)
 
     def call(self, func: str, params: Dict[str, Any], timeout: float) -> Any:
         res = self._start({"op": "call", "func": func, "params": params, "timeout": timeout}).wait(timeout + 15)
@@ -102,6 +123,31 @@ class Agent:
     def start(self, func: str, params: Dict[str, Any], timeout: float) -> "Service":
         return Service(self._start({"op": "call", "func": func, "params": params, "timeout": timeout}),
                        func, timeout)
+
+
+def check_collect_shape(value: Any, checks: Sequence[str]) -> Dict[str, Any]:
+    """A collect answer is {check: {"facts": ..., "duration_s": n} or {"error": "text", "duration_s": n}};
+    anything else from the host raises AgentError (that host's ERROR), never a crash further on."""
+    if not isinstance(value, dict):
+        raise AgentError(f"host checks: the host's answer is a {type(value).__name__}, not an object of checks")
+    for name in checks:
+        entry = value.get(name)
+        if entry is None:
+            continue  # a missing check is reported as "no result" for that check alone
+        where = f"host checks: the host's result for {name!r}"
+        if not isinstance(entry, dict):
+            raise AgentError(f"{where} is a {type(entry).__name__}, not an object")
+        duration = entry.get("duration_s")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e9:
+            raise AgentError(f"{where} has no valid 'duration_s' (got {str(duration)[:40]!r})")
+        if "error" in entry:
+            if not isinstance(entry["error"], str) or not isinstance(entry.get("traceback", ""), str):
+                raise AgentError(f"{where} has an 'error' or 'traceback' that is not text")
+        elif "facts" not in entry:
+            raise AgentError(f"{where} has neither 'facts' nor 'error'")
+        elif not isinstance(entry["facts"], dict):
+            raise AgentError(f"{where} has 'facts' that are a {type(entry['facts']).__name__}, not an object")
+    return value
 
 
 class Service:

@@ -17,8 +17,9 @@ from preflight import checks as registry
 from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
-from preflight.remote import Agent, AgentError, Service
-from preflight.transport import LocalTransport, SSHOptions, SSHTransport, Transport, TransportError
+from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service
+from preflight.transport import (LocalTransport, SSHOptions, SSHTransport, Transport, TransportError,
+                                 raise_fd_limit)
 
 
 @dataclass
@@ -134,7 +135,9 @@ class Runner:
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
         transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
-        return Node(spec, transport, Agent(transport, self.o.python, self.token))
+        mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
+        max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
+        return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output))
 
     def _connect(self, node: Node) -> None:
         if self.o.local:
@@ -263,6 +266,7 @@ class Runner:
     def run(self) -> Report:
         started = _now_iso()
         t0 = time.monotonic()
+        raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         modules = _select_modules(self.o.checks)
         try:

@@ -1,0 +1,153 @@
+"""What a host sends back is complete, bounded and checked: real sshd hosts answering through a crafted --python.
+
+Large results arrive whole (read to the channel's EOF, not just to the exit status), a flooding host costs
+one ERROR and bounded coordinator memory, a result of the wrong shape is that host's ERROR, and a host whose
+network is cut mid-request is found dead by SSH keepalives.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hostile import HostileHosts
+from tests.netcluster import NetCluster
+from tests.test_cli_cluster import ROOT, preflight
+
+
+@pytest.fixture(scope="module")
+def cluster4():
+    if reason := NetCluster.unavailable_reason():
+        pytest.skip(reason)
+    with NetCluster(4, names=["node01", "node02", "node03", "node04"]) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def hostile():
+    hosts = HostileHosts()
+    yield hosts
+    hosts.close()
+
+
+def cells(path: Path):
+    return {(r["host"], r["check"]): r for r in json.loads(path.read_text())["results"]}
+
+
+def test_large_results_arrive_whole_at_1_10_and_50_mb(cluster4, hostile, tmp_path):
+    sizes = {"node01": 2**20, "node02": 10 * 2**20, "node03": 50 * 2**20}
+    hostile.set({name: f"big:{size}" for name, size in sizes.items()})
+    out = tmp_path / "r.json"
+    proc = preflight(cluster4, "--hostfile", cluster4.hostfile(tmp_path / "hf", names=list(sizes)),
+                     "--python", hostile.python, "--checks", "python", "--json", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = cells(out)
+    for name, size in sizes.items():
+        cell = res[(name, "python")]
+        assert cell["status"] == "pass", cell["message"][:300]
+        expected = (b"0123456789abcdef" * (size // 16 + 1))[:size].decode()
+        assert cell["metrics"]["executable"] == expected, (name, len(cell["metrics"]["executable"]))
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_flooding_host_is_an_error_and_coordinator_memory_stays_bounded(cluster4, hostile, tmp_path):
+    hostile.set({"node02": "flood"})
+    config = tmp_path / "t.toml"
+    config.write_text("[agent]\nmax_output_mib = 8\n")
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "preflight", "run", "--python", str(hostile.python),
+            "--ssh-config", str(cluster4.ssh_config), "--ssh-key", str(cluster4.user_key),
+            "--known-hosts", str(cluster4.known_hosts), "--hostfile", str(cluster4.hostfile(tmp_path / "hf")),
+            "--checks", "python", "--config", str(config), "--timeout", "60", "--json", str(out)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    peak = [0.0]
+
+    def watch() -> None:  # the coordinator's peak RSS, read until it exits
+        while proc.poll() is None:
+            try:
+                peak[0] = max(peak[0], _peak_rss_mib(proc.pid))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        watcher.join()
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    assert proc.returncode == 1, stdout + stderr
+    res = cells(out)
+    flood = res[("node02", "python")]
+    assert flood["status"] == "error" and "more than 8 MiB" in flood["message"], flood
+    for name in ("node01", "node03", "node04"):
+        assert res[(name, "python")]["status"] == "pass", res[(name, "python")]
+    # Python, rich and paramiko take ~100 MiB; an unbounded buffer grows by GiBs within the timeout.
+    assert 0 < peak[0] < 400, peak[0]
+
+
+def test_results_of_the_wrong_shape_are_that_hosts_error(cluster4, hostile, tmp_path):
+    modes = {"node01": "list", "node02": "noduration", "node03": "badjson", "node04": "factslist"}
+    hostile.set(modes)
+    out = tmp_path / "r.json"
+    proc = preflight(cluster4, "--hostfile", cluster4.hostfile(tmp_path / "hf"), "--python", hostile.python,
+                     "--checks", "python", "--json", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    res = cells(out)
+    words = {"node01": "not an object of checks", "node02": "duration_s", "node03": "not valid JSON",
+             "node04": "'facts' that are a list"}
+    for name, word in words.items():
+        cell = res[(name, "python")]
+        assert cell["status"] == "error" and word in cell["message"], (name, cell["message"])
+        assert res[(name, "ssh")]["status"] == "pass"
+
+
+def test_a_host_cut_off_mid_request_is_found_dead_by_keepalives(netcluster_factory, hostile, tmp_path):
+    cluster = netcluster_factory(n=2)
+    hostile.set({"node02": "hang"})
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "preflight", "run", "--python", str(hostile.python),
+            "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+            "--checks", "python", "--connect-timeout", "3", "--timeout", "120", "--json", str(out)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        node02 = cluster.host("node02")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until node02's agent (the hanging wrapper) runs
+            pids = subprocess.run(["ip", "netns", "pids", node02.ns], capture_output=True, text=True).stdout.split()
+            if any(b"preflight-hostile" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids
+                   if Path(f"/proc/{p}/cmdline").exists()):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("node02's agent never started")
+        for veth in node02.veths:  # cut the cable: no FIN, no RST, just silence
+            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        stdout, stderr = proc.communicate(timeout=170)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in stdout + stderr
+    assert proc.returncode == 1, stdout + stderr
+    res = cells(out)
+    assert res[("node01", "python")]["status"] == "pass"
+    dead = res[("node02", "python")]
+    # Without keepalives this is "timed out after 150s", after the per-check timeout.
+    assert dead["status"] == "error" and "keepalive" in dead["message"], dead["message"]
