@@ -98,9 +98,10 @@ class Cluster:
     def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]:
         """Call func on several hosts at once; each value is the result or the exception."""
         names = list(params_by_host)
-        batches = -(-len(names) // max(1, self.parallel))  # hosts beyond --parallel wait for a free slot
+        # Not limited by --parallel: a call only waits on its host, and a round of calls (iperf3 pairs,
+        # ports probes) must run all at once or every round grows with the number of hosts.
         out = parallel_map(lambda h: self.call(h, func, params_by_host[h], timeout), names,
-                           self.parallel, timeout * batches + 30)
+                           max(1, len(names)), timeout + 30)
         return dict(zip(names, out))
 
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:
@@ -153,9 +154,13 @@ class Runner:
                               "address": transport.address}
             return
         probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
+        # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
+        # at once the coordinator's own queueing would show up as a slow host.
+        rtt_ms = transport.network_rtt_ms()
         node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
-                          "rtt_ms": round(probe.duration * 1000, 1), "user": transport.user}
+                          "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
+                          "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",
@@ -199,7 +204,8 @@ class Runner:
                 self.progress.advance(node.name)
 
         budget = self.o.timeout * max(1, len(names)) + 60
-        outputs = parallel_map(one, reachable, self.o.parallel, budget)
+        # Every host at once: the phase only waits on the hosts (--parallel limits connection set-up).
+        outputs = parallel_map(one, reachable, max(1, len(reachable)), budget)
         by_host = dict(zip((n.name for n in reachable), outputs))
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
@@ -260,7 +266,7 @@ class Runner:
                     pass  # best effort: agents also stop themselves when their channel closes
             node.transport.close()
 
-        parallel_map(one, self.nodes, self.o.parallel, 30)
+        parallel_map(one, self.nodes, max(1, len(self.nodes)), 30)
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:

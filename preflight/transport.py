@@ -18,6 +18,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -529,6 +530,22 @@ class SSHTransport(Transport):
         except OSError:
             pass
         return cmd
+
+    def network_rtt_ms(self) -> Optional[float]:
+        """The connection's smoothed round-trip time as the kernel measures it (TCP_INFO tcpi_rtt), or None.
+
+        Measured from ACK timing in the kernels at both ends, so a coordinator busy with other hosts does
+        not inflate it the way timing a command through paramiko does.
+        """
+        try:
+            sock = self._client.get_transport().sock  # type: ignore[union-attr]
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        except (AttributeError, OSError):
+            return None
+        if len(info) < 76:
+            return None
+        # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
+        return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
 
     def _forget(self, cmd: "_SSHCommand") -> None:
         with self._lock:

@@ -151,3 +151,34 @@ def test_a_host_cut_off_mid_request_is_found_dead_by_keepalives(netcluster_facto
     dead = res[("node02", "python")]
     # Without keepalives this is "timed out after 150s", after the per-check timeout.
     assert dead["status"] == "error" and "keepalive" in dead["message"], dead["message"]
+
+
+FD_RUNNER = r"""
+import os, resource, sys
+# Start as a default shell would (soft limit 1024) with most of it used up, as a big run's threads,
+# sockets and pipes do; preflight must raise the limit and work with descriptors above 1023.
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1000)]
+import preflight.transport as transport
+original = transport.raise_fd_limit
+def raise_then_fill():
+    original()
+    held.extend(os.open("/dev/null", os.O_RDONLY) for _ in range(200))  # everything after this is > 1200
+transport.raise_fd_limit = raise_then_fill
+import preflight.runner
+preflight.runner.raise_fd_limit = raise_then_fill
+from preflight.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_more_than_1100_descriptors_open(cluster4, tmp_path):
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-c", FD_RUNNER, "run", "--python", sys.executable,
+            "--ssh-config", str(cluster4.ssh_config), "--ssh-key", str(cluster4.user_key),
+            "--known-hosts", str(cluster4.known_hosts), "--hostfile", str(cluster4.hostfile(tmp_path / "hf")),
+            "--checks", "python", "--json", str(out)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(c["status"] == "pass" for c in cells(out).values())
