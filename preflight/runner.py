@@ -264,6 +264,7 @@ class Runner:
                     node.agent.call("agent.reap", {"token": self.token}, timeout=10)
                 except Exception:
                     pass  # best effort: agents also stop themselves when their channel closes
+            node.agent.close()
             node.transport.close()
 
         parallel_map(one, self.nodes, max(1, len(self.nodes)), 30)

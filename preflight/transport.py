@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
@@ -74,13 +74,19 @@ class RunningCommand:
         # A host is untrusted: past this many bytes (stdout + stderr) the command is stopped, not buffered.
         self._max_output = max_output
         self._error = ""
+        self._sink: Optional[Callable[[bytes, bool], None]] = None
 
     # -- fed by readers
     def _feed(self, data: bytes, is_err: bool) -> None:
         overflow = False
         with self._cond:
-            if self._error:
+            sink = self._sink
+            if sink is None and self._error:
                 return
+        if sink is not None:  # streamed: the consumer keeps what it needs (the agent session's frames)
+            sink(data, is_err)
+            return
+        with self._cond:
             buf = self._err if is_err else self._out
             if self._max_output is not None and len(self._out) + len(self._err) + len(data) > self._max_output:
                 self._error = (f"the host sent more than {self._max_output / 2**20:g} MiB of output for one "
@@ -91,6 +97,11 @@ class RunningCommand:
             self._cond.notify_all()
         if overflow:
             self.kill()
+
+    def _note_error(self, error: str) -> None:
+        with self._cond:
+            if not self._error:
+                self._error = error
 
     def _fail(self, error: str) -> None:
         """The transport gave up on the command (e.g. the peer is dead): record why, then stop it."""
@@ -106,6 +117,35 @@ class RunningCommand:
             self._cond.notify_all()
 
     # -- used by callers
+    def stream_to(self, sink: Callable[[bytes, bool], None]) -> None:
+        """Hand all output, from now on and what came so far, to sink(data, is_err) instead of buffering it."""
+        with self._cond:
+            out, err = bytes(self._out), bytes(self._err)
+            self._out.clear()
+            self._err.clear()
+            if out:
+                sink(out, False)
+            if err:
+                sink(err, True)
+            self._sink = sink
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the command ends, without killing it; True when it did."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._rc is not None, timeout=timeout)
+
+    @property
+    def rc(self) -> Optional[int]:
+        return self._rc
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    def send(self, data: bytes) -> None:
+        """Write to the command's stdin (kept open); OSError when it is gone."""
+        raise NotImplementedError
+
     def wait_for_output(self, marker: bytes, timeout: float) -> Optional[str]:
         """Wait until stdout holds a line containing marker; return that line, or None on exit/timeout."""
         deadline = time.monotonic() + timeout
@@ -177,6 +217,7 @@ class Transport:
 class _LocalCommand(RunningCommand):
     def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool, max_output: Optional[int]):
         super().__init__(max_output)
+        self._send_lock = threading.Lock()
         # Own process group, so a timeout kills the whole tree the command started.
         self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True)
@@ -204,9 +245,15 @@ class _LocalCommand(RunningCommand):
             t.join(timeout=2)
         self._finish(rc)
 
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+
     def close_stdin(self) -> None:
         try:
-            self._proc.stdin.close()
+            with self._send_lock:
+                self._proc.stdin.close()
         except OSError:
             pass
 
@@ -241,6 +288,9 @@ class _FailedCommand(RunningCommand):
         self._error = error
         self._finish(rc)
 
+    def send(self, data: bytes) -> None:
+        raise OSError("the command did not start")
+
     def close_stdin(self) -> None:
         pass
 
@@ -274,6 +324,7 @@ class _SSHCommand(RunningCommand):
         super().__init__(max_output)
         self._chan = channel
         self._owner = owner
+        self._send_lock = threading.Lock()
         threading.Thread(target=self._pump, daemon=True).start()
         try:
             if stdin:
@@ -341,9 +392,16 @@ class _SSHCommand(RunningCommand):
                 self._owner._forget(self)
         self._finish(rc)
 
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            if self._chan.closed:
+                raise OSError("the SSH channel is closed")
+            self._chan.sendall(data)
+
     def close_stdin(self) -> None:
         try:
-            self._chan.shutdown_write()
+            with self._send_lock:
+                self._chan.shutdown_write()
         except OSError:
             pass
 

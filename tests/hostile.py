@@ -1,14 +1,14 @@
 """A crafted ``--python`` for namespace hosts: it speaks the agent's protocol but answers what a test asks for.
 
-The wrapper reads the agent's stdin exactly as the real bootstrap does ("<n>\\n<zip><request line>"), then
-looks up its host name in modes.json beside it:
+The wrapper reads the agent's stdin exactly as the real bootstrap does ("<n>\\n<zip>{"op": "serve"}"), then
+answers requests in the persistent agent's frames; what it answers depends on its host name in modes.json:
 
     {"node01": "big:1048576", "node02": "flood", "node03": "real"}
 
 Modes: ``real`` runs the real interpreter (the real agent); ``big:N`` answers the python check with an
-N-byte ``executable`` and exits at once (stdin still open, as the agent does); ``flood`` writes stdout
-forever; ``list``, ``noduration``, ``badjson``, ``factslist`` answer with a result of the wrong shape;
-``hang`` reads nothing more and sleeps (a host that goes quiet mid-request).
+N-byte ``executable``; ``flood`` sends output frames for the request forever, ignoring "kill"; ``list``,
+``noduration``, ``badjson``, ``factslist`` answer with a result of the wrong shape; ``hang`` reads nothing
+more and sleeps (a host that goes quiet mid-request).
 """
 from __future__ import annotations
 
@@ -29,31 +29,45 @@ if mode == "hang":
 stdin = sys.stdin.buffer
 n = int(stdin.readline())
 stdin.read(n)
-request = json.loads(stdin.readline())
 out = sys.stdout.buffer
 R = b"@@PREFLIGHT-RESULT "
-if request["op"] != "collect":
-    out.write(R + b'{{"ok": true, "value": {{}}, "host": {{}}}}\n')
-elif mode.startswith("big:"):
-    size = int(mode[4:])
-    pad = (b"0123456789abcdef" * (size // 16 + 1))[:size].decode()
-    facts = {{"python": "3.11.7", "executable": pad, "torch": "2.0", "torch_cuda": None, "nccl": None,
-             "torch_error": None, "deepspeed": None, "nvidia_ml_py": None}}
-    payload = {{"ok": True, "value": {{"python": {{"facts": facts, "duration_s": 0.1}}}}, "host": {{}}}}
-    out.write(R + json.dumps(payload).encode() + b"\n")
-elif mode == "flood":
-    chunk = b"x" * 65536
-    while True:
-        out.write(chunk)
-elif mode == "list":
-    out.write(R + b'{{"ok": true, "value": [1, 2], "host": {{}}}}\n')
-elif mode == "noduration":
-    out.write(R + b'{{"ok": true, "value": {{"python": {{"facts": {{"python": "3.11.7"}}}}}}, "host": {{}}}}\n')
-elif mode == "factslist":
-    out.write(R + b'{{"ok": true, "value": {{"python": {{"facts": [], "duration_s": 1}}}}, "host": {{}}}}\n')
-elif mode == "badjson":
-    out.write(R + b'{{"ok": true, "value": {{"python": \n')
-out.flush()
+
+def frame(rid, kind, data=b""):
+    for i in range(0, max(1, len(data)), 65536):  # as the real agent forwards a worker's output
+        chunk = data[i:i + 65536]
+        out.write(b"@@PF %d %s %d\n" % (rid, kind, len(chunk)) + chunk)
+    out.flush()
+
+def answer(request):
+    if request["op"] != "collect":
+        return R + b'{{"ok": true, "value": {{}}, "host": {{}}}}\n'
+    if mode.startswith("big:"):
+        size = int(mode[4:])
+        pad = (b"0123456789abcdef" * (size // 16 + 1))[:size].decode()
+        facts = {{"python": "3.11.7", "executable": pad, "torch": "2.0", "torch_cuda": None, "nccl": None,
+                 "torch_error": None, "deepspeed": None, "nvidia_ml_py": None}}
+        payload = {{"ok": True, "value": {{"python": {{"facts": facts, "duration_s": 0.1}}}}, "host": {{}}}}
+        return R + json.dumps(payload).encode() + b"\n"
+    if mode == "flood":
+        chunk = b"x" * 65536
+        while True:
+            frame(request["id"], b"o", chunk)
+    return {{
+        "list": R + b'{{"ok": true, "value": [1, 2], "host": {{}}}}\n',
+        "noduration": R + b'{{"ok": true, "value": {{"python": {{"facts": {{"python": "3.11.7"}}}}}}, "host": {{}}}}\n',
+        "factslist": R + b'{{"ok": true, "value": {{"python": {{"facts": [], "duration_s": 1}}}}, "host": {{}}}}\n',
+        "badjson": R + b'{{"ok": true, "value": {{"python": \n',
+    }}[mode]
+
+first = json.loads(stdin.readline())
+assert first["op"] == "serve"
+frame(0, b"h")
+for line in stdin:
+    request = json.loads(line)
+    if request["op"] in ("stop", "kill"):
+        continue
+    frame(request["id"], b"o", answer(request))
+    frame(request["id"], b"x", b"0")
 os._exit(0)
 '''
 

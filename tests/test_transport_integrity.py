@@ -182,3 +182,22 @@ def test_more_than_1100_descriptors_open(cluster4, tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert all(c["status"] == "pass" for c in cells(out).values())
+
+
+def test_a_command_that_exits_right_after_writing_is_read_to_eof(cluster4):
+    """The transport itself, below the agent: a command that writes 1, 10 and 50 MB and exits at once, with
+    its stdin still open (as a one-request agent), is read whole, not cut at its exit status."""
+    from preflight.transport import SSHOptions, SSHTransport
+    options = SSHOptions(key=str(cluster4.user_key), config_path=str(cluster4.ssh_config),
+                         known_hosts=str(cluster4.known_hosts))
+    transport = SSHTransport("node01", options)
+    transport.connect()
+    try:
+        for size in (2**20, 10 * 2**20, 50 * 2**20):
+            code = f"import os, sys; sys.stdout.buffer.write(b'z' * {size}); sys.stdout.flush(); os._exit(0)"
+            cmd = transport.start([sys.executable, "-c", code], keep_stdin_open=True)
+            res = cmd.wait(120)
+            assert res.rc == 0 and not res.error, (size, res.rc, res.error, res.stderr[-300:])
+            assert len(res.stdout) == size, (size, len(res.stdout))
+    finally:
+        transport.close()
