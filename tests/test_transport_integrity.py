@@ -201,3 +201,35 @@ def test_a_command_that_exits_right_after_writing_is_read_to_eof(cluster4):
             assert len(res.stdout) == size, (size, len(res.stdout))
     finally:
         transport.close()
+
+
+def test_kill_9_of_the_coordinator_mid_run_leaves_nothing_on_the_hosts(cluster4, tmp_path):
+    """No clean-up code runs on the coordinator: the hosts' agents see their channel close and stop all."""
+    from tests.test_cli_cluster import assert_nothing_left
+    config = tmp_path / "t.toml"
+    config.write_text("[iperf3]\nduration_s = 20.0\n")  # servers and clients busy when the coordinator dies
+    argv = [sys.executable, "-m", "preflight", "run", "--python", sys.executable,
+            "--ssh-config", str(cluster4.ssh_config), "--ssh-key", str(cluster4.user_key),
+            "--known-hosts", str(cluster4.known_hosts), "--hostfile", str(cluster4.hostfile(tmp_path / "hf")),
+            "--checks", "interfaces,iperf3", "--config", str(config)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        seen = []
+        deadline = time.monotonic() + 90
+        for line in proc.stderr:  # progress lines: wait until the iperf3 phase has started
+            seen.append(line)
+            if "iperf3" in line or time.monotonic() > deadline:
+                break
+        assert any("iperf3" in line for line in seen), seen
+        time.sleep(3)
+        running = [h.name for h in cluster4.hosts
+                   if len(subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True,
+                                         text=True).stdout.split()) > 1]
+        assert running, "nothing ran on the hosts: the test would prove nothing"
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_nothing_left(cluster4)
