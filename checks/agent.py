@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from . import base
 
@@ -173,7 +173,7 @@ def _wait_stop(max_s: float) -> bool:
     return _stop.wait(max_s)
 
 
-def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Dict[str, str] = None):
+def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Optional[Dict[str, str]] = None):
     """Start another agent on this host running ``func`` (e.g. one all-reduce rank), tracked for cleanup.
 
     The child gets the same in-memory code as this agent; its stdin stays open as its lifeline (closing the
@@ -186,6 +186,7 @@ def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Dict[str,
     token = os.environ.get(RUN_ENV, "preflight")
     proc = base.spawn([sys.executable, "-c", BOOTSTRAP, token], env=env, stdin=subprocess.PIPE)
     request = {"op": "call", "func": func, "params": params, "timeout": timeout}
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n")
     proc.stdin.flush()
     return proc

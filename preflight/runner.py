@@ -214,10 +214,11 @@ class Runner:
                 if not node.reachable:
                     self._add(node.name, module.NAME, Outcome(Status.ERROR, "not run: the host is unreachable "
                                                               "(see its ssh result)"))
-                elif isinstance(out, BaseException):
+                elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
+                    text = str(out) if out is not None else "no answer"
                     self._add(node.name, module.NAME, Outcome(
-                        Status.ERROR, f"not run: {out}", _agent_fix(str(out) + detail, self.o.python)))
+                        Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python)))
                 elif "error" in out.get(module.NAME, {"error": "no result"}):
                     entry = out.get(module.NAME, {"error": "no result from the agent"})
                     self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
@@ -226,12 +226,15 @@ class _LocalCommand(RunningCommand):
         for t in readers:
             t.start()
         threading.Thread(target=self._reap, args=(readers,), daemon=True).start()
+        stdin_pipe = self._proc.stdin
+        assert stdin_pipe is not None  # stdin=PIPE above
+        self._stdin: IO[bytes] = stdin_pipe
         try:
             if stdin:
-                self._proc.stdin.write(stdin)
-                self._proc.stdin.flush()
+                self._stdin.write(stdin)
+                self._stdin.flush()
             if not keep_stdin_open:
-                self._proc.stdin.close()
+                self._stdin.close()
         except (BrokenPipeError, OSError):
             pass
 
@@ -247,13 +250,13 @@ class _LocalCommand(RunningCommand):
 
     def send(self, data: bytes) -> None:
         with self._send_lock:
-            self._proc.stdin.write(data)
-            self._proc.stdin.flush()
+            self._stdin.write(data)
+            self._stdin.flush()
 
     def close_stdin(self) -> None:
         try:
             with self._send_lock:
-                self._proc.stdin.close()
+                self._stdin.close()
         except OSError:
             pass
 
@@ -596,7 +599,7 @@ class SSHTransport(Transport):
         not inflate it the way timing a command through paramiko does.
         """
         try:
-            sock = self._client.get_transport().sock  # type: ignore[union-attr]
+            sock = self._client.get_transport().sock  # type: ignore[union-attr,attr-defined]
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         except (AttributeError, OSError):
             return None
