@@ -143,7 +143,7 @@ def _tool_argv(tool: str, files: dict, workdir: Path, profile: Optional[Path] = 
             *command], None
 
 
-def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False) -> list:
+def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None) -> list:
     import contextlib
     rows = []
     for n in sizes:
@@ -181,6 +181,7 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False) -> 
                              "errors": max(r["errors"] for r in runs), "runs": runs})
             if prof is not None and prof.exists():
                 rows[-3]["profile_top10"] = top_functions(prof)
+        write_json("scale-versus", {"fanout": FANOUT, "partial": n != sizes[-1], "rows": rows}, out)
     for row in rows:
         base = next(r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh")
         row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base["wall_s"] else None
@@ -216,7 +217,7 @@ def main() -> int:
     cores = os.cpu_count() or 1
     if args.versus:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = versus(args.sizes, Path(tmp), args.reps, args.profile)
+            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out)
         print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "errors"],
                     [[r["hosts"], r["tool"], r["wall_s"], r["wall_vs_pdsh"], r["coord_ms_per_host"],
                       r["host_ms_per_host"], r["errors"]] for r in rows]))

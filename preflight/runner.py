@@ -174,7 +174,10 @@ class Runner:
             self._connect(node)
             self.progress.advance(node.name, "ok" if node.reachable else "unreachable")
 
-        timeout = self.o.ssh.connect_timeout * 2 + 10
+        # Each host's connect and probe are bounded (connect timeout each); hosts beyond --parallel wait for
+        # a slot, so the phase's budget grows with the number of waves.
+        waves = -(-len(self.nodes) // max(1, self.o.parallel))
+        timeout = (self.o.ssh.connect_timeout * 2 + 10) * max(1, waves)
         for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
             if isinstance(res, BaseException):
                 node.ssh_facts = {"connected": False, "status": "error",

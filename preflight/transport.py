@@ -598,15 +598,29 @@ class SSHTransport(Transport):
         Measured from ACK timing in the kernels at both ends, so a coordinator busy with other hosts does
         not inflate it the way timing a command through paramiko does.
         """
+        info = self._tcp_info()
+        if info is None:
+            return None
+        # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
+        return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
+
+    def _tcp_info(self) -> Optional[bytes]:
         try:
             sock = self._client.get_transport().sock  # type: ignore[union-attr,attr-defined]
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         except (AttributeError, OSError):
             return None
-        if len(info) < 76:
+        return info if len(info) >= 76 else None
+
+    def _kernel_silence_s(self) -> Optional[float]:
+        """Seconds since the kernel last received data or an ACK from the server (TCP_INFO), or None."""
+        info = self._tcp_info()
+        if info is None:
             return None
-        # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
-        return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
+        # struct tcp_info: tcpi_last_data_recv at 52, tcpi_last_ack_recv at 56 (milliseconds ago).
+        data = int.from_bytes(info[52:56], sys.byteorder)
+        ack = int.from_bytes(info[56:60], sys.byteorder)
+        return min(data, ack) / 1000.0
 
     def _forget(self, cmd: "_SSHCommand") -> None:
         with self._lock:
@@ -639,6 +653,12 @@ class SSHTransport(Transport):
         silent = now - self._last_rx
         limit = interval * (KEEPALIVE_COUNT_MAX + 1)  # ~2x the connect timeout with the defaults below
         if silent >= limit:
+            # Nothing parsed from the server for that long. Before declaring it dead, ask the kernel: a
+            # coordinator thread starved by hundreds of busy connections parses late, but the kernel saw the
+            # server's ACKs and data arrive. A cut cable or a dead host leaves both silent.
+            kernel = self._kernel_silence_s()
+            if kernel is not None and kernel < limit:
+                return max(0.25, limit - kernel)
             self._declare_dead(f"the host stopped answering: no reply to {KEEPALIVE_COUNT_MAX} SSH keepalives "
                                f"in {silent:.0f}s (host down, network cut, or sshd hung)")
             return 3600.0
