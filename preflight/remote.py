@@ -292,6 +292,10 @@ class Agent:
         if session is not None:
             session.close()
 
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the host's agent import these modules once, for every later request (no answer awaited)."""
+        self._start({"op": "preload", "modules": list(modules)})
+
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         # The agent runs checks one after another, each under its own deadline; allow start-up on top.
         budget = per_check * max(1, len(checks)) + 30
