@@ -18,7 +18,7 @@ request's lifeline (a service's stop), {"op": "kill", "id": N} does too and kill
 request runs in its own forked worker (its own deadlines, signals and children, exactly as a one-request
 agent), and everything the workers print comes back framed, so any byte stream (SSH, srun) carries it:
 
-    @@PF 0 h 0\n                       the agent is ready for requests
+    @@PF 0 h 40\n{"hostname": "node01", ...}  the agent is ready for requests
     @@PF 7 o 123\n<123 bytes>          stdout of request 7 (e for stderr)
     @@PF 7 x 1\n0                      request 7 ended with exit code 0
 
@@ -451,7 +451,8 @@ def serve(token: str) -> int:
             by_fd[fd] = (rid, worker)
 
     try:
-        _frame(0, b"h")
+        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        _frame(0, b"h", json.dumps(hello).encode())
         while stdin_open or workers:
             timeout = 1.0 if workers else None  # idle: sleep until the coordinator says something
             for key, _ in sel.select(timeout):

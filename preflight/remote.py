@@ -127,6 +127,8 @@ class _Session:
         self._frame: Optional[tuple] = None  # (request id, kind, bytes still to come) while inside a frame
         self._stderr = bytearray()
         self._discarded = 0
+        self._ready_event = threading.Event()
+        self.hello: Dict[str, Any] = {}
         self.dead = False
         code = agent_code()
         self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n', keep_stdin_open=True)
@@ -214,7 +216,7 @@ class _Session:
                                         "its agent was closed")
                         del buf[:]
                         return
-            elif len(acc) < 64:
+            elif len(acc) < 4096:  # exit codes and the hello: small; more from a host is dropped
                 acc.extend(chunk)
             self._frame = (rid, kind, left, acc)
             if left == 0:
@@ -225,9 +227,15 @@ class _Session:
         rid, kind, _, acc = self._frame
         self._frame = None
         if kind == b"h":
+            try:
+                hello = json.loads(bytes(acc).decode(errors="replace") or "{}")
+            except ValueError:
+                hello = {}
             with self._lock:
+                self.hello = hello if isinstance(hello, dict) else {}
                 self._ready = True
                 queued, self._queued = self._queued, []
+                self._ready_event.set()
             for line in queued:
                 self._send_line(line)
         elif kind == b"x":
@@ -246,8 +254,16 @@ class _Session:
         with self._lock:
             self.dead = True
             pending, self._pending = list(self._pending.values()), {}
+            self._ready_event.set()
         for req in pending:
             self._end(req)
+
+    def wait_ready(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """The agent's hello ({"hostname": ..., "pid": ..., "python": ...}) once it is up; None if it died or
+        did not come up in time."""
+        self._ready_event.wait(timeout)
+        with self._lock:
+            return dict(self.hello) if self._ready and not self.dead else None
 
     def _end(self, req: _Request) -> None:
         if self._stderr:
@@ -291,6 +307,15 @@ class Agent:
             session, self._session = self._session, None
         if session is not None:
             session.close()
+
+    def open(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """Start the host's agent now and wait for its hello; None when it is not up within timeout (it may
+        still come up: later requests wait for it under their own deadlines)."""
+        with self._lock:
+            if self._session is None or self._session.dead:
+                self._session = _Session(self.transport, self._argv())
+            session = self._session
+        return session.wait_ready(timeout)
 
     def preload(self, modules: Sequence[str]) -> None:
         """Have the host's agent import these modules once, for every later request (no answer awaited)."""

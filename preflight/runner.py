@@ -18,8 +18,8 @@ from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service
-from preflight.transport import (LocalTransport, SSHOptions, SSHTransport, Transport, TransportError,
-                                 raise_fd_limit)
+from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
+                                 TransportError, raise_fd_limit)
 
 
 @dataclass
@@ -153,7 +153,15 @@ class Runner:
             node.ssh_facts = {"connected": False, "error": str(exc), "fix": exc.fix, "status": exc.status,
                               "address": transport.address}
             return
-        probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
+        # The host's agent starts here, once for the run; its hello proves that a command runs and names the
+        # host. Only when it does not come up (no such --python, say) does a plain command probe the host,
+        # so that the ssh check stays about SSH and the python check reports the interpreter.
+        started = time.monotonic()
+        hello = node.agent.open(self.o.ssh.connect_timeout)
+        if hello is not None:
+            probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
+        else:
+            probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
         # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
         # at once the coordinator's own queueing would show up as a slow host.
         rtt_ms = transport.network_rtt_ms()
