@@ -10,6 +10,14 @@ T(n) - floor with T(1): what the coordinator adds as hosts are added. Needs root
     python3 bench/scale.py                      # sizes 1 4 16 64
     python3 bench/scale.py --sizes 1 4 --out /tmp/scale.json
     python3 bench/scale.py --checks libaio,nvme,interfaces,versions,ports,launcher_ssh --out bench/results/scale-light.json
+    python3 bench/scale.py --versus --sizes 64 256 512 --out bench/results/scale-versus.json [--profile]
+
+--versus is the host-light series against pdsh and ClusterShell (apt: pdsh, clustershell): on the same hosts,
+each tool starts the hosts' bare Python once per host (preflight: connect, agent, the nvme check with no
+path, clean-up; pdsh and clush: `python -c 'import platform'`), all with a fan-out of 32, interleaved
+(preflight, pdsh, clush, repeated 3 times) and reported as medians. Above 250 hosts several namespace
+clusters are combined into one hostfile (one cluster holds at most 253 hosts). --profile records the
+biggest preflight run with py-spy (GIL-holding samples) and prints the top 10 functions by own time.
 
 Sample output:
 
@@ -20,15 +28,18 @@ Sample output:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import NetCluster, preflight, require_netcluster, table, write_json  # noqa: E402
+from common import ROOT, NetCluster, median, preflight, require_netcluster, table, write_json  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Checks that cost the hosts little CPU (no torch import, no bulk traffic): what the coordinator's fan-out
@@ -73,15 +84,148 @@ def measure(n: int, workdir: Path, checks: str) -> dict:
             "problems": run.problems()}
 
 
+# --- the host-light series against pdsh and ClusterShell ---------------------------------------------------
+
+FANOUT = 32
+PER_CLUSTER = 250
+
+
+def _clusters(n: int, stack) -> list:
+    clusters = []
+    for c in range(-(-n // PER_CLUSTER)):
+        size = min(PER_CLUSTER, n - c * PER_CLUSTER)
+        names = [f"c{c}-h{i:03d}" for i in range(size)]
+        clusters.append(stack.enter_context(NetCluster(size, names=names, ready_timeout=300.0)))
+    return clusters
+
+
+def _combined_files(clusters: list, workdir: Path) -> dict:
+    """One ssh_config, known_hosts and hostfile over several clusters (each keeps its own user key)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    known = workdir / "known_hosts"
+    known.write_text("".join(c.known_hosts.read_text() for c in clusters))
+    entries = "".join(f"Host {h.name}\n    HostName {h.addresses[0]}\n    IdentityFile {c.user_key}\n"
+                      for c in clusters for h in c.hosts)
+    config = workdir / "ssh_config"
+    config.write_text(entries + f"Host *\n    User root\n    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
+                      "    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    BatchMode yes\n")
+    names = [h.name for c in clusters for h in c.hosts]
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=1\n" for name in names))
+    plain = workdir / "hosts"
+    plain.write_text("".join(f"{name}\n" for name in names))
+    return {"config": config, "known": known, "hostfile": hostfile, "plain": plain, "n": len(names)}
+
+
+def _timed(argv: list, env: Optional[dict] = None, timeout: float = 1800) -> tuple:
+    start = time.monotonic()
+    cpu0 = children_cpu()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)
+    return time.monotonic() - start, children_cpu() - cpu0, proc
+
+
+def _tool_argv(tool: str, files: dict, workdir: Path, profile: Optional[Path] = None) -> tuple:
+    py = sys.executable
+    if tool == "preflight":
+        argv = [py, "-m", "preflight", "run", "--hostfile", str(files["hostfile"]), "--python", py,
+                "--ssh-config", str(files["config"]), "--known-hosts", str(files["known"]), "--checks", "nvme",
+                "--parallel", str(FANOUT), "--json", str(workdir / "report.json"), "-q"]
+        if profile is not None:
+            argv = [str(Path(py).parent / "py-spy"), "record", "--gil", "--format", "raw", "--rate", "50",
+                    "-o", str(profile), "--"] + argv
+        return argv, None
+    command = [py, "-c", "import platform"]
+    if tool == "pdsh":
+        env = dict(os.environ, PDSH_RCMD_TYPE="ssh", PDSH_SSH_ARGS=f"-F {files['config']} -x -l%u %h")
+        return ["pdsh", "-f", str(FANOUT), "-w", f"^{files['plain']}", *command], env
+    return ["clush", "-f", str(FANOUT), "--hostfile", str(files["plain"]), "-o", f"-F {files['config']}",
+            *command], None
+
+
+def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None) -> list:
+    import contextlib
+    rows = []
+    for n in sizes:
+        with contextlib.ExitStack() as stack:
+            clusters = _clusters(n, stack)
+            files = _combined_files(clusters, workdir / f"v{n}")
+            samples: Dict[str, list] = {"preflight": [], "pdsh": [], "clush": []}
+            for rep in range(reps):
+                for tool in samples:  # interleaved: a slow minute hits every tool alike
+                    argv, env = _tool_argv(tool, files, workdir / f"v{n}")
+                    ns0 = sum(namespace_cpu(c) for c in clusters)
+                    wall, coord, proc = _timed(argv, env)
+                    time.sleep(0.5)
+                    host = sum(namespace_cpu(c) for c in clusters) - ns0
+                    ok = proc.returncode == 0
+                    if tool == "preflight":
+                        report = json.loads((workdir / f"v{n}" / "report.json").read_text())
+                        errors = report["summary"]["error"] + report["summary"]["fail"]
+                    else:
+                        errors = 0 if ok else len([ln for ln in proc.stderr.splitlines() if ln.strip()])
+                    samples[tool].append({"wall_s": wall, "coord_cpu_s": coord, "host_cpu_s": host,
+                                          "rc": proc.returncode, "errors": errors})
+                    print(f"{n} hosts {tool} rep {rep}: {wall:.1f} s, coordinator {coord:.1f} CPU-s, "
+                          f"rc {proc.returncode}, errors {errors}", file=sys.stderr)
+            prof = None
+            if profile and n == max(sizes):
+                prof = workdir / "profile.txt"
+                argv, _ = _tool_argv("preflight", files, workdir / f"v{n}", prof)
+                _timed(argv)
+            for tool, runs in samples.items():
+                med = {k: round(median([r[k] for r in runs]), 3) for k in ("wall_s", "coord_cpu_s", "host_cpu_s")}
+                rows.append({"hosts": n, "tool": tool, **med,
+                             "coord_ms_per_host": round(1000 * med["coord_cpu_s"] / n, 2),
+                             "host_ms_per_host": round(1000 * med["host_cpu_s"] / n, 2),
+                             "errors": max(r["errors"] for r in runs), "runs": runs})
+            if prof is not None and prof.exists():
+                rows[-3]["profile_top10"] = top_functions(prof)
+        write_json("scale-versus", {"fanout": FANOUT, "partial": n != sizes[-1], "rows": rows}, out)
+    for row in rows:
+        base = next(r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh")
+        row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base["wall_s"] else None
+    return rows
+
+
+def top_functions(raw: Path, limit: int = 10) -> list:
+    """Own time per function from py-spy's raw (collapsed) stacks: the leaf frame of each sample."""
+    own: Dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.split(";")[-1]
+        own[leaf] = own.get(leaf, 0) + int(count)
+        total += int(count)
+    ranked = sorted(own.items(), key=lambda kv: -kv[1])[:limit]
+    return [{"function": name, "share": round(c / total, 3), "samples": c} for name, c in ranked]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--versus", action="store_true", help="host-light series against pdsh and clush")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="py-spy profile of the biggest preflight run")
     parser.add_argument("--checks", default="", help="a --checks list instead of the default checks, e.g. the "
                         "host-light set %s" % LIGHT)
     parser.add_argument("--out", help="JSON path (default bench/results/scale.json)")
     args = parser.parse_args()
     require_netcluster()
     cores = os.cpu_count() or 1
+    if args.versus:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out)
+        print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "errors"],
+                    [[r["hosts"], r["tool"], r["wall_s"], r["wall_vs_pdsh"], r["coord_ms_per_host"],
+                      r["host_ms_per_host"], r["errors"]] for r in rows]))
+        for r in rows:
+            for f in r.get("profile_top10", []):
+                print(f"{f['share']:6.1%}  {f['function']}")
+        write_json("scale-versus", {"cores": cores, "fanout": FANOUT, "rows": rows}, args.out)
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:

@@ -11,6 +11,19 @@ as a noisy shell profile, is ignored by the coordinator):
 
 Requests: {"op": "collect", "checks": ["libaio", ...], "params": {...}, "timeout": per-check seconds}
           {"op": "call", "func": "ports.listen", "params": {...}, "timeout": seconds}
+          {"op": "serve"}: the persistent agent (one per host for the whole run, see serve()).
+
+The persistent agent reads one JSON request per line, each with an "id"; {"op": "stop", "id": N} closes that
+request's lifeline (a service's stop), {"op": "kill", "id": N} does too and kills it if it lingers. Every
+request runs in its own forked worker (its own deadlines, signals and children, exactly as a one-request
+agent), and everything the workers print comes back framed, so any byte stream (SSH, srun) carries it:
+
+    @@PF 0 h 40\n{"hostname": "node01", ...}  the agent is ready for requests
+    @@PF 7 o 123\n<123 bytes>          stdout of request 7 (e for stderr)
+    @@PF 7 x 1\n0                      request 7 ended with exit code 0
+
+{"op": "preload", "modules": ["torch"], "id": N} imports torch into the agent itself (workers forked later
+inherit it); the coordinator sends it only to hosts whose python check imported torch cleanly.
 """
 from __future__ import annotations
 
@@ -24,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from . import base
 
@@ -163,7 +176,7 @@ def _wait_stop(max_s: float) -> bool:
     return _stop.wait(max_s)
 
 
-def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Dict[str, str] = None):
+def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Optional[Dict[str, str]] = None):
     """Start another agent on this host running ``func`` (e.g. one all-reduce rank), tracked for cleanup.
 
     The child gets the same in-memory code as this agent; its stdin stays open as its lifeline (closing the
@@ -176,6 +189,7 @@ def spawn_call(func: str, params: Dict[str, Any], timeout: float, env: Dict[str,
     token = os.environ.get(RUN_ENV, "preflight")
     proc = base.spawn([sys.executable, "-c", BOOTSTRAP, token], env=env, stdin=subprocess.PIPE)
     request = {"op": "call", "func": func, "params": params, "timeout": timeout}
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n")
     proc.stdin.flush()
     return proc
@@ -199,6 +213,11 @@ def _ancestors(pid: int) -> set:
         except (IndexError, ValueError):
             break
     return chain
+
+
+def loaded(params: Dict[str, Any], ctx: base.HostContext) -> Dict[str, Any]:
+    """Which of params["names"] this worker found already imported, and its agent's pid (its parent)."""
+    return {"modules": {name: name in sys.modules for name in params.get("names", [])}, "agent": os.getppid()}
 
 
 def reap(params: Dict[str, Any], ctx: base.HostContext) -> Dict[str, Any]:
@@ -230,12 +249,19 @@ def main(argv, code=None) -> int:
     # Marks this agent and every child it starts, so that reap() can find them after a hard failure.
     if argv:
         os.environ[RUN_ENV] = argv[0]
-    for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
     stdin = sys.stdin.buffer
     request = json.loads(stdin.readline().decode())
-    threading.Thread(target=_lifeline, args=(stdin,), daemon=True).start()
     base.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
+    if request.get("op") == "serve":
+        return serve(os.environ.get(RUN_ENV, ""))
+    return _run_one(request, stdin)
+
+
+def _run_one(request: Dict[str, Any], stdin) -> int:
+    """One request in this process: stdin is its lifeline, RESULT (and READY) lines go to stdout."""
+    for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    threading.Thread(target=_lifeline, args=(stdin,), daemon=True).start()
     payload: Dict[str, Any] = {"host": _host_facts()}
     try:
         if request["op"] == "collect":
@@ -255,4 +281,242 @@ def main(argv, code=None) -> int:
         base.kill_all()
     _emit(RESULT, payload)
     _finished.set()
+    return 0
+
+
+# --- the persistent agent ---------------------------------------------------------------------------------
+
+FRAME = b"@@PF"
+# After a request's lifeline closes, its worker gets this long to finish (its own lifeline handling SIGTERMs
+# itself after 2 s and leaves after 12 s), then its process group is killed.
+_KILL_AFTER_S = 14.0
+
+
+class _Shutdown(Exception):
+    pass
+
+
+class _Worker:
+    def __init__(self, pid: int, out_fd: int, err_fd: int, life_fd: int):
+        self.pid = pid
+        self.fds = {out_fd: b"o", err_fd: b"e"}
+        self.life_fd = life_fd
+        self.rc = None  # type: Any
+        self.kill_at = None  # type: Any
+        self.exited_at = None  # type: Any
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(1, view)
+        view = view[n:]
+
+
+def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
+    _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
+
+
+def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    life_r, life_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: a one-request agent whose stdin is the lifeline pipe
+        rc = 70
+        try:
+            os.setpgid(0, 0)
+            os.dup2(life_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 65536)  # the agent's channel and the other workers' pipes are not ours
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+            rc = _run_one(request, sys.stdin.buffer)
+            sys.stdout.flush()
+        except BaseException:
+            try:
+                traceback.print_exc()
+                sys.stderr.flush()
+            except Exception:
+                pass
+        os._exit(rc)
+    for fd in (out_w, err_w, life_r):
+        os.close(fd)
+    return _Worker(pid, out_r, err_r, life_w)
+
+
+def _close_lifeline(worker: _Worker) -> None:
+    if worker.life_fd >= 0:
+        try:
+            os.close(worker.life_fd)
+        except OSError:
+            pass
+        worker.life_fd = -1
+    if worker.kill_at is None:
+        worker.kill_at = time.monotonic() + _KILL_AFTER_S
+
+
+def _kill_worker(worker: _Worker) -> None:
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# Modules the persistent agent may import into itself, so that later workers inherit them instead of
+# importing them again. Only after a host check proved they import cleanly here (a crash would cost the
+# agent, which the coordinator then restarts), never anything that initializes a GPU at import.
+_PRELOADABLE = ("torch",)
+
+
+def _preload(names) -> int:
+    def on_alarm(signum, frame):
+        raise TimeoutError("preload took too long")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(120)
+    try:
+        for name in names:
+            if name in _PRELOADABLE:
+                importlib.import_module(name)
+        return 0
+    except _Shutdown:
+        raise
+    except BaseException:
+        return 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def serve(token: str) -> int:
+    """The persistent agent: one process per host for the whole run, a forked worker per request.
+
+    Single-threaded (a select loop), so forking is safe. Its stdin is the run's lifeline: when it closes
+    (coordinator done, killed, or the connection dropped) every worker's lifeline closes, stragglers are
+    killed, and everything of the run still alive on the host is reaped before it exits.
+    """
+    import selectors
+
+    def on_signal(signum, frame):
+        raise _Shutdown()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ, None)
+    workers = {}  # type: Dict[int, _Worker]
+    by_fd = {}  # type: Dict[int, Any]
+    inbuf = bytearray()
+    stdin_open = True
+
+    def finish(rid: int, worker: _Worker) -> None:
+        for fd in list(worker.fds):
+            sel.unregister(fd)
+            os.close(fd)
+            by_fd.pop(fd, None)
+        worker.fds.clear()
+        if worker.rc is None:
+            _, status = os.waitpid(worker.pid, 0)
+            worker.rc = os.waitstatus_to_exitcode(status)
+        _close_lifeline(worker)
+        workers.pop(rid, None)
+        if stdin_open:
+            _frame(rid, b"x", str(worker.rc).encode())
+
+    def handle(line: bytes) -> None:
+        try:
+            msg = json.loads(line.decode())
+            rid = int(msg["id"])
+            op = msg["op"]
+        except (ValueError, KeyError, TypeError):
+            return  # not ours: the coordinator only sends well-formed requests
+        if op in ("stop", "kill"):
+            if rid in workers:
+                _close_lifeline(workers[rid])
+            return
+        if op == "preload":
+            _frame(rid, b"x", b"%d" % _preload(msg.get("modules") or []))
+            return
+        if rid in workers:
+            return
+        worker = _fork_worker(rid, msg)
+        workers[rid] = worker
+        for fd in worker.fds:
+            sel.register(fd, selectors.EVENT_READ, None)
+            by_fd[fd] = (rid, worker)
+
+    try:
+        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        _frame(0, b"h", json.dumps(hello).encode())
+        while stdin_open or workers:
+            timeout = 1.0 if workers else None  # idle: sleep until the coordinator says something
+            for key, _ in sel.select(timeout):
+                fd = key.fd
+                if fd == 0:
+                    data = os.read(0, 65536)
+                    if not data:
+                        raise _Shutdown()
+                    inbuf.extend(data)
+                    while True:
+                        nl = inbuf.find(b"\n")
+                        if nl < 0:
+                            break
+                        line = bytes(inbuf[:nl])
+                        del inbuf[:nl + 1]
+                        handle(line)
+                    continue
+                rid, worker = by_fd[fd]
+                data = os.read(fd, 65536)
+                if data:
+                    _frame(rid, worker.fds[fd], data)
+                    continue
+                sel.unregister(fd)
+                os.close(fd)
+                del worker.fds[fd]
+                by_fd.pop(fd, None)
+                if not worker.fds:
+                    finish(rid, worker)
+            now = time.monotonic()
+            for rid, worker in list(workers.items()):
+                if worker.rc is None:
+                    pid, status = os.waitpid(worker.pid, os.WNOHANG)
+                    if pid:
+                        worker.rc = os.waitstatus_to_exitcode(status)
+                        worker.exited_at = now
+                if worker.rc is not None and worker.exited_at is not None and now - worker.exited_at > 2.0:
+                    finish(rid, worker)  # exited, but a child it left holds its output open
+                elif worker.kill_at is not None and now > worker.kill_at:
+                    _kill_worker(worker)
+    except (_Shutdown, OSError):
+        pass
+    # The coordinator is gone or asked us to go: stop every request the way its own lifeline would.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    stdin_open = False
+    deadline = time.monotonic() + _KILL_AFTER_S
+    for worker in workers.values():
+        _close_lifeline(worker)
+    while workers and time.monotonic() < deadline:
+        for rid, worker in list(workers.items()):
+            pid, _ = os.waitpid(worker.pid, os.WNOHANG)
+            if pid:
+                worker.rc = 0
+                finish(rid, worker)
+        time.sleep(0.1)
+    for worker in workers.values():
+        _kill_worker(worker)
+        try:
+            os.waitpid(worker.pid, 0)
+        except OSError:
+            pass
+    if token:
+        try:
+            reap({"token": token}, None)  # type: ignore[arg-type]  # grandchildren in their own sessions
+        except Exception:
+            pass
     return 0

@@ -30,7 +30,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         return Outcome(Status.PASS, "local host, no SSH needed (hostname %s)" % facts.get("hostname"),
                        metrics=metrics)
     rtt = facts.get("rtt_ms")
-    message = "connected to %s as %s in %.2fs, command round trip %.1f ms" % (
+    message = "connected to %s as %s in %.2fs, network round trip %.1f ms" % (
         facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0), rtt or 0.0)
     if rtt is not None and rtt > lim["warn_rtt_ms"]:
         return Outcome(Status.WARN, message + " (above %.0f ms)" % lim["warn_rtt_ms"],

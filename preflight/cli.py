@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
                    help="deadline of each check on a host (default 120)")
     g.add_argument("--parallel", type=_positive(int, "an integer", 4096), default=32, metavar="N",
-                   help="hosts worked on at once (default 32)")
+                   help="hosts connected to at once (default 32); waiting on hosts is not limited (README: SSH)")
     g.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
                    help="directory to measure with dd on every host (repeatable); the test file is removed")
     g.add_argument("--master-port", type=_port, default=29500, metavar="PORT",

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from preflight.checks.agent import BOOTSTRAP, READY, RESULT
+from preflight.checks.agent import BOOTSTRAP, FRAME, READY, RESULT
 from preflight import checks as _checks_pkg
-from preflight.transport import CommandResult, RunningCommand, Transport
+from preflight.transport import RC_TIMEOUT, CommandResult, RunningCommand, Transport
 
 # Where the host-side package lives: preflight/checks when installed, the repository's checks/ in a checkout
 # (setuptools' package-dir maps one onto the other).
@@ -49,18 +50,31 @@ def agent_code() -> bytes:
     return buf.getvalue()
 
 
-def _stdin_for(request: Dict[str, Any]) -> bytes:
-    code = agent_code()
-    return b"%d\n" % len(code) + code + json.dumps(request).encode() + b"\n"
+# What the coordinator reads from one host for one request when the config does not say ([agent] in
+# defaults.toml holds the documented value).
+DEFAULT_MAX_OUTPUT = 64 * 2**20
 
 
 def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
+    """The agent's RESULT payload; everything in it came from the host, so its shape is checked here."""
+    if res.error:  # the transport stopped the command itself: output over the cap, or a dead peer
+        raise AgentError(f"{what}: {res.error}", res.stderr[-2000:])
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(RESULT + " "):
-            payload = json.loads(line[len(RESULT) + 1:])
-            if not payload.get("ok"):
-                raise AgentError(f"{what} failed on the host: {payload.get('error')}",
-                                 payload.get("traceback", ""))
+            try:
+                payload = json.loads(line[len(RESULT) + 1:])
+            except ValueError as exc:
+                raise AgentError(f"{what}: the host's answer is not valid JSON ({exc})", line[:2000]) from None
+            if not isinstance(payload, dict) or not isinstance(payload.get("ok"), bool):
+                raise AgentError(f"{what}: the host's answer is not an agent result (no boolean 'ok')",
+                                 line[:2000])
+            if not payload["ok"]:
+                raise AgentError(f"{what} failed on the host: {str(payload.get('error'))[:2000]}",
+                                 str(payload.get("traceback", ""))[:20000])
+            if "value" not in payload:
+                raise AgentError(f"{what}: the host's answer has no 'value'", line[:2000])
+            if not isinstance(payload.get("host", {}), dict):
+                raise AgentError(f"{what}: the host's answer has a 'host' that is not an object", line[:2000])
             return payload
     tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
     if res.timed_out:
@@ -70,21 +84,242 @@ def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
     raise AgentError(f"{what} exited with rc={res.rc} without a result: {tail or 'no output'}", res.stderr[-2000:])
 
 
-class Agent:
-    """The agent on one host: ``collect`` runs host checks; ``call``/``start`` run a host-side function."""
+class _Request(RunningCommand):
+    """One request to the host's persistent agent, seen as a command: its output is what its worker printed."""
 
-    def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight"):
+    def __init__(self, session: "_Session", rid: int, max_output: Optional[int]):
+        super().__init__(max_output)
+        self._session = session
+        self._rid = rid
+
+    def close_stdin(self) -> None:
+        self._session.send({"op": "stop", "id": self._rid})
+
+    def send(self, data: bytes) -> None:
+        raise OSError("a request's stdin is its lifeline only")
+
+    def kill(self) -> None:
+        # The agent closes the worker's lifeline (it stops as a one-request agent would) and kills it if it
+        # lingers; here the request ends now, as a timed-out command does.
+        self._killed = True
+        self._session.send({"op": "kill", "id": self._rid})
+        self._session.forget(self._rid)
+        self._finish(RC_TIMEOUT)
+
+
+class _Session:
+    """The host's persistent agent: one interpreter and one channel for the whole run.
+
+    Requests go in as JSON lines; the answers come back framed (checks/agent.py serve()). Everything in
+    the frames is from the host: a frame for an unknown request is dropped, a request's bytes count
+    against that request's cap, and lines that are not frames (a noisy login shell) are skipped.
+    """
+
+    _HEADER_MAX = 200
+
+    def __init__(self, transport: Transport, argv: Sequence[str]):
+        self._lock = threading.Lock()
+        self._pending: Dict[int, _Request] = {}
+        self._queued: list = []  # requests sent before the agent said it is ready
+        self._next = 1
+        self._ready = False
+        self._buf = bytearray()
+        self._frame: Optional[tuple] = None  # (request id, kind, bytes still to come) while inside a frame
+        self._stderr = bytearray()
+        self._discarded = 0
+        self._ready_event = threading.Event()
+        self.hello: Dict[str, Any] = {}
+        self.dead = False
+        code = agent_code()
+        self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n', keep_stdin_open=True)
+        self._cmd.stream_to(self._on_data)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    # -- coordinator to agent
+    def request(self, request: Dict[str, Any], max_output: Optional[int]) -> _Request:
+        with self._lock:
+            rid = self._next
+            self._next += 1
+            req = _Request(self, rid, max_output)
+            if self.dead:
+                self._end(req)
+                return req
+            self._pending[rid] = req
+            line = json.dumps(dict(request, id=rid)).encode() + b"\n"
+            if not self._ready:
+                self._queued.append(line)
+                return req
+        self._send_line(line)
+        return req
+
+    def send(self, message: Dict[str, Any]) -> None:
+        line = json.dumps(message).encode() + b"\n"
+        with self._lock:
+            if not self._ready:
+                self._queued.append(line)
+                return
+        self._send_line(line)
+
+    def _send_line(self, line: bytes) -> None:
+        try:
+            self._cmd.send(line)
+        except (OSError, EOFError, NotImplementedError):
+            pass  # the channel is gone: _watch ends every pending request with the reason
+
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self._pending.pop(rid, None)
+
+    def close(self) -> None:
+        """Close the agent's stdin: it stops whatever still runs, reaps, and exits."""
+        self._cmd.close_stdin()
+
+    # -- agent to coordinator
+    def _on_data(self, data: bytes, is_err: bool) -> None:
+        if is_err:  # the agent's own stderr (interpreter missing, a crash): keep the tail for the message
+            self._stderr.extend(data)
+            del self._stderr[:-8192]
+            return
+        buf = self._buf
+        buf.extend(data)
+        while buf:
+            if self._frame is None:
+                nl = buf.find(b"\n", 0, self._HEADER_MAX + 1)
+                if nl < 0:
+                    if len(buf) > self._HEADER_MAX:
+                        del buf[:]  # no line end where a header would have one: noise, skip it
+                    return
+                line = bytes(buf[:nl])
+                del buf[:nl + 1]
+                parts = line.split()
+                if len(parts) != 4 or parts[0] != FRAME or not parts[1].isdigit() or not parts[3].isdigit():
+                    continue
+                self._frame = (int(parts[1]), parts[2], int(parts[3]), bytearray())
+                if self._frame[2] == 0:
+                    self._deliver()
+                continue
+            rid, kind, left, acc = self._frame
+            take = min(left, len(buf))
+            chunk = bytes(buf[:take])
+            del buf[:take]
+            left -= take
+            if kind in (b"o", b"e"):
+                req = self._pending.get(rid)
+                if req is not None:
+                    req._feed(chunk, kind == b"e")
+                else:
+                    # Output for a request we stopped (over its cap, timed out): a real agent stops soon;
+                    # a host that keeps sending gets its agent's channel closed.
+                    self._discarded += len(chunk)
+                    if self._discarded > DEFAULT_MAX_OUTPUT:
+                        self._cmd._fail("the host kept sending output for a stopped request; "
+                                        "its agent was closed")
+                        del buf[:]
+                        return
+            elif len(acc) < 4096:  # exit codes and the hello: small; more from a host is dropped
+                acc.extend(chunk)
+            self._frame = (rid, kind, left, acc)
+            if left == 0:
+                self._deliver()
+
+    def _deliver(self) -> None:
+        assert self._frame is not None
+        rid, kind, _, acc = self._frame
+        self._frame = None
+        if kind == b"h":
+            try:
+                hello = json.loads(bytes(acc).decode(errors="replace") or "{}")
+            except ValueError:
+                hello = {}
+            with self._lock:
+                self.hello = hello if isinstance(hello, dict) else {}
+                self._ready = True
+                queued, self._queued = self._queued, []
+                self._ready_event.set()
+            for line in queued:
+                self._send_line(line)
+        elif kind == b"x":
+            with self._lock:
+                req = self._pending.pop(rid, None)
+            if req is not None:
+                try:
+                    rc = int(bytes(acc).decode())
+                except ValueError:
+                    rc = -1
+                req._finish(rc)
+
+    def _watch(self) -> None:
+        """When the agent's channel ends, so does every request still waiting on it."""
+        self._cmd.join()
+        with self._lock:
+            self.dead = True
+            pending, self._pending = list(self._pending.values()), {}
+            self._ready_event.set()
+        for req in pending:
+            self._end(req)
+
+    def wait_ready(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """The agent's hello ({"hostname": ..., "pid": ..., "python": ...}) once it is up; None if it died or
+        did not come up in time."""
+        self._ready_event.wait(timeout)
+        with self._lock:
+            return dict(self.hello) if self._ready and not self.dead else None
+
+    def _end(self, req: _Request) -> None:
+        if self._stderr:
+            req._feed(bytes(self._stderr), True)
+        if self._cmd.error:
+            req._note_error(self._cmd.error)
+        rc = self._cmd.rc
+        req._finish(rc if rc is not None else -1)
+
+
+class Agent:
+    """The agent on one host: ``collect`` runs host checks; ``call``/``start`` run a host-side function.
+
+    All of them are requests to one persistent agent per host (started on first use), over one channel.
+    """
+
+    def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight",
+                 max_output: int = DEFAULT_MAX_OUTPUT):
         self.transport = transport
         self.python = python
         # The token appears in every agent's argv, so a last-resort cleanup can find them with pkill -f.
         self.token = token
+        self.max_output = max_output
         self.hostinfo: Dict[str, Any] = {}
+        self._session: Optional[_Session] = None
+        self._lock = threading.Lock()
 
     def _argv(self) -> Sequence[str]:
         return [self.python, "-c", BOOTSTRAP, self.token]
 
     def _start(self, request: Dict[str, Any]) -> RunningCommand:
-        return self.transport.start(self._argv(), _stdin_for(request), keep_stdin_open=True)
+        with self._lock:
+            if self._session is None or self._session.dead:
+                self._session = _Session(self.transport, self._argv())
+            session = self._session
+        return session.request(request, self.max_output)
+
+    def close(self) -> None:
+        """End the host's agent (it stops and reaps what is left); the next request starts a new one."""
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def open(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """Start the host's agent now and wait for its hello; None when it is not up within timeout (it may
+        still come up: later requests wait for it under their own deadlines)."""
+        with self._lock:
+            if self._session is None or self._session.dead:
+                self._session = _Session(self.transport, self._argv())
+            session = self._session
+        return session.wait_ready(timeout)
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the host's agent import these modules once, for every later request (no answer awaited)."""
+        self._start({"op": "preload", "modules": list(modules)})
 
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         # The agent runs checks one after another, each under its own deadline; allow start-up on top.
@@ -93,7 +328,7 @@ class Agent:
                            "timeout": per_check}).wait(budget)
         payload = _parse_result(res, "host checks")
         self.hostinfo = payload.get("host", {})
-        return payload["value"]
+        return check_collect_shape(payload["value"], checks)
 
     def call(self, func: str, params: Dict[str, Any], timeout: float) -> Any:
         res = self._start({"op": "call", "func": func, "params": params, "timeout": timeout}).wait(timeout + 15)
@@ -102,6 +337,31 @@ class Agent:
     def start(self, func: str, params: Dict[str, Any], timeout: float) -> "Service":
         return Service(self._start({"op": "call", "func": func, "params": params, "timeout": timeout}),
                        func, timeout)
+
+
+def check_collect_shape(value: Any, checks: Sequence[str]) -> Dict[str, Any]:
+    """A collect answer is {check: {"facts": ..., "duration_s": n} or {"error": "text", "duration_s": n}};
+    anything else from the host raises AgentError (that host's ERROR), never a crash further on."""
+    if not isinstance(value, dict):
+        raise AgentError(f"host checks: the host's answer is a {type(value).__name__}, not an object of checks")
+    for name in checks:
+        entry = value.get(name)
+        if entry is None:
+            continue  # a missing check is reported as "no result" for that check alone
+        where = f"host checks: the host's result for {name!r}"
+        if not isinstance(entry, dict):
+            raise AgentError(f"{where} is a {type(entry).__name__}, not an object")
+        duration = entry.get("duration_s")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e9:
+            raise AgentError(f"{where} has no valid 'duration_s' (got {str(duration)[:40]!r})")
+        if "error" in entry:
+            if not isinstance(entry["error"], str) or not isinstance(entry.get("traceback", ""), str):
+                raise AgentError(f"{where} has an 'error' or 'traceback' that is not text")
+        elif "facts" not in entry:
+            raise AgentError(f"{where} has neither 'facts' nor 'error'")
+        elif not isinstance(entry["facts"], dict):
+            raise AgentError(f"{where} has 'facts' that are a {type(entry['facts']).__name__}, not an object")
+    return value
 
 
 class Service:

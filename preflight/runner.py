@@ -17,8 +17,9 @@ from preflight import checks as registry
 from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
-from preflight.remote import Agent, AgentError, Service
-from preflight.transport import LocalTransport, SSHOptions, SSHTransport, Transport, TransportError
+from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service
+from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
+                                 TransportError, raise_fd_limit)
 
 
 @dataclass
@@ -97,9 +98,10 @@ class Cluster:
     def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]:
         """Call func on several hosts at once; each value is the result or the exception."""
         names = list(params_by_host)
-        batches = -(-len(names) // max(1, self.parallel))  # hosts beyond --parallel wait for a free slot
+        # Not limited by --parallel: a call only waits on its host, and a round of calls (iperf3 pairs,
+        # ports probes) must run all at once or every round grows with the number of hosts.
         out = parallel_map(lambda h: self.call(h, func, params_by_host[h], timeout), names,
-                           self.parallel, timeout * batches + 30)
+                           max(1, len(names)), timeout + 30)
         return dict(zip(names, out))
 
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:
@@ -134,7 +136,9 @@ class Runner:
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
         transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
-        return Node(spec, transport, Agent(transport, self.o.python, self.token))
+        mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
+        max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
+        return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output))
 
     def _connect(self, node: Node) -> None:
         if self.o.local:
@@ -149,10 +153,22 @@ class Runner:
             node.ssh_facts = {"connected": False, "error": str(exc), "fix": exc.fix, "status": exc.status,
                               "address": transport.address}
             return
-        probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
+        # The host's agent starts here, once for the run; its hello proves that a command runs and names the
+        # host. Only when it does not come up (no such --python, say) does a plain command probe the host,
+        # so that the ssh check stays about SSH and the python check reports the interpreter.
+        started = time.monotonic()
+        hello = node.agent.open(self.o.ssh.connect_timeout)
+        if hello is not None:
+            probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
+        else:
+            probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
+        # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
+        # at once the coordinator's own queueing would show up as a slow host.
+        rtt_ms = transport.network_rtt_ms()
         node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
-                          "rtt_ms": round(probe.duration * 1000, 1), "user": transport.user}
+                          "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
+                          "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",
@@ -166,7 +182,10 @@ class Runner:
             self._connect(node)
             self.progress.advance(node.name, "ok" if node.reachable else "unreachable")
 
-        timeout = self.o.ssh.connect_timeout * 2 + 10
+        # Each host's connect and probe are bounded (connect timeout each); hosts beyond --parallel wait for
+        # a slot, so the phase's budget grows with the number of waves.
+        waves = -(-len(self.nodes) // max(1, self.o.parallel))
+        timeout = (self.o.ssh.connect_timeout * 2 + 10) * max(1, waves)
         for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
             if isinstance(res, BaseException):
                 node.ssh_facts = {"connected": False, "status": "error",
@@ -196,7 +215,8 @@ class Runner:
                 self.progress.advance(node.name)
 
         budget = self.o.timeout * max(1, len(names)) + 60
-        outputs = parallel_map(one, reachable, self.o.parallel, budget)
+        # Every host at once: the phase only waits on the hosts (--parallel limits connection set-up).
+        outputs = parallel_map(one, reachable, max(1, len(reachable)), budget)
         by_host = dict(zip((n.name for n in reachable), outputs))
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
@@ -205,10 +225,11 @@ class Runner:
                 if not node.reachable:
                     self._add(node.name, module.NAME, Outcome(Status.ERROR, "not run: the host is unreachable "
                                                               "(see its ssh result)"))
-                elif isinstance(out, BaseException):
+                elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
+                    text = str(out) if out is not None else "no answer"
                     self._add(node.name, module.NAME, Outcome(
-                        Status.ERROR, f"not run: {out}", _agent_fix(str(out) + detail, self.o.python)))
+                        Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python)))
                 elif "error" in out.get(module.NAME, {"error": "no result"}):
                     entry = out.get(module.NAME, {"error": "no result from the agent"})
                     self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",
@@ -220,6 +241,18 @@ class Runner:
                     self.facts[node.name][module.NAME] = entry["facts"]
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+
+    def _preload_torch(self) -> None:
+        """torch once per host: where the python check imported it cleanly, the host's agent imports it into
+        itself, and the all-reduce probe (a worker forked from it) finds it loaded. Ranks still start their
+        own interpreters."""
+        for node in self.nodes:
+            facts = self.facts.get(node.name, {}).get("python")
+            if node.reachable and isinstance(facts, dict) and facts.get("torch") and not facts.get("torch_error"):
+                try:
+                    node.agent.preload(["torch"])
+                except Exception:
+                    pass  # an optimization only
 
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
@@ -255,14 +288,16 @@ class Runner:
                     node.agent.call("agent.reap", {"token": self.token}, timeout=10)
                 except Exception:
                     pass  # best effort: agents also stop themselves when their channel closes
+            node.agent.close()
             node.transport.close()
 
-        parallel_map(one, self.nodes, self.o.parallel, 30)
+        parallel_map(one, self.nodes, max(1, len(self.nodes)), 30)
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:
         started = _now_iso()
         t0 = time.monotonic()
+        raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         modules = _select_modules(self.o.checks)
         try:
@@ -271,6 +306,8 @@ class Runner:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
             self._host_checks([m for m in modules if m.SCOPE == "host"])
+            if any(m.NAME == "allreduce" for m in modules):
+                self._preload_torch()
             cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
             from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)

@@ -6,18 +6,24 @@ remote shell. ``transport.start(...)`` returns a RunningCommand for long-lived h
 """
 from __future__ import annotations
 
+import base64
+import fnmatch
+import hashlib
+import hmac
 import logging
 import os
+import resource
 import select
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
@@ -35,6 +41,8 @@ class CommandResult:
     stdout: str
     stderr: str
     duration: float
+    # Why the transport stopped the command itself (output over the cap, dead peer); "" when it did not.
+    error: str = ""
 
     @property
     def timed_out(self) -> bool:
@@ -56,19 +64,51 @@ class RunningCommand:
     Subclasses feed bytes with _feed and report the exit code with _finish.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_output: Optional[int] = None) -> None:
         self._out = bytearray()
         self._err = bytearray()
         self._cond = threading.Condition()
         self._rc: Optional[int] = None
         self._started = time.monotonic()
         self._killed = False
+        # A host is untrusted: past this many bytes (stdout + stderr) the command is stopped, not buffered.
+        self._max_output = max_output
+        self._error = ""
+        self._sink: Optional[Callable[[bytes, bool], None]] = None
 
     # -- fed by readers
     def _feed(self, data: bytes, is_err: bool) -> None:
+        overflow = False
         with self._cond:
-            (self._err if is_err else self._out).extend(data)
+            sink = self._sink
+            if sink is None and self._error:
+                return
+        if sink is not None:  # streamed: the consumer keeps what it needs (the agent session's frames)
+            sink(data, is_err)
+            return
+        with self._cond:
+            buf = self._err if is_err else self._out
+            if self._max_output is not None and len(self._out) + len(self._err) + len(data) > self._max_output:
+                self._error = (f"the host sent more than {self._max_output / 2**20:g} MiB of output for one "
+                               "request; stopped reading (raise [agent] max_output_mib if that is expected)")
+                overflow = True
+            else:
+                buf.extend(data)
             self._cond.notify_all()
+        if overflow:
+            self.kill()
+
+    def _note_error(self, error: str) -> None:
+        with self._cond:
+            if not self._error:
+                self._error = error
+
+    def _fail(self, error: str) -> None:
+        """The transport gave up on the command (e.g. the peer is dead): record why, then stop it."""
+        with self._cond:
+            if not self._error:
+                self._error = error
+        self.kill()
 
     def _finish(self, rc: int) -> None:
         with self._cond:
@@ -77,6 +117,35 @@ class RunningCommand:
             self._cond.notify_all()
 
     # -- used by callers
+    def stream_to(self, sink: Callable[[bytes, bool], None]) -> None:
+        """Hand all output, from now on and what came so far, to sink(data, is_err) instead of buffering it."""
+        with self._cond:
+            out, err = bytes(self._out), bytes(self._err)
+            self._out.clear()
+            self._err.clear()
+            if out:
+                sink(out, False)
+            if err:
+                sink(err, True)
+            self._sink = sink
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the command ends, without killing it; True when it did."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._rc is not None, timeout=timeout)
+
+    @property
+    def rc(self) -> Optional[int]:
+        return self._rc
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    def send(self, data: bytes) -> None:
+        """Write to the command's stdin (kept open); OSError when it is gone."""
+        raise NotImplementedError
+
     def wait_for_output(self, marker: bytes, timeout: float) -> Optional[str]:
         """Wait until stdout holds a line containing marker; return that line, or None on exit/timeout."""
         deadline = time.monotonic() + timeout
@@ -111,7 +180,8 @@ class RunningCommand:
                     self._rc = RC_TIMEOUT
         with self._cond:
             return CommandResult(self._rc, self._out.decode(errors="replace"),
-                                 self._err.decode(errors="replace"), time.monotonic() - self._started)
+                                 self._err.decode(errors="replace"), time.monotonic() - self._started,
+                                 self._error)
 
     @property
     def done(self) -> bool:
@@ -130,7 +200,9 @@ class Transport:
     name: str = ""
     address: str = ""
 
-    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False) -> RunningCommand:
+    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
+              max_output: Optional[int] = None) -> RunningCommand:
+        """Start argv; ``max_output`` caps the bytes buffered from it (over it: stopped, result.error says so)."""
         raise NotImplementedError
 
     def run(self, argv: Sequence[str], timeout: float, stdin: bytes = b"") -> CommandResult:
@@ -143,8 +215,9 @@ class Transport:
 # --------------------------------------------------------------------------------------------------- local
 
 class _LocalCommand(RunningCommand):
-    def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool):
-        super().__init__()
+    def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool, max_output: Optional[int]):
+        super().__init__(max_output)
+        self._send_lock = threading.Lock()
         # Own process group, so a timeout kills the whole tree the command started.
         self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True)
@@ -153,12 +226,15 @@ class _LocalCommand(RunningCommand):
         for t in readers:
             t.start()
         threading.Thread(target=self._reap, args=(readers,), daemon=True).start()
+        stdin_pipe = self._proc.stdin
+        assert stdin_pipe is not None  # stdin=PIPE above
+        self._stdin: IO[bytes] = stdin_pipe
         try:
             if stdin:
-                self._proc.stdin.write(stdin)
-                self._proc.stdin.flush()
+                self._stdin.write(stdin)
+                self._stdin.flush()
             if not keep_stdin_open:
-                self._proc.stdin.close()
+                self._stdin.close()
         except (BrokenPipeError, OSError):
             pass
 
@@ -172,9 +248,15 @@ class _LocalCommand(RunningCommand):
             t.join(timeout=2)
         self._finish(rc)
 
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            self._stdin.write(data)
+            self._stdin.flush()
+
     def close_stdin(self) -> None:
         try:
-            self._proc.stdin.close()
+            with self._send_lock:
+                self._stdin.close()
         except OSError:
             pass
 
@@ -193,19 +275,24 @@ class LocalTransport(Transport):
         self.name = name
         self.address = "127.0.0.1"
 
-    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False) -> RunningCommand:
+    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
+              max_output: Optional[int] = None) -> RunningCommand:
         try:
-            return _LocalCommand(argv, stdin, keep_stdin_open)
+            return _LocalCommand(argv, stdin, keep_stdin_open, max_output)
         except FileNotFoundError:
             cmd = _FailedCommand(127, f"{argv[0]}: not found on this machine")
             return cmd
 
 
 class _FailedCommand(RunningCommand):
-    def __init__(self, rc: int, stderr: str):
+    def __init__(self, rc: int, stderr: str, error: str = ""):
         super().__init__()
         self._feed(stderr.encode(), True)
+        self._error = error
         self._finish(rc)
+
+    def send(self, data: bytes) -> None:
+        raise OSError("the command did not start")
 
     def close_stdin(self) -> None:
         pass
@@ -227,10 +314,20 @@ class SSHOptions:
     connect_timeout: float = 10.0
 
 
+# After the exit status, output still in flight is read until the channel's EOF. Only a process the command
+# left behind can hold the output open that long; past this many quiet seconds the command counts as done.
+_EOF_GRACE_S = 5.0
+# The most a reader sleeps without an event: a safety net, not polling (data, EOF and close wake it at once).
+_IDLE_WAKE_S = 30.0
+
+
 class _SSHCommand(RunningCommand):
-    def __init__(self, channel, stdin: bytes, keep_stdin_open: bool):
-        super().__init__()
+    def __init__(self, channel, stdin: bytes, keep_stdin_open: bool, max_output: Optional[int] = None,
+                 owner: Optional["SSHTransport"] = None):
+        super().__init__(max_output)
         self._chan = channel
+        self._owner = owner
+        self._send_lock = threading.Lock()
         threading.Thread(target=self._pump, daemon=True).start()
         try:
             if stdin:
@@ -240,31 +337,74 @@ class _SSHCommand(RunningCommand):
         except OSError:
             pass
 
-    def _pump(self) -> None:
+    def _drain(self) -> bool:
         chan = self._chan
-        # The channel's fileno() becomes readable when stdout *or* stderr has data: one select drains both.
+        got = False
+        while chan.recv_ready():
+            data = chan.recv(65536)
+            if not data:
+                break
+            self._feed(data, False)
+            got = True
+        while chan.recv_stderr_ready():
+            data = chan.recv_stderr(65536)
+            if not data:
+                break
+            self._feed(data, True)
+            got = True
+        return got
+
+    def _pump(self) -> None:
+        """Read stdout and stderr until the channel's EOF *and* the exit status (or the channel closing).
+
+        The exit status can arrive before the last of the output: stopping at it loses the end of a large
+        result. poll(), not select(): descriptors above 1023 are normal at a thousand hosts.
+        """
+        chan = self._chan
+        poller = select.poll()
+        # The channel's fileno() becomes readable on stdout or stderr data, on EOF and on close.
+        poller.register(chan.fileno(), select.POLLIN)
+        quiet_since: Optional[float] = None
         try:
             while True:
-                select.select([chan], [], [], 1.0)
-                got = False
-                while chan.recv_ready():
-                    self._feed(chan.recv(65536), False)
-                    got = True
-                while chan.recv_stderr_ready():
-                    self._feed(chan.recv_stderr(65536), True)
-                    got = True
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                got = self._drain()
+                eof = chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()
+                if chan.exit_status_ready() and (eof or chan.closed):
                     break
                 if chan.closed and not got:
                     break
+                if eof:
+                    # EOF keeps the descriptor readable: wait on the exit status itself (close sets it too).
+                    chan.status_event.wait(_IDLE_WAKE_S)
+                    continue
+                if chan.exit_status_ready():
+                    now = time.monotonic()
+                    if got or quiet_since is None:
+                        quiet_since = now
+                    elif now - quiet_since > _EOF_GRACE_S:
+                        break
+                    poller.poll(1000)
+                    continue
+                poller.poll(_IDLE_WAKE_S * 1000)
+            self._drain()
             rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except Exception:  # the connection dropped under us: report it as a failed command
             rc = -1
+        finally:
+            if self._owner is not None:
+                self._owner._forget(self)
         self._finish(rc)
+
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            if self._chan.closed:
+                raise OSError("the SSH channel is closed")
+            self._chan.sendall(data)
 
     def close_stdin(self) -> None:
         try:
-            self._chan.shutdown_write()
+            with self._send_lock:
+                self._chan.shutdown_write()
         except OSError:
             pass
 
@@ -288,6 +428,12 @@ class SSHTransport(Transport):
         self._client = None
         self.user = options.user or ""
         self.connect_seconds = 0.0
+        self._commands: Dict[int, _SSHCommand] = {}
+        self._lock = threading.Lock()
+        self._last_rx = 0.0
+        self._last_probe = 0.0
+        self._probing = False
+        self.dead = ""  # why the connection was declared dead ("" while alive)
 
     def _resolve(self):
         """Apply ~/.ssh/config (HostName, User, Port, IdentityFile) and the CLI overrides."""
@@ -360,13 +506,16 @@ class SSHTransport(Transport):
                                  "check sshd on the host (hosts.deny, MaxStartups, sshd logs)") from None
         client = paramiko.SSHClient()
         known = Path(self.options.known_hosts).expanduser()
-        if known.is_file():
-            try:
-                client.load_host_keys(str(known))
-            except Exception as exc:
-                sock.close()
-                raise TransportError(f"cannot read known_hosts {known}: {exc}", "fix or move the file") from None
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.options.accept_new_host_keys, known))
+        lookup_name = host if port == 22 else f"[{host}]:{port}"  # the name paramiko looks the key up by
+        try:
+            index = KnownHosts.shared(known)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot read known_hosts {known}: {exc.strerror or exc}",
+                                 "fix or move the file") from None
+        # Only this host's keys: paramiko's own load re-parses the whole file per host, O(lines^2) each.
+        index.fill(client.get_host_keys(), lookup_name)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.options.accept_new_host_keys, known, index))
         left = max(1.0, timeout - (time.monotonic() - start))
         try:
             client.connect(host, port=port, username=user, key_filename=keys or None, sock=sock,
@@ -377,6 +526,10 @@ class SSHTransport(Transport):
             raise TransportError(str(exc), exc.fix, "fail") from None
         except paramiko.BadHostKeyException as exc:
             client.close()
+            revoked = index.revoked(lookup_name, exc.key.get_name(), exc.key.get_base64())
+            if revoked:
+                raise TransportError(revoked, f"remove the host's key from {known} and check the host",
+                                     "fail") from None
             raise TransportError(
                 f"host key of {host} CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
                 "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
@@ -399,11 +552,26 @@ class SSHTransport(Transport):
             raise TransportError(f"SSH session with {host}:{port} failed: {exc or type(exc).__name__}",
                                  "check sshd on the host") from None
         transport = client.get_transport()
-        transport.set_keepalive(15)
+        server_key = transport.get_remote_server_key()
+        revoked = index.revoked(lookup_name, server_key.get_name(), server_key.get_base64())
+        if revoked:  # a known key that is also @revoked: OpenSSH refuses it, and so do we (no command ran yet)
+            client.close()
+            raise TransportError(revoked, f"remove the host's key from {known} and check the host", "fail")
+        # paramiko's reader thread wakes every 0.1 s by default; an idle connection should cost nothing.
+        # Closing still stops it at once (the packetizer is closed first), and dead peers are found by the
+        # keepalives below, not by this timeout.
+        try:
+            transport.sock.settimeout(_TRANSPORT_WAKE_S)
+        except OSError:
+            pass
         self._client = client
+        self._watch(transport)
         self.connect_seconds = time.monotonic() - start
 
-    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False) -> RunningCommand:
+    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
+              max_output: Optional[int] = None) -> RunningCommand:
+        if self.dead:
+            return _FailedCommand(255, self.dead, self.dead)
         if self._client is None:
             return _FailedCommand(255, "not connected")
         command = " ".join(shlex.quote(a) for a in argv)
@@ -411,10 +579,128 @@ class SSHTransport(Transport):
             chan = self._client.get_transport().open_session(timeout=self.options.connect_timeout)
             chan.exec_command(command)
         except Exception as exc:
-            return _FailedCommand(255, f"cannot open an SSH channel: {exc}")
-        return _SSHCommand(chan, stdin, keep_stdin_open)
+            return _FailedCommand(255, f"cannot open an SSH channel: {exc}", self.dead)
+        cmd = _SSHCommand(chan, b"", True, max_output, self)
+        with self._lock:
+            self._commands[id(cmd)] = cmd
+        try:
+            if stdin:
+                chan.sendall(stdin)
+            if not keep_stdin_open:
+                chan.shutdown_write()
+        except OSError:
+            pass
+        return cmd
+
+    def network_rtt_ms(self) -> Optional[float]:
+        """The connection's smoothed round-trip time as the kernel measures it (TCP_INFO tcpi_rtt), or None.
+
+        Measured from ACK timing in the kernels at both ends, so a coordinator busy with other hosts does
+        not inflate it the way timing a command through paramiko does.
+        """
+        info = self._tcp_info()
+        if info is None:
+            return None
+        # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
+        return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
+
+    def _tcp_info(self) -> Optional[bytes]:
+        try:
+            sock = self._client.get_transport().sock  # type: ignore[union-attr,attr-defined]
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        except (AttributeError, OSError):
+            return None
+        return info if len(info) >= 76 else None
+
+    def _kernel_silence_s(self) -> Optional[float]:
+        """Seconds since the kernel last received data or an ACK from the server (TCP_INFO), or None."""
+        info = self._tcp_info()
+        if info is None:
+            return None
+        # struct tcp_info: tcpi_last_data_recv at 52, tcpi_last_ack_recv at 56 (milliseconds ago).
+        data = int.from_bytes(info[52:56], sys.byteorder)
+        ack = int.from_bytes(info[56:60], sys.byteorder)
+        return min(data, ack) / 1000.0
+
+    def _forget(self, cmd: "_SSHCommand") -> None:
+        with self._lock:
+            self._commands.pop(id(cmd), None)
+
+    # -- dead-peer detection (OpenSSH's ServerAliveInterval / ServerAliveCountMax)
+    def _watch(self, transport) -> None:
+        self._last_rx = time.monotonic()
+        packetizer = transport.packetizer
+        read_message = packetizer.read_message
+
+        def counting_read_message():  # every packet from the server proves it alive
+            msg = read_message()
+            self._last_rx = time.monotonic()
+            return msg
+
+        packetizer.read_message = counting_read_message
+        _LIVENESS.watch(self)
+
+    def _keepalive_interval(self) -> float:
+        return max(0.5, self.options.connect_timeout / KEEPALIVE_COUNT_MAX)
+
+    def _check_alive(self, now: float) -> float:
+        """Probe a silent server, declare it dead after KEEPALIVE_COUNT_MAX unanswered probes; returns the
+        seconds until this connection next needs a look."""
+        client = self._client
+        if client is None or self.dead:
+            return 3600.0
+        interval = self._keepalive_interval()
+        silent = now - self._last_rx
+        limit = interval * (KEEPALIVE_COUNT_MAX + 1)  # ~2x the connect timeout with the defaults below
+        if silent >= limit:
+            # Nothing parsed from the server for that long. Before declaring it dead, ask the kernel: a
+            # coordinator thread starved by hundreds of busy connections parses late, but the kernel saw the
+            # server's ACKs and data arrive. A cut cable or a dead host leaves both silent.
+            kernel = self._kernel_silence_s()
+            if kernel is not None and kernel < limit:
+                return max(0.25, limit - kernel)
+            self._declare_dead(f"the host stopped answering: no reply to {KEEPALIVE_COUNT_MAX} SSH keepalives "
+                               f"in {silent:.0f}s (host down, network cut, or sshd hung)")
+            return 3600.0
+        if silent < interval:
+            return interval - silent
+        if now - self._last_probe >= interval and not self._probing:
+            self._last_probe = now
+            self._probing = True
+            threading.Thread(target=self._probe, args=(client.get_transport(),), daemon=True).start()
+        return min(self._last_probe + interval - now, limit - silent)
+
+    def _probe(self, transport) -> None:
+        # A global request that wants a reply (OpenSSH answers unknown ones with a failure), sent without
+        # waiting for it: any packet back resets the silence clock. In a thread: a send to a dead peer
+        # can block until paramiko's own socket timeout.
+        try:
+            from paramiko.common import cMSG_GLOBAL_REQUEST
+            from paramiko.message import Message
+            m = Message()
+            m.add_byte(cMSG_GLOBAL_REQUEST)
+            m.add_string("keepalive@openssh.com")
+            m.add_boolean(True)
+            transport._send_user_message(m)
+        except Exception:
+            pass
+        finally:
+            self._probing = False
+
+    def _declare_dead(self, reason: str) -> None:
+        self.dead = reason
+        _LIVENESS.forget(self)
+        with self._lock:
+            commands = list(self._commands.values())
+        for cmd in commands:
+            cmd._fail(reason)
+        client = self._client
+        if client is not None:
+            # Closing can wait on a send stuck in the kernel: never hold up the caller for it.
+            threading.Thread(target=client.close, daemon=True).start()
 
     def close(self) -> None:
+        _LIVENESS.forget(self)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -431,15 +717,21 @@ class _HostKeyPolicy:
 
     _lock = threading.Lock()
 
-    def __init__(self, accept_new: bool, known_hosts: Path):
+    def __init__(self, accept_new: bool, known_hosts: Path, index: Optional["KnownHosts"] = None):
         self.accept_new = accept_new
         self.known_hosts = known_hosts
+        self.index = index
 
     def missing_host_key(self, client, hostname: str, key) -> None:
         fp = key.fingerprint if hasattr(key, "fingerprint") else key.get_fingerprint().hex()
+        revoked = self.index.revoked(hostname, key.get_name(), key.get_base64()) if self.index else ""
+        if revoked:
+            raise _UnknownHostKey(revoked, f"the host's key is revoked in {self.known_hosts}; check the host")
         if not self.accept_new:
+            ca = (" known_hosts trusts a @cert-authority for this host, but host certificates cannot be "
+                  "verified here (paramiko);" if self.index and self.index.has_ca(hostname) else "")
             raise _UnknownHostKey(
-                f"unknown SSH host key for {hostname} ({key.get_name()} {fp}); refusing to connect",
+                f"unknown SSH host key for {hostname} ({key.get_name()} {fp}); refusing to connect{ca}",
                 f"verify the key, then rerun with --accept-new-host-keys to record it in {self.known_hosts} "
                 f"(or: ssh-keyscan {hostname} >> {self.known_hosts})")
         # Append, never rewrite: other tools may be writing the same file.
@@ -447,7 +739,213 @@ class _HostKeyPolicy:
             self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with open(self.known_hosts, "a") as fh:
                 fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            if self.index is not None:
+                self.index.add(hostname, key.get_name(), key.get_base64())
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+# ------------------------------------------------------------------------------------------- known_hosts
+
+class KnownHosts:
+    """A known_hosts file read once per run and indexed by host name.
+
+    Sample lines it reads (OpenSSH's format):
+
+        node01,198.18.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI...
+        |1|F1E1KeoE/eEWhi10WpGv4OdiO6Y=|3988QV0VE8wmZL7suNrYQLITLCg= ssh-ed25519 AAAA...
+        @revoked * ssh-rsa AAAAB3NzaC1yc2E...
+        @cert-authority *.example.com ssh-ed25519 AAAA...
+
+    Plain names are a dict lookup; hashed (``|1|salt|hash``) names cost one HMAC per distinct salt. Keys stay
+    base64 text until a host needs them. Same matching as paramiko's HostKeys (exact names, hashes), plus the
+    markers paramiko cannot parse: ``@revoked`` keys are refused, ``@cert-authority`` is noted in the error.
+    """
+
+    _cache: Dict[str, Tuple[Tuple[int, int, int], "KnownHosts"]] = {}
+    _cache_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._plain: Dict[str, List[Tuple[str, str]]] = {}
+        self._hashed: Dict[bytes, Dict[bytes, List[Tuple[str, str]]]] = {}
+        self._revoked: List[Tuple[List[str], str, str]] = []
+        self._ca: List[List[str]] = []
+        self._lock = threading.Lock()
+        self._path: Optional[str] = None  # set for the shared index of a file
+
+    @classmethod
+    def shared(cls, path: Path) -> "KnownHosts":
+        """The index of path, loaded on first use and kept for the run (our own appends update it)."""
+        key = str(path)
+        with cls._cache_lock:
+            sig = _file_signature(path)
+            cached = cls._cache.get(key)
+            if cached is not None and cached[0] == sig:
+                return cached[1]
+            index = cls.parse(path.read_text(errors="replace") if sig != (0, 0, 0) else "")
+            index._path = key
+            cls._cache[key] = (sig, index)
+            return index
+
+    @classmethod
+    def parse(cls, text: str) -> "KnownHosts":
+        index = cls()
+        for line in text.splitlines():
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            marker = fields.pop(0) if fields[0].startswith("@") else ""
+            if len(fields) < 3:
+                continue  # malformed: OpenSSH skips it too
+            names, keytype, b64 = fields[0].split(","), fields[1], fields[2]
+            if marker == "@revoked":
+                index._revoked.append((names, keytype, b64))
+            elif marker == "@cert-authority":
+                index._ca.append(names)
+            elif not marker:
+                for name in names:
+                    index._add_name(name, keytype, b64)
+        return index
+
+    def _add_name(self, name: str, keytype: str, b64: str) -> None:
+        if name.startswith("|1|"):
+            try:
+                _, _, salt, digest = name.split("|", 3)
+                key = (base64.b64decode(salt), base64.b64decode(digest))
+            except (ValueError, TypeError):
+                return
+            self._hashed.setdefault(key[0], {}).setdefault(key[1], []).append((keytype, b64))
+        else:
+            self._plain.setdefault(name, []).append((keytype, b64))
+
+    def add(self, name: str, keytype: str, b64: str) -> None:
+        """Record a key we appended to the file ourselves (accept-new), without re-reading the file."""
+        with self._lock:
+            self._add_name(name, keytype, b64)
+        if self._path is not None:
+            with KnownHosts._cache_lock:
+                KnownHosts._cache[self._path] = (_file_signature(Path(self._path)), self)
+
+    def keys(self, name: str) -> List[Tuple[str, str]]:
+        """(keytype, base64) of every line naming this host, in file order (hashed lines after plain)."""
+        with self._lock:
+            found = list(self._plain.get(name, []))
+            for salt, digests in self._hashed.items():
+                hit = digests.get(hmac.new(salt, name.encode(), hashlib.sha1).digest())
+                if hit:
+                    found.extend(hit)
+        return found
+
+    def fill(self, host_keys, name: str) -> None:
+        """Put this host's keys (the first per key type, as paramiko's lookup returns) into a HostKeys."""
+        from paramiko import PKey
+        seen = set()
+        for keytype, b64 in self.keys(name):
+            if keytype in seen:
+                continue
+            try:
+                key = PKey.from_type_string(keytype, base64.b64decode(b64))
+            except Exception:  # unknown key type or bad base64: paramiko skips such lines as well
+                continue
+            seen.add(keytype)
+            host_keys.add(name, keytype, key)
+
+    @staticmethod
+    def _matches(patterns: List[str], name: str) -> bool:
+        bare = name[1:].split("]:", 1)[0] if name.startswith("[") else name
+        for pattern in patterns:
+            if pattern.startswith("|1|"):
+                try:
+                    _, _, salt, digest = pattern.split("|", 3)
+                    if hmac.compare_digest(hmac.new(base64.b64decode(salt), name.encode(), hashlib.sha1).digest(),
+                                           base64.b64decode(digest)):
+                        return True
+                except (ValueError, TypeError):
+                    continue
+            elif fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(bare, pattern):
+                return True
+        return False
+
+    def revoked(self, name: str, keytype: str, b64: str) -> str:
+        """The refusal message when this key is marked @revoked for this host, else ""."""
+        for patterns, rtype, rb64 in self._revoked:
+            if rtype == keytype and rb64 == b64 and self._matches(patterns, name):
+                return (f"host key of {name} ({keytype}) is marked @revoked in known_hosts; "
+                        "refusing to connect")
+        return ""
+
+    def has_ca(self, name: str) -> bool:
+        return any(self._matches(patterns, name) for patterns in self._ca)
+
+
+def _file_signature(path: Path) -> Tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------------------- dead peers
+
+# ServerAliveCountMax: unanswered keepalives before a host is declared dead. With the interval at
+# connect_timeout / KEEPALIVE_COUNT_MAX, a silent host is dead after ~(1 + 1/3) x the connect timeout of
+# silence, and found within ~2x (OpenSSH's default count is 3 too).
+KEEPALIVE_COUNT_MAX = 3
+# How often paramiko's reader thread wakes on an idle connection (paramiko's default is 0.1 s).
+_TRANSPORT_WAKE_S = 2.0
+
+
+class _Liveness:
+    """One thread that keeps an eye on every open SSH connection, instead of a timer per host."""
+
+    def __init__(self) -> None:
+        self._conns: Dict[int, SSHTransport] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, conn: "SSHTransport") -> None:
+        with self._lock:
+            self._conns[id(conn)] = conn
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="preflight-keepalive", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def forget(self, conn: "SSHTransport") -> None:
+        with self._lock:
+            self._conns.pop(id(conn), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                conns = list(self._conns.values())
+            now = time.monotonic()
+            sleep = 3600.0
+            for conn in conns:
+                try:
+                    sleep = min(sleep, conn._check_alive(now))
+                except Exception:  # one connection's trouble must not stop the watch over the others
+                    continue
+            # At most a few wake-ups a second however many hosts: their deadlines are batched.
+            self._wake.wait(max(0.25, sleep))
+            self._wake.clear()
+
+
+_LIVENESS = _Liveness()
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit: a thousand hosts need a few thousand descriptors."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard
+        if hard == resource.RLIM_INFINITY:  # the kernel caps "unlimited" at fs.nr_open
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass  # not permitted here: keep what we have
 
 
 def _local_user() -> str:

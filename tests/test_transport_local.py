@@ -3,6 +3,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from preflight.remote import Agent, AgentError
 from preflight.transport import LocalTransport
 
@@ -47,3 +49,19 @@ def test_agent_collects_facts_and_reports_check_errors_per_check():
     assert out["python"]["facts"]["python"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}")
     assert "ModuleNotFoundError" in out["no_such_check"]["error"]
     assert agent.hostinfo["hostname"]
+
+
+def test_one_persistent_agent_serves_every_request_and_preloads_torch():
+    pytest.importorskip("torch")
+    agent = Agent(LocalTransport(), sys.executable, "tok")
+    try:
+        first = agent.call("agent.loaded", {"names": ["torch"]}, 30)
+        assert first["modules"] == {"torch": False}  # a fresh worker imports only the agent
+        agent.preload(["torch"])
+        second = agent.call("agent.loaded", {"names": ["torch"]}, 120)
+        assert second["modules"] == {"torch": True}  # forked after the preload: inherited, not imported
+        assert second["agent"] == first["agent"]  # the same agent process answered both
+        out = agent.collect(["python"], {}, 60)
+        assert out["python"]["facts"]["torch"] and agent.hostinfo["pid"] != first["agent"]
+    finally:
+        agent.close()
