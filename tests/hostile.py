@@ -18,15 +18,51 @@ import json, socket, subprocess, sys
 REAL = {python!r}
 TARGET = {target!r}
 TAG = b"@@PREFLIGHT-RESULT "
+FRAME = b"@@PF"
 {mutate}
+
+def rewrite(line):
+    payload = json.loads(line[len(TAG):])
+    out = mutate(payload)
+    return out if isinstance(out, bytes) else TAG + json.dumps(payload).encode() + b"\\n"
+
+# The agent speaks in frames ("@@PF <request> <o|e|x|h> <length>\\n<data>"); the result line is inside request
+# output ("o") frames, possibly split over several. Output passes through line by line (so a service's READY
+# line is not held back), and the result line is rewritten and framed again with its new length.
 proc = subprocess.Popen([REAL] + sys.argv[1:], stdout=subprocess.PIPE)
-for line in proc.stdout:
-    if line.startswith(TAG) and socket.gethostname() == TARGET:
-        payload = json.loads(line[len(TAG):])
-        out = mutate(payload)
-        line = out if isinstance(out, bytes) else TAG + json.dumps(payload).encode() + b"\\n"
-    sys.stdout.buffer.write(line)
-    sys.stdout.buffer.flush()
+src, dst = proc.stdout, sys.stdout.buffer
+tamper = socket.gethostname() == TARGET
+pending = {{}}
+
+def emit(rid, kind, data):
+    dst.write(FRAME + b" " + rid + b" " + kind + b" %d\\n" % len(data) + data)
+
+while True:
+    header = src.readline()
+    if not header:
+        break
+    parts = header.split()
+    if len(parts) != 4 or parts[0] != FRAME:
+        dst.write(header)
+        dst.flush()
+        continue
+    rid, kind, data = parts[1], parts[2], src.read(int(parts[3]))
+    if not tamper or kind not in (b"o", b"x"):
+        dst.write(header + data)
+    elif kind == b"o":
+        buf = pending.setdefault(rid, bytearray())
+        buf.extend(data)
+        while b"\\n" in buf:
+            cut = buf.index(b"\\n") + 1
+            line = bytes(buf[:cut])
+            del buf[:cut]
+            emit(rid, b"o", rewrite(line) if line.startswith(TAG) else line)
+    else:
+        rest = bytes(pending.pop(rid, b""))
+        if rest:
+            emit(rid, b"o", rewrite(rest) if rest.startswith(TAG) else rest)
+        dst.write(header + data)
+    dst.flush()
 sys.exit(proc.wait())
 '''
 

@@ -107,10 +107,7 @@ def test_ten_megabyte_string(cluster, tmp_path):
     proc, data, html, env = run(cluster, tmp_path, "--checks", "python", python=python)
     assert data is not None
     c = cell(data, "node02", "python")
-    if c["status"] == "error":
-        pytest.xfail("a 10 MB result is cut short (reading to EOF / caps: the `scale` engineer): %s"
-                     % c["message"][:200])
-    assert c["status"] == "fail"
+    assert c["status"] == "fail", c["message"][:300]  # read whole, to channel EOF, within the 64 MiB cap
     assert_env_safe(env)
 
 
