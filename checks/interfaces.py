@@ -93,7 +93,8 @@ def parse_ip_addr_json(text: str) -> Dict[str, Dict[str, Any]]:
         name = item.get("ifname")
         if not name:
             continue
-        v4, v6 = [], []
+        v4: List[str] = []
+        v6: List[str] = []
         for a in item.get("addr_info") or []:
             local, plen = a.get("local"), a.get("prefixlen")
             if local is None or plen is None:

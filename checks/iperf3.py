@@ -157,9 +157,11 @@ def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[st
     common = set(net for net, _, _, _ in per_host[hosts[0]])
     for h in hosts[1:]:
         common &= set(net for net, _, _, _ in per_host[h])
-    networks = []
+    networks: List[Dict[str, Any]] = []
     for net in common:
-        devices, addresses, speeds = {}, {}, []
+        devices: Dict[str, str] = {}
+        addresses: Dict[str, str] = {}
+        speeds: List[float] = []
         for h in hosts:
             # Two NICs of one host on the same subnet: the first (by name) is measured; routing picks one too.
             net_dev, ip, speed = sorted((d, a, s) for n, d, a, s in per_host[h] if n == net)[0]
@@ -167,7 +169,7 @@ def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[st
             speeds.append(speed or 0)
         networks.append({"network": net, "devices": devices, "addresses": addresses,
                          "min_speed_mbps": min(speeds) or None})
-    networks.sort(key=lambda n: (-(n["min_speed_mbps"] or 0), ipaddress.ip_network(n["network"])))
+    networks.sort(key=lambda n: (-float(n["min_speed_mbps"] or 0), ipaddress.ip_network(str(n["network"]))))
     return networks[:max(1, limit)], subnets
 
 
@@ -484,7 +486,8 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
             else:
                 iface[h] = value
     usable = [h for h in hosts if iface.get(h)]
-    networks, facts["subnets"] = shared_networks(iface, usable, int(t["max_networks"]))
+    networks, facts["subnets"] = shared_networks({h: v for h, v in iface.items() if v}, usable,
+                                                   int(t["max_networks"]))
     if len(usable) < 2 or not networks:
         return facts
 

@@ -207,9 +207,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return {h: error("not checked: %s" % facts["error"], "rerun with -v; check %s" % master) for h in targets}
     if facts.get("client") is None:
         why, fix = explain("no_client", master, master, facts.get("client_error", ""))
-        out = {h: error("not checked: %s" % why, fix) for h in targets}
-        out[master] = Outcome(Status.FAIL, "%s: DeepSpeed's pdsh launcher cannot reach any host" % why, fix)
-        return out
+        failed: Dict[str, Outcome] = {h: error("not checked: %s" % why, fix) for h in targets}
+        failed[master] = Outcome(Status.FAIL, "%s: DeepSpeed's pdsh launcher cannot reach any host" % why, fix)
+        return failed
     out: Dict[str, Outcome] = {}
     results = facts.get("results", {})
     for h in targets:

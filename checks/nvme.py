@@ -216,7 +216,8 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
             fd = os.open(test_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             os.close(fd)
         except OSError as exc:
-            entry["error"] = "cannot create a file: %s" % (exc.strerror or errno.errorcode.get(exc.errno, exc))
+            why = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+            entry["error"] = "cannot create a file: %s" % why
             return entry
         entry["writable"] = True
         o_direct = getattr(os, "O_DIRECT", 0)

@@ -101,7 +101,7 @@ def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: 
             nets.setdefault(network, address)
         per_host[h] = nets
     common = set.intersection(*(set(n) for n in per_host.values()))
-    out = []
+    out: List[Dict[str, Any]] = []
     for cidr in sorted(common, key=lambda c: ipaddress.ip_network(c)):
         addrs = {h: per_host[h][cidr] for h in hosts}
         if len(set(addrs.values())) < len(hosts):
@@ -240,7 +240,7 @@ def _accept_loop(socks: Sequence[socket.socket], stop: threading.Event, accepted
             sel.register(s, selectors.EVENT_READ)
         while not stop.is_set():
             for key, _ in sel.select(0.2):
-                _accept_pending(key.fileobj, accepted)
+                _accept_pending(key.fileobj, accepted)  # type: ignore[arg-type]  # we registered sockets
         # Probes whose handshake completed in the kernel's backlog before the stop count too (and get closed).
         for s in socks:
             _accept_pending(s, accepted)

@@ -271,8 +271,7 @@ def visible_gpus(env: Optional[Dict[str, str]] = None) -> Tuple[List[int], str]:
     CUDA_VISIBLE_DEVICES first (DeepSpeed turns it into ``--include localhost:<ids>``; "" or -1 hide every GPU),
     then NVML's device count, then ``nvidia-smi -L`` lines ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)").
     """
-    env = os.environ if env is None else env
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    cvd = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         ids: List[int] = []
         for part in (p.strip() for p in cvd.split(",")):

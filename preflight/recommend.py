@@ -139,7 +139,8 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
     chosen = iperf3.get("chosen")
     if chosen:
         devices: List[str] = list(chosen["devices"])
-        named = list(zip(chosen.get("hosts") or iperf3.get("hosts") or hosts, devices))
+        named: List[Tuple[Any, Optional[str]]] = list(zip(chosen.get("hosts") or iperf3.get("hosts") or hosts,
+                                                          devices))
         why = ("network %s reaches all hosts with the best measured bandwidth (%.3g Gbit/s median iperf3)"
                % (chosen["network"], chosen["median_gbps"]))
         others = [n for n in iperf3.get("networks") or [] if n.get("network") != chosen["network"]]
@@ -152,7 +153,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
         return
     elif iface and len(iface) == len(hosts) and len(hosts) > 1:
         named = [(h, _route_dev(iface[h])) for h in hosts]
-        devices = [d for _, d in named]
+        devices = [d or "" for _, d in named]  # None never survives the `bad` check below
         why = ("the interface each host routes to the master over (no bandwidth measured: run the iperf3 check "
                "to pick the fastest network)")
     else:
@@ -192,7 +193,7 @@ def _socket_env(cluster: Any, put: Any, notes: List[str], iface: Dict[str, Dict[
         ssh_addr = None
         try:
             ssh_addr = cluster.address(master) if master and hasattr(cluster, "address") else None
-            on_chosen = ipaddress.ip_address(ssh_addr) in ipaddress.ip_network(chosen["network"])
+            on_chosen = ipaddress.ip_address(str(ssh_addr)) in ipaddress.ip_network(chosen["network"])
         except (ValueError, TypeError, KeyError):
             on_chosen = None  # a name, not an address: unknown
         if addr and on_chosen is False and _is_address(addr):
