@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("--version", action="version", version=f"preflight {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,node-check}")
 
     sub.add_parser("list", help="list every check with one line of description")
 
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    _add_node_check_parser(sub)
     return parser
 
 
@@ -229,8 +231,68 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_list(sys.stdout)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "node-check":
+        return cmd_node_check(args)
     parser.print_help()
     return EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------------------------- node-check
+
+def _add_node_check_parser(sub) -> None:
+    nc = sub.add_parser("node-check", help="run the per-host checks on this node only (Slurm HealthCheckProgram "
+                        "or prolog): exit 0/1 and one line fit for a drain reason")
+    nc.add_argument("--checks", default="", metavar="A,B", help="run only these per-host checks")
+    nc.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
+    nc.add_argument("--config", metavar="FILE", help="thresholds TOML, the same file `preflight run` takes")
+    nc.add_argument("--python", default="python3", metavar="PATH",
+                    help="the job's interpreter on this node (default: python3)")
+    nc.add_argument("--deadline", type=_positive_float, default=60.0, metavar="S",
+                    help="total deadline of the node check (default 60, like NHC's watchdog)")
+    nc.add_argument("--slots", type=_positive_int, default=1, metavar="N", help="GPUs the job uses on this node")
+    nc.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
+                    help="directory to measure with dd (repeatable); the test file is removed")
+    nc.add_argument("--drain", action="store_true",
+                    help="on failure run `scontrol update nodename=NODE state=drain reason=LINE`; on success "
+                         "resume the node only if preflight drained it")
+    nc.add_argument("--node-name", metavar="NAME",
+                    help="Slurm NodeName of this node (default: $SLURMD_NODENAME, else `hostname -s`)")
+    nc.add_argument("--strict", action="store_true", help="warnings fail too")
+    nc.add_argument("-v", "--verbose", action="store_true", help="also print every check's result")
+
+
+def cmd_node_check(args: argparse.Namespace) -> int:
+    from preflight import nodecheck
+
+    try:
+        thresholds = load_thresholds(args.config)
+        names = select_checks(args.checks, args.skip, None)
+        cluster_only = [n for n in split_csv(args.checks) if registry.load(n).SCOPE != "host"]
+        if cluster_only:
+            raise UsageError(f"node-check runs per-host checks only; {', '.join(cluster_only)} "
+                             "need(s) `preflight run` across hosts")
+    except (UsageError, ConfigError) as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = nodecheck.NodeCheckOptions(
+        checks=[n for n in names if registry.load(n).SCOPE == "host"], thresholds=thresholds, python=args.python,
+        deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
+        node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)})
+    verdict = nodecheck.run_checks(options)
+    if args.verbose:
+        for check, outcome in verdict.outcomes:
+            fix = f"; fix: {outcome.fix}" if outcome.fix and outcome.status.value != "pass" else ""
+            print(f"{verdict.node}::{check} {outcome.status.value.upper()} - {outcome.message}{fix}")
+    print(verdict.line)
+    if args.drain:
+        try:
+            action = nodecheck.apply_drain(verdict)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            print(f"preflight: --drain: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if action:
+            print(f"preflight: node {verdict.node} {action}", file=sys.stderr)
+    return EXIT_FAILED if verdict.failed else EXIT_OK
 
 
 def entry() -> None:
