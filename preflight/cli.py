@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    _add_slurm_options(run)
     _add_node_check_parser(sub)
     return parser
 
@@ -152,9 +153,12 @@ def build_options(args: argparse.Namespace):
     for option in ("json", "junit_xml", "env_file", "html"):
         _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
     thresholds = load_thresholds(args.config)
+    slurm_hosts, transport, host_source = _slurm_selection(args)
     if args.hostfile:
         hosts = apply_filters(load_hostfile(args.hostfile), args.include, args.exclude)
         local = False
+    elif slurm_hosts is not None:
+        hosts, local = apply_filters(slurm_hosts, args.include, args.exclude), False
     else:
         if args.include or args.exclude:
             raise UsageError("--include/--exclude need --hostfile")
@@ -172,6 +176,7 @@ def build_options(args: argparse.Namespace):
         "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
         "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
+        "transport": transport, "host_source": host_source,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
@@ -204,6 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError) as exc:
         err.print(f"preflight: error: {exc}", soft_wrap=True)
         return EXIT_USAGE
+    if options.extra.get("host_source") and not args.quiet:
+        err.print(f"preflight: {options.extra['host_source']}", soft_wrap=True)
     runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))
     try:
         result = runner.run()
@@ -235,6 +242,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_node_check(args)
     parser.print_help()
     return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------------------------------- slurm
+
+def _add_slurm_options(run: argparse.ArgumentParser) -> None:
+    g = run.add_argument_group("slurm")
+    g.add_argument("--slurm", action="store_true",
+                   help="take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set "
+                        "(inside a job this is automatic; --hostfile still wins)")
+    g.add_argument("--transport", choices=["ssh", "srun"], default=None,
+                   help="how to reach the hosts: ssh (default with --hostfile) or srun job steps (default inside "
+                        "a Slurm allocation without --hostfile; needs no SSH keys)")
+    g.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
+                   help="slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)")
+
+
+def _slurm_selection(args: argparse.Namespace):
+    """(allocation's hosts or None, transport, one line saying where the hosts came from)."""
+    from preflight import slurm
+
+    env = os.environ
+    inside = args.slurm or slurm.in_allocation(env)
+    transport = args.transport or ("srun" if inside and not args.hostfile else "ssh")
+    if transport == "srun" and not env.get("SLURM_JOB_ID"):
+        raise UsageError("--transport srun runs job steps in an allocation, and SLURM_JOB_ID is not set: "
+                         "run inside salloc/sbatch")
+    if args.hostfile:
+        note = f"hosts: --hostfile {args.hostfile}" + (" (wins over the Slurm allocation)" if inside else "")
+        return None, transport, note + f"; transport: {transport}"
+    if not inside:
+        return None, transport, ""
+    try:
+        alloc = slurm.allocation(env, args.gpus_per_node)
+    except slurm.AllocationError as exc:
+        raise UsageError(str(exc)) from None
+    return alloc.hosts, transport, f"{alloc.source}; transport: {transport}"
 
 
 # ---------------------------------------------------------------------------------------------- node-check

@@ -19,6 +19,7 @@ from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
 from preflight.remote import Agent, AgentError, Service
 from preflight.transport import LocalTransport, SSHOptions, SSHTransport, Transport, TransportError
+from preflight.transport_srun import SrunTransport
 
 
 @dataclass
@@ -134,6 +135,8 @@ class Runner:
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
         transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
+        if self.o.extra.get("transport") == "srun":  # job steps of the current Slurm allocation, no SSH
+            transport = SrunTransport(spec.name)
         return Node(spec, transport, Agent(transport, self.o.python, self.token))
 
     def _connect(self, node: Node) -> None:
@@ -142,7 +145,7 @@ class Runner:
                               "address": "127.0.0.1"}
             return
         transport = node.transport
-        assert isinstance(transport, SSHTransport)
+        assert isinstance(transport, (SSHTransport, SrunTransport))
         try:
             transport.connect()
         except TransportError as exc:
@@ -153,6 +156,8 @@ class Runner:
         node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
                           "rtt_ms": round(probe.duration * 1000, 1), "user": transport.user}
+        if isinstance(transport, SrunTransport):
+            node.ssh_facts["via"] = "srun"
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",

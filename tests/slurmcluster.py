@@ -230,6 +230,14 @@ SlurmdDebug=info
                 found[int(entry)] = cmdline.strip()
         return found
 
+    def remove_ssh_keys(self) -> None:
+        """No SSH keys anywhere: nobody may log in to a node, and nodes hold no key to log in elsewhere."""
+        self.net.authorized_keys.write_text("")
+        for name in [CTLD, *self.names]:
+            dot_ssh = self.net.dir / "hosts" / name / "dot_ssh"
+            for key in ("id_ed25519", "id_ed25519.pub", "authorized_keys"):
+                (dot_ssh / key).unlink(missing_ok=True)
+
     def drain_reasons(self) -> dict[str, str]:
         """{node: reason} as `sinfo -R` prints them."""
         out = self.client(["sinfo", "-R", "-h", "-N", "-o", "%N|%E"]).stdout
