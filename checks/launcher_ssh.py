@@ -180,6 +180,9 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     if len(names) == 1:
         facts["single_host"] = True
         return facts
+    if cluster.options.get("transport") == "srun":
+        facts["launcher"] = "srun"  # inside a Slurm allocation the job is launched by srun, not pdsh over SSH
+        return facts
     if master not in {h.name for h in cluster.hosts}:
         facts["error"] = "the first host %s is unreachable, so SSH from it could not be tested" % master
         return facts
@@ -203,6 +206,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     targets: List[str] = facts.get("targets", [])
     if facts.get("single_host"):
         return {h: skip("single host: DeepSpeed launches locally, without SSH") for h in targets}
+    if facts.get("launcher") == "srun":
+        return {h: skip("the job runs inside a Slurm allocation and is launched by srun (deepspeed --launcher "
+                        "slurm), not by pdsh over SSH: passwordless SSH between nodes is not needed") for h in targets}
     if facts.get("error"):
         return {h: error("not checked: %s" % facts["error"], "rerun with -v; check %s" % master) for h in targets}
     if facts.get("client") is None:

@@ -30,6 +30,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         return Outcome(Status.PASS, "local host, no SSH needed (hostname %s)" % facts.get("hostname"),
                        metrics=metrics)
     rtt = facts.get("rtt_ms")
+    if facts.get("via") == "srun":
+        # A step launch goes through slurmctld and slurmd: its time is not a network round trip.
+        return Outcome(Status.PASS, "reached %s as a Slurm job step (srun), no SSH; step round trip %.0f ms"
+                       % (facts.get("hostname"), rtt or 0.0), metrics=metrics)
     message = "connected to %s as %s in %.2fs, network round trip %.1f ms" % (
         facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0), rtt or 0.0)
     if rtt is not None and rtt > lim["warn_rtt_ms"]:

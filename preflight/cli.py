@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile,version}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile,node-check,version}")
 
     commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
 
@@ -136,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    _add_slurm_options(run)
+    commands["node-check"] = _add_node_check_parser(sub)
     parser.set_defaults(_commands=commands)
     return parser
 
@@ -208,11 +211,14 @@ def build_options(args: argparse.Namespace):
     if args.slots is not None and (args.include or args.exclude):
         # DeepSpeed: "Cannot specify num_nodes/gpus with include/exclude"
         raise UsageError("--slots cannot be combined with --include/--exclude (as DeepSpeed's --num_gpus)")
+    slurm_hosts, transport, host_source = _slurm_selection(args)
     if args.hostfile:
         hosts = apply_filters(load_hostfile(args.hostfile, notes), args.include, args.exclude)
         if args.slots is not None:
             hosts = with_slots(hosts, args.slots)
         local = False
+    elif slurm_hosts is not None:
+        hosts, local = apply_filters(slurm_hosts, args.include, args.exclude), False
     else:
         if args.include or args.exclude:
             raise UsageError("--include/--exclude need --hostfile")
@@ -240,6 +246,7 @@ def build_options(args: argparse.Namespace):
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
         "input_notes": notes, "info_notes": info,
         "checkpoint_dir": args.checkpoint_dir,
+        "transport": transport, "host_source": host_source,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
@@ -276,6 +283,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(f"preflight: error: {exc}", soft_wrap=True, markup=False)
         return EXIT_USAGE
+    if options.extra.get("host_source") and not args.quiet:
+        err.print(f"preflight: {options.extra['host_source']}", soft_wrap=True, highlight=False, markup=False)
     for note in options.extra.get("info_notes") or []:
         err.print(f"preflight: {note}", soft_wrap=True, highlight=False, markup=False)
     for note in options.extra.get("input_notes") or []:
@@ -330,8 +339,105 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "version":
         print(VERSION_LINE)
         return EXIT_OK
+    if args.command == "node-check":
+        return cmd_node_check(args)
     parser.print_help()
     return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------------------------------- slurm
+
+def _add_slurm_options(run: argparse.ArgumentParser) -> None:
+    g = run.add_argument_group("slurm")
+    g.add_argument("--slurm", action="store_true",
+                   help="take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set "
+                        "(inside a job this is automatic; --hostfile still wins)")
+    g.add_argument("--transport", choices=["ssh", "srun"], default=None,
+                   help="how to reach the hosts: ssh (default with --hostfile) or srun job steps (default inside "
+                        "a Slurm allocation without --hostfile; needs no SSH keys)")
+    g.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
+                   help="slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)")
+
+
+def _slurm_selection(args: argparse.Namespace):
+    """(allocation's hosts or None, transport, one line saying where the hosts came from)."""
+    from preflight import slurm
+
+    env = os.environ
+    inside = args.slurm or slurm.in_allocation(env)
+    transport = args.transport or ("srun" if inside and not args.hostfile else "ssh")
+    if transport == "srun" and not env.get("SLURM_JOB_ID"):
+        raise UsageError("--transport srun runs job steps in an allocation, and SLURM_JOB_ID is not set: "
+                         "run inside salloc/sbatch")
+    if args.hostfile:
+        note = f"hosts: --hostfile {args.hostfile}" + (" (wins over the Slurm allocation)" if inside else "")
+        return None, transport, note + f"; transport: {transport}"
+    if not inside:
+        return None, transport, ""
+    try:
+        alloc = slurm.allocation(env, args.gpus_per_node)
+    except slurm.AllocationError as exc:
+        raise UsageError(str(exc)) from None
+    return alloc.hosts, transport, f"{alloc.source}; transport: {transport}"
+
+
+# ---------------------------------------------------------------------------------------------- node-check
+
+def _add_node_check_parser(sub) -> Any:
+    nc = sub.add_parser("node-check", help="run the per-host checks on this node only (Slurm HealthCheckProgram "
+                        "or prolog): exit 0/1 and one line fit for a drain reason")
+    nc.add_argument("--checks", default="", metavar="A,B", help="run only these per-host checks")
+    nc.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
+    nc.add_argument("--config", metavar="FILE", help="thresholds TOML, the same file `preflight run` takes")
+    nc.add_argument("--python", default="python3", metavar="PATH",
+                    help="the job's interpreter on this node (default: python3)")
+    nc.add_argument("--deadline", type=_seconds, default=60.0, metavar="S",
+                    help="total deadline of the node check (default 60, like NHC's watchdog)")
+    nc.add_argument("--slots", type=_positive_int, default=1, metavar="N", help="GPUs the job uses on this node")
+    nc.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
+                    help="directory to measure with dd (repeatable); the test file is removed")
+    nc.add_argument("--drain", action="store_true",
+                    help="on failure run `scontrol update nodename=NODE state=drain reason=LINE`; on success "
+                         "resume the node only if preflight drained it")
+    nc.add_argument("--node-name", metavar="NAME",
+                    help="Slurm NodeName of this node (default: $SLURMD_NODENAME, else `hostname -s`)")
+    nc.add_argument("--strict", action="store_true", help="warnings fail too")
+    nc.add_argument("-v", "--verbose", action="store_true", help="also print every check's result")
+    return nc
+
+
+def cmd_node_check(args: argparse.Namespace) -> int:
+    from preflight import nodecheck
+
+    try:
+        thresholds = load_thresholds(args.config)
+        names = select_checks(args.checks, args.skip, None)
+        cluster_only = [n for n in split_csv(args.checks) if registry.load(n).SCOPE != "host"]
+        if cluster_only:
+            raise UsageError(f"node-check runs per-host checks only; {', '.join(cluster_only)} "
+                             "need(s) `preflight run` across hosts")
+    except (UsageError, ConfigError) as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = nodecheck.NodeCheckOptions(
+        checks=[n for n in names if registry.load(n).SCOPE == "host"], thresholds=thresholds, python=args.python,
+        deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
+        node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)})
+    verdict = nodecheck.run_checks(options)
+    if args.verbose:
+        for check, outcome in verdict.outcomes:
+            fix = f"; fix: {outcome.fix}" if outcome.fix and outcome.status.value != "pass" else ""
+            print(f"{verdict.node}::{check} {outcome.status.value.upper()} - {outcome.message}{fix}")
+    print(verdict.line)
+    if args.drain:
+        try:
+            action = nodecheck.apply_drain(verdict)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            print(f"preflight: --drain: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if action:
+            print(f"preflight: node {verdict.node} {action}", file=sys.stderr)
+    return EXIT_FAILED if verdict.failed else EXIT_OK
 
 
 def entry() -> None:

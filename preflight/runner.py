@@ -20,6 +20,7 @@ from preflight.model import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service
 from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
                                  TransportError, raise_fd_limit)
+from preflight.transport_srun import SrunTransport
 
 
 @dataclass
@@ -136,6 +137,8 @@ class Runner:
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
         transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
+        if self.o.extra.get("transport") == "srun":  # job steps of the current Slurm allocation, no SSH
+            transport = SrunTransport(spec.name)
         mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
         max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
         return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output))
@@ -146,7 +149,7 @@ class Runner:
                               "address": "127.0.0.1"}
             return
         transport = node.transport
-        assert isinstance(transport, SSHTransport)
+        assert isinstance(transport, (SSHTransport, SrunTransport))
         try:
             transport.connect()
         except TransportError as exc:
@@ -164,11 +167,13 @@ class Runner:
             probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
         # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
         # at once the coordinator's own queueing would show up as a slow host.
-        rtt_ms = transport.network_rtt_ms()
+        rtt_ms = transport.network_rtt_ms() if isinstance(transport, SSHTransport) else None
         node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
                           "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
+        if isinstance(transport, SrunTransport):
+            node.ssh_facts["via"] = "srun"
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what the test suite needs: the tools the namespace cluster runs for real, and the Python packages.
+# Install what the test suite needs: the tools the namespace cluster runs for real (sshd, iperf3, and Slurm's
+# slurmctld/slurmd/munged for tests/slurmcluster.py), and the Python packages.
 # Needs root (apt-get, and the tests create network namespaces). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,8 @@ if command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         openssh-server openssh-client iperf3 iproute2 nftables util-linux procps kmod \
-        libaio-dev gcc libc6-dev ninja-build chromium chromium-driver faketime >/dev/null
+        libaio-dev gcc libc6-dev ninja-build chromium chromium-driver faketime \
+        slurmctld slurmd slurm-client munge >/dev/null
 fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
 # DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.
