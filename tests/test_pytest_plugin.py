@@ -87,7 +87,7 @@ def test_without_preflight_options_the_plugin_adds_nothing(pytester: pytest.Pyte
     ("node01 slots=1\n", ["--preflight-config=missing.toml"], "missing.toml: no such file"),
     (None, ["--preflight-checks=libaio"], "--preflight-checks needs --preflight-hostfile"),
     ("node01 slots=1\n", ["--preflight-model-parallel-size=0"],
-     "argument --preflight-model-parallel-size: '0' must be > 0"),
+     "argument --preflight-model-parallel-size: '0' is out of range"),
     ("node01 slots=0\n", [], "hostfile:1: slots=0 for node01"),
     ("node01 slots=1\n", ["--preflight-deepspeed-config=ds.json"], "ds.json:2:2: DeepSpeed config does not parse"),
 ])
