@@ -20,6 +20,7 @@ from preflight.config import ConfigError, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
                                 split_csv, with_slots)
+from preflight.model import CLUSTER_NAME
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -129,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--connect-timeout", type=_connect_seconds, default=10.0, metavar="S",
                    help="TCP connect + SSH handshake deadline per host (default 10)")
     g = run.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README)")
+    g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README); '-': stdout, and the "
+                   "terminal report goes to stderr")
     g.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML: one testcase per (host, check)")
     g.add_argument("--env-file", metavar="FILE", help="write the recommended environment as .deepspeed_env lines")
     g.add_argument("--html", metavar="FILE", help="write a self-contained HTML report: matrix, details, "
@@ -164,7 +166,7 @@ def select_checks(only: Optional[str], skip: str, deepspeed_config: Optional[str
 
 
 def _check_output_path(option: str, path: Optional[str]) -> None:
-    if not path:
+    if not path or path == "-":  # "-": stdout
         return
     parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir():
@@ -203,8 +205,11 @@ def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
 
 def build_options(args: argparse.Namespace):
     from preflight.runner import RunOptions
-    for option in ("json", "junit_xml", "env_file", "html"):
+    outputs = ("json", "junit_xml", "env_file", "html")
+    for option in outputs:
         _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
+    if [getattr(args, option) for option in outputs].count("-") > 1:
+        raise UsageError("only one of --json/--junit-xml/--env-file/--html can be '-' (stdout)")
     thresholds = load_thresholds(args.config)
     notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
     info: List[str] = []  # what preflight decided for the user (e.g. where the local slot count came from)
@@ -217,6 +222,9 @@ def build_options(args: argparse.Namespace):
         if args.slots is not None:
             hosts = with_slots(hosts, args.slots)
         local = False
+        if any(h.name == CLUSTER_NAME for h in hosts):
+            raise UsageError(f"{args.hostfile}: a host named {CLUSTER_NAME!r} would share the name of the "
+                             "cluster-wide results in the reports; use another name for it (e.g. its address)")
     elif slurm_hosts is not None:
         hosts, local = apply_filters(slurm_hosts, args.include, args.exclude), False
     else:
@@ -272,7 +280,7 @@ def cmd_list(out) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from rich.text import Text
 
     from preflight import report as rep
     from preflight.runner import Runner
@@ -281,7 +289,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         options = build_options(args)
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
-        err.print(f"preflight: error: {exc}", soft_wrap=True, markup=False)
+        err.print(Text(rep.plain(f"preflight: error: {exc}")), soft_wrap=True)
         return EXIT_USAGE
     if options.extra.get("host_source") and not args.quiet:
         err.print(f"preflight: {options.extra['host_source']}", soft_wrap=True, highlight=False, markup=False)
@@ -295,17 +303,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         err.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
         return EXIT_INTERRUPTED
-    # Piped output (CI logs, files) gets a wide fixed width so the matrix is never truncated.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
-    rep.print_report(result, console, verbose=args.verbose, quiet=args.quiet)
+    # The files first: a terminal that goes away (`| head -1`, a closed ssh session) must not lose them.
     for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file),
                        (args.html, rep.to_html)):
         if path:
             try:
                 rep.write_file(path, text(result))
+            except BrokenPipeError:
+                _drop_stdout()
             except OSError as exc:
-                err.print(f"preflight: error: cannot write {path}: {exc.strerror}")
+                err.print(Text(rep.plain(f"preflight: error: cannot write {path}: {exc.strerror}")))
                 return EXIT_USAGE
+    if "-" in (args.json, args.junit_xml, args.env_file, args.html):
+        out = err  # stdout holds the report file alone
+    else:
+        # Piped output (CI logs, files) gets a wide fixed width unless COLUMNS says otherwise.
+        tty = sys.stdout.isatty() or "COLUMNS" in os.environ
+        out = rep.console(sys.stdout, width=None if tty else 240)
+    try:
+        rep.print_report(result, out, verbose=args.verbose, quiet=args.quiet)
+        out.file.flush()
+    except BrokenPipeError:
+        _drop_stdout()
     return result.exit_code
 
 
@@ -322,6 +341,13 @@ def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
             print(f"preflight: warning: {note}", file=err)
     out.write(expanded_text(hosts, args.expand))
     return EXIT_OK
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout is gone: send what is left to /dev/null so the exit flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

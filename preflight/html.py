@@ -22,7 +22,7 @@ from preflight.checks.fmt import human_bytes
 from preflight.checks.base import Status
 from preflight.checks.fmt import rate
 from preflight import __version__
-from preflight.model import CLUSTER, Report, Result
+from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result, display_host
 from preflight.report import CELL, summary_line
 
 # The one definition of the status colours (background, text): the matrix cells, the badges, the heat map's
@@ -128,7 +128,7 @@ def _anchor_ids(results: Sequence[Result]) -> Dict[int, str]:
     ids: Dict[int, str] = {}
     used: Dict[str, int] = {}
     for i, r in enumerate(results):
-        host = "cluster" if r.host == CLUSTER else r.host
+        host = display_host(r.host)
         base = "r-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{host}-{r.check}")
         used[base] = used.get(base, 0) + 1
         ids[i] = base if used[base] == 1 else f"{base}-{used[base]}"
@@ -169,7 +169,7 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
     records = {h.name: h for h in report.hosts}
     for host in rows:
         if host == CLUSTER:
-            label, tip, cls = "(cluster)", "cluster-wide checks", "cluster"
+            label, tip, cls = CLUSTER_NAME, "cluster-wide checks", "cluster"
         else:
             h = records[host]
             label, cls = host, "host"
@@ -195,7 +195,7 @@ def _result_item(same: List[Tuple[int, Result]], ids: Dict[int, str]) -> str:
     """One entry for results that say the same thing on several hosts (64 hosts missing one path: one entry);
     every result keeps its own anchor for the matrix's links."""
     r = same[0][1]
-    hosts = ", ".join("(cluster)" if x.host == CLUSTER else x.host for _, x in same)
+    hosts = ", ".join(display_host(x.host) for _, x in same)
     anchors = "".join(f'<a class="anchor" id="{ids[i]}"></a>' for i, _ in same[1:])
     took = max(x.duration_s for _, x in same)
     fix = (f'<p class="fix"><b>fix:</b> <code>{_esc(r.fix)}</code></p>'

@@ -6,7 +6,15 @@ from typing import Any, Dict, List
 
 from preflight.checks.base import Outcome, Status
 
-CLUSTER = "*"  # the host of a cluster-wide result
+CLUSTER = "*"  # the host of a cluster-wide result in the model and the JSON contract
+# Its one display name everywhere else: the terminal matrix, JUnit classnames (CLI and pytest plugin), the HTML
+# and pytest ids (cluster::ports). A host of this name would be ambiguous, so the CLI and the plugin refuse it.
+CLUSTER_NAME = "cluster"
+
+
+def display_host(host: str) -> str:
+    """The name a report shows for a result's host: CLUSTER_NAME for the cluster-wide row."""
+    return CLUSTER_NAME if host == CLUSTER else host
 
 
 @dataclass
@@ -25,7 +33,7 @@ class Result:
 
     @property
     def nodeid(self) -> str:
-        return f"{self.host}::{self.check}"
+        return f"{display_host(self.host)}::{self.check}"
 
     def to_dict(self) -> Dict[str, Any]:
         return {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequ
 import pytest
 
 from preflight.checks.base import Status
-from preflight.model import CLUSTER, Report, Result
+from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result
+from preflight.text import plain, xml_safe
 
 if TYPE_CHECKING:
     from preflight.runner import RunOptions
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 VALUE, REPEAT, SWITCH = "value", "repeat", "switch"
 PREFIX = "--preflight-"
 LOCAL = PREFIX + "local"
-CLUSTER_ID = "cluster"          # the id's first part for a cluster-wide result (host "*" in the model)
+CLUSTER_ID = CLUSTER_NAME       # the id's first part for a cluster-wide result (host "*" in the model)
 LOCAL_LOCATION = "localhost"    # the location shown for results of a --preflight-local run (no hostfile)
 WORKER_REPORT = "preflight_report"  # xdist workerinput key: path of the controller's JSON report
 QUIET_VERBOSITY = -2            # pytest -qq (or quieter) hides the progress lines, as `preflight run -q` does
@@ -303,11 +304,11 @@ class PreflightSession:
         if self.report.env:
             terminalreporter.write_sep("-", "preflight: recommended environment")
             for key, value in self.report.env.items():
-                terminalreporter.write_line(f"export {key}={value}")
+                terminalreporter.write_line(plain(f"export {key}={value}"))
                 if verbose and self.report.reasons.get(key):
-                    terminalreporter.write_line(f"    # {self.report.reasons[key]}")
+                    terminalreporter.write_line(plain(f"    # {self.report.reasons[key]}"))
         for note in self.report.notes if verbose else []:
-            terminalreporter.write_line(f"note: {note}")
+            terminalreporter.write_line(plain(f"note: {note}"))
 
 
 # ------------------------------------------------------------------------------------------- items
@@ -318,17 +319,19 @@ def cell_id(result: Result) -> str:
 
 
 def _text(result: Result) -> str:
-    return result.message + (f"\nfix: {result.fix}" if result.fix else "")
+    """The failure/skip/warning text: host text, so shown with its controls escaped (plain)."""
+    return plain(result.message + (f"\nfix: {result.fix}" if result.fix else ""))
 
 
 def _properties(result: Result) -> List[Tuple[str, str]]:
     """For --junitxml: status, message, duration, and each metric whose JSON is short."""
-    props = [("status", result.status.value), ("message", result.message[:MAX_PROPERTY_CHARS]),
+    # xml_safe: a NUL or ESC from a host must not make pytest's XML ill-formed (values are host text).
+    props = [("status", result.status.value), ("message", xml_safe(plain(result.message[:MAX_PROPERTY_CHARS]))),
              ("duration_s", f"{result.duration_s:.3f}")]
     for key, value in result.metrics.items():
         text = json.dumps(value, separators=(",", ":"), default=str)
         if len(text) <= MAX_PROPERTY_CHARS:
-            props.append((f"metrics.{key}", text))
+            props.append((xml_safe(f"metrics.{key}"), text))
     return props
 
 
@@ -361,7 +364,7 @@ class PreflightItem(pytest.Item):
         self.user_properties.extend(_properties(result))
         if result.status == Status.SKIP:
             # A skip mark, not pytest.skip() at run time: the summary then names the hostfile, not this plugin.
-            self.add_marker(pytest.mark.skip(reason=result.message))
+            self.add_marker(pytest.mark.skip(reason=plain(result.message)))
 
     def setup(self) -> None:
         if self.result.status == Status.ERROR:  # raised in setup: pytest reports an error, not a failure

@@ -14,22 +14,26 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from typing import Dict, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from preflight.checks.base import Status
-from preflight.model import CLUSTER, Report, Result
+from preflight.model import CLUSTER, Report, Result, display_host
 from preflight.runner import Progress
+from preflight.text import plain, xml_safe
 
 WORD = {Status.PASS: "PASSED", Status.WARN: "WARNED", Status.FAIL: "FAILED", Status.SKIP: "SKIPPED",
         Status.ERROR: "ERROR"}
 CELL = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "skip", Status.ERROR: "ERROR"}
 STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim",
          Status.ERROR: "bold magenta"}
-
+# Worst first: the summary line takes the colour of the worst status present.
+SEVERITY = (Status.FAIL, Status.ERROR, Status.WARN, Status.SKIP, Status.PASS)
 
 # --------------------------------------------------------------------------------------- progress
 
@@ -44,7 +48,7 @@ class TerminalProgress(Progress):
         self._total = 0
         self._done = 0
         self._t0 = time.monotonic()
-        self._status = None
+        self._status: Optional[Any] = None  # rich.status.Status while a phase runs on a terminal
 
     def _line(self) -> str:
         return (f"[{time.monotonic() - self._t0:5.1f}s] {self._phase}: {self._done}/{self._total}"
@@ -52,9 +56,9 @@ class TerminalProgress(Progress):
 
     def phase(self, name: str, total: int) -> None:
         with self._lock:
-            self._phase, self._total, self._done = name, total, 0
+            self._phase, self._total, self._done = plain(name), total, 0
             if not self.console.is_terminal and not self.quiet:
-                self.console.print(f"[{time.monotonic() - self._t0:5.1f}s] {name}", highlight=False)
+                self.console.print(Text(plain(f"[{time.monotonic() - self._t0:5.1f}s] {name}")))
             else:
                 self._show()
 
@@ -64,11 +68,11 @@ class TerminalProgress(Progress):
             if self.console.is_terminal:
                 self._show()
             elif not self.quiet and self._total > 1:
-                self.console.print(f"{self._line()}  {name} {detail}".rstrip(), highlight=False)
+                self.console.print(Text(plain(f"{self._line()}  {name} {detail}".rstrip())))
 
     def note(self, text: str) -> None:
         with self._lock:
-            self._phase, self._total = text, 0
+            self._phase, self._total = plain(text), 0
             self._show()
 
     def _show(self) -> None:
@@ -76,12 +80,13 @@ class TerminalProgress(Progress):
             return
         if self.console.is_terminal:
             if self._status is None:
-                self._status = self.console.status(self._line())
+                # Text, not str: a str status is parsed as markup by rich's Spinner.
+                self._status = self.console.status(Text(self._line()))
                 self._status.start()
             else:
-                self._status.update(self._line())
+                self._status.update(Text(self._line()))
         else:
-            self.console.print(self._line(), highlight=False)
+            self.console.print(Text(self._line()))
 
     def done(self) -> None:
         with self._lock:
@@ -93,19 +98,23 @@ class TerminalProgress(Progress):
 # --------------------------------------------------------------------------------------- terminal
 
 def result_line(r: Result, verbose: bool = False) -> str:
-    line = f"{r.nodeid} {WORD[r.status]} - {r.message}"
+    """``node02::libaio FAILED - message; fix: ...`` (plain text: the caller prints it without markup)."""
+    line = f"{display_host(r.host)}::{r.check} {WORD[r.status]} - {r.message}"
     if r.fix and r.status != Status.PASS:
         line += f"; fix: {r.fix}"
     if verbose and r.metrics.get("traceback"):
-        line += "\n" + r.metrics["traceback"]
-    return line
+        line += "\n" + str(r.metrics["traceback"])
+    return plain(line)
+
+
+def worst(report: Report) -> Status:
+    present = {r.status for r in report.results}
+    return next((s for s in SEVERITY if s in present), Status.PASS)
 
 
 def summary_line(report: Report) -> str:
     c = report.counts()
-    parts = [f"{c['pass']} passed", f"{c['fail']} failed"]
-    if c["warn"]:
-        parts.append(f"{c['warn']} warned")
+    parts = [f"{c['pass']} passed", f"{c['fail']} failed", f"{c['warn']} warned"]
     if c["skip"]:
         parts.append(f"{c['skip']} skipped")
     if c["error"]:
@@ -113,45 +122,87 @@ def summary_line(report: Report) -> str:
     return ", ".join(parts) + f" in {report.duration_s:.1f}s"
 
 
-def matrix(report: Report) -> Table:
-    """Hosts as rows, checks as columns; the cluster-wide results form the last row."""
+def _grid(report: Report):
+    """(row labels, column labels, cell(row, column) -> Result or None, row header) of the matrix.
+
+    Hosts are rows and checks columns, the cluster-wide row last; with more checks than rows the matrix is
+    transposed (checks as rows, hosts as columns), which is what keeps a few-host run narrow.
+    """
     cells: Dict[str, Dict[str, Result]] = {}
     for r in report.results:
         cells.setdefault(r.host, {})[r.check] = r
-    columns = [c for c in report.checks if any(c in row for row in cells.values())]
-    table = Table(title="preflight matrix", show_lines=False, header_style="bold")
-    table.add_column("host", no_wrap=True)
-    for check in columns:
-        table.add_column(check, justify="center", no_wrap=True)
-    rows = [h.name for h in report.hosts] + ([CLUSTER] if CLUSTER in cells else [])
-    for host in rows:
-        label = "(cluster)" if host == CLUSTER else host
-        row = [Text(label)]
-        for check in columns:
-            r = cells.get(host, {}).get(check)
-            row.append(Text(CELL[r.status], style=STYLE[r.status]) if r else Text("·", style="dim"))
-        table.add_row(*row)
+    checks = [c for c in report.checks if any(c in row for row in cells.values())]
+    hosts = [h.name for h in report.hosts] + ([CLUSTER] if CLUSTER in cells else [])
+    hosts += [h for h in cells if h not in hosts]  # a result for a host not in the list still shows
+    if len(checks) > len(hosts):
+        return (checks, hosts, lambda row, col: cells.get(col, {}).get(row), "check")
+    return (hosts, checks, lambda row, col: cells.get(row, {}).get(col), "host")
+
+
+def _table(rows: List[str], cols: List[str], cell, corner: str, title: str) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, title_justify="left")
+    table.add_column(corner, overflow="fold")
+    for col in cols:
+        table.add_column(Text(plain(display_host(col))), justify="center", overflow="fold")
+    for row in rows:
+        label = Text(plain(display_host(row)), style="italic" if row == CLUSTER else "")
+        out = [label]
+        for col in cols:
+            r = cell(row, col)
+            out.append(Text(CELL[r.status], style=STYLE[r.status]) if r else Text("\u00b7", style="dim"))
+        table.add_row(*out)
     return table
 
 
+def matrix_tables(report: Report, console: Console) -> List[Table]:
+    """The matrix as tables that each fit the console's width, so every name and status reads in full.
+
+    Columns are packed greedily into as many tables as needed, each repeating the row labels (a wide
+    cluster wraps into several blocks, like a long line). A single column wider than the terminal folds.
+    """
+    rows, cols, cell, corner = _grid(report)
+    width = console.width
+    groups: List[List[str]] = []
+    for col in cols:
+        if groups:
+            trial = _table(rows, groups[-1] + [col], cell, corner, "")
+            if Measurement.get(console, console.options, trial).maximum <= width:
+                groups[-1].append(col)
+                continue
+        groups.append([col])
+    groups = groups or [[]]
+    tables = []
+    for i, group in enumerate(groups, 1):
+        part = f" ({i}/{len(groups)})" if len(groups) > 1 else ""
+        tables.append(_table(rows, group, cell, corner, f"preflight matrix{part}"))
+    return tables
+
+
+def matrix(report: Report) -> Table:
+    """The whole matrix as one table (no width limit)."""
+    rows, cols, cell, corner = _grid(report)
+    return _table(rows, cols, cell, corner, "preflight matrix")
+
+
 def print_report(report: Report, console: Console, verbose: bool = False, quiet: bool = False) -> None:
+    """Everything printed is a Text built from plain(): host text is never rich markup nor a raw escape."""
     if not quiet:
         for r in report.results:
             if r.status != Status.PASS or verbose:
                 console.print(Text(result_line(r, verbose), style=STYLE[r.status] if r.status != Status.PASS else ""),
                               soft_wrap=True)
-        console.print(matrix(report))
+        for table in matrix_tables(report, console):
+            console.print(table)
         if report.env:
             console.print(Text("recommended environment (also written by --env-file):", style="bold"))
             from preflight.recommend import export_lines, safe_env
             for key, line in zip(safe_env(report.env), export_lines(report.env)):
-                console.print(Text(line), highlight=False, soft_wrap=True)
+                console.print(Text(plain(line)), highlight=False, soft_wrap=True)
                 if verbose:
-                    console.print(Text(f"    # {report.reasons.get(key, '')}", style="dim"), soft_wrap=True)
+                    console.print(Text(plain(f"    # {report.reasons.get(key, '')}"), style="dim"), soft_wrap=True)
         for note in report.notes if verbose else []:
-            console.print(Text(f"note: {note}", style="dim"), soft_wrap=True)
-    style = "bold red" if report.exit_code else "bold green"
-    console.print(Text(summary_line(report), style=style), highlight=False)
+            console.print(Text(plain(f"note: {note}"), style="dim"), soft_wrap=True)
+    console.print(Text(summary_line(report), style=STYLE[worst(report)]))
 
 
 # --------------------------------------------------------------------------------------- files
@@ -168,17 +219,19 @@ def to_junit(report: Report) -> str:
                        errors=str(c["error"]), skipped=str(c["skip"]), time=f"{report.duration_s:.3f}",
                        timestamp=report.started_at)
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname=r.host, name=r.check, time=f"{r.duration_s:.3f}")
-        text = r.message + (f"\nfix: {r.fix}" if r.fix else "")
+        case = ET.SubElement(suite, "testcase", classname=xml_safe(display_host(r.host)), name=xml_safe(r.check),
+                             time=f"{r.duration_s:.3f}")
+        message = xml_safe(r.message)
+        text = xml_safe(r.message + (f"\nfix: {r.fix}" if r.fix else ""))
         if r.status == Status.FAIL:
-            ET.SubElement(case, "failure", message=r.message, type="fail").text = text
+            ET.SubElement(case, "failure", message=message, type="fail").text = text
         elif r.status == Status.ERROR:
-            ET.SubElement(case, "error", message=r.message, type="error").text = text
+            ET.SubElement(case, "error", message=message, type="error").text = text
         elif r.status == Status.SKIP:
-            ET.SubElement(case, "skipped", message=r.message)
+            ET.SubElement(case, "skipped", message=message)
         elif r.status == Status.WARN:
             if report.strict:
-                ET.SubElement(case, "failure", message=r.message, type="warning").text = text
+                ET.SubElement(case, "failure", message=message, type="warning").text = text
             else:
                 ET.SubElement(case, "system-out").text = "WARN: " + text
     suites = ET.Element("testsuites")
@@ -200,9 +253,21 @@ def to_env_file(report: Report) -> str:
 
 
 def write_file(path: str, text: str, out: Optional[TextIO] = None) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    """``-`` is stdout (``--json -``). A lone surrogate from a host is written escaped, never a crash."""
+    if path == "-":
+        stream = out or sys.stdout
+        stream.write(text)
+        stream.flush()
+        return
+    with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(text)
 
 
+def console(file: Optional[TextIO] = None, width: Optional[int] = None) -> Console:
+    """A console that never interprets text as markup or emoji codes (paths, host names and errors contain
+    ``[...]`` and ``:name:``); colour is styling given by the reporters, never parsed out of strings."""
+    return Console(file=file, width=width, markup=False, emoji=False, highlight=False)
+
+
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, highlight=False)
+    return console(sys.stderr)

@@ -83,7 +83,14 @@ def test_lines_and_summary_in_pytest_form():
     assert summary_line(report) == "2 passed, 1 failed, 1 warned, 1 skipped, 2 errors in 4.2s"
 
 
-def test_matrix_has_hosts_as_rows_and_checks_as_columns():
+def test_matrix_is_transposed_when_there_are_more_checks_than_hosts():
+    """2 hosts + the cluster row against 5 checks: checks become rows, so a few-host run stays narrow."""
     table = matrix(sample())
-    assert [c.header for c in table.columns] == ["host", "ssh", "libaio", "gpu", "nvme", "versions"]
-    assert table.row_count == 3  # two hosts and the cluster row
+    assert table.columns[0].header == "check"
+    assert [str(c.header) for c in table.columns[1:]] == ["node01", "node02", "cluster"]
+    assert table.row_count == 5
+    wide = sample()
+    wide.checks = ["ssh", "libaio"]
+    wide.results = [r for r in wide.results if r.check in wide.checks]
+    table = matrix(wide)  # more hosts than checks: hosts are the rows
+    assert table.columns[0].header == "host" and [str(c.header) for c in table.columns[1:]] == ["ssh", "libaio"]
