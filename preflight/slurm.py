@@ -49,7 +49,7 @@ def split_nodelist(nodelist: str) -> List[str]:
 def expand_nodelist(nodelist: str, env: Optional[Mapping[str, str]] = None) -> Tuple[List[str], str]:
     """(host names, how): `scontrol show hostnames` when it works, else the hostfile's range library."""
     try:
-        proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+        proc = subprocess.run(["scontrol", "show", "hostnames", "--", nodelist], capture_output=True, text=True,
                               timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL,
                               env=dict(env) if env is not None else None)
         if proc.returncode == 0 and proc.stdout.split():

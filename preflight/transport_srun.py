@@ -72,7 +72,7 @@ class SrunTransport(Transport):
 
     def srun_argv(self, argv: Sequence[str]) -> list:
         job = [f"--jobid={self.job_id}"] if self.job_id else []
-        return ["srun", *SRUN_FLAGS, *job, "-w", self.name, *self.extra_flags, "--", *argv]
+        return ["srun", *SRUN_FLAGS, *job, f"--nodelist={self.name}", *self.extra_flags, "--", *argv]
 
     def connect(self) -> None:
         """Resolve the node's address (the one other nodes reach it at); steps need no connection."""
