@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO
 
 from rich import box
 from rich.console import Console
@@ -36,6 +36,16 @@ STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", S
 SEVERITY = (Status.FAIL, Status.ERROR, Status.WARN, Status.SKIP, Status.PASS)
 
 # --------------------------------------------------------------------------------------- progress
+
+class _Ticking:
+    """A status text that rich re-renders on each refresh (plain text, never markup)."""
+
+    def __init__(self, line: Callable[[], str]):
+        self._line = line
+
+    def __rich__(self) -> Text:
+        return Text(self._line())
+
 
 class TerminalProgress(Progress):
     """One status line on stderr while hosts work (redrawn on a TTY, plain lines otherwise)."""
@@ -80,11 +90,10 @@ class TerminalProgress(Progress):
             return
         if self.console.is_terminal:
             if self._status is None:
-                # Text, not str: a str status is parsed as markup by rich's Spinner.
-                self._status = self.console.status(Text(self._line()))
+                # A renderable, not a str (a str would be parsed as markup), re-rendered on every refresh, so the
+                # elapsed time keeps ticking while a long phase (the all-reduce, iperf3 rounds) waits on hosts.
+                self._status = self.console.status(_Ticking(self._line))
                 self._status.start()
-            else:
-                self._status.update(Text(self._line()))
         else:
             self.console.print(Text(self._line()))
 

@@ -76,3 +76,17 @@ def test_host_text_is_never_markup_or_an_escape_sequence(tmp_path):
     assert "Traceback" not in raw and "MarkupError" not in raw, raw
     assert "[/oops]" in raw  # the path is shown as it is, not eaten as markup
     assert "\x1b]0;pwned" not in raw and "\x07" not in raw  # the OSC title sequence is never sent raw
+
+
+def test_the_progress_line_keeps_ticking_while_one_phase_waits(tmp_path):
+    """A long phase (the all-reduce waiting on ranks) must not look frozen: its elapsed time advances."""
+    if not shutil.which("script"):
+        pytest.skip("script(1) (util-linux) is needed for a real pty")
+    program = tmp_path / "phase.py"
+    program.write_text("import time\nfrom rich.console import Console\nfrom preflight.report import TerminalProgress\n"
+                       "p = TerminalProgress(Console(stderr=True))\np.phase('allreduce: [bold]4 ranks', 1)\n"
+                       "time.sleep(1.5)\np.done()\n")
+    proc = subprocess.run(["script", "-qec", shlex.join([sys.executable, str(program)]), "/dev/null"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    shown = set(re.findall(r"\[ *(\d+\.\d)s\] allreduce: \[bold\]4 ranks", proc.stdout))
+    assert len(shown) >= 5, proc.stdout[-2000:]  # one phase() call, yet many distinct elapsed times
