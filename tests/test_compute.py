@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -278,6 +279,11 @@ def run_compute(cluster, tmp_path):
 @needs_cluster
 def test_a_host_in_a_cpu_limited_cgroup_is_named_and_nobody_when_none_is(netcluster_factory, tmp_path):
     cluster = netcluster_factory(4, names=["node01", "node02", "node03", "node04"])
+    # Every host in a cgroup of its own (the healthy ones without a real limit): the kernel shares CPU between
+    # cgroups as groups, so a limited host alone in one would compete as a group against each other process here.
+    for h in ("node01", "node02", "node04"):
+        cluster.throttle(h, cores=float(os.cpu_count() or 1))
+    cluster.throttle("node03", cores=float(os.cpu_count() or 1))
     cells, proc = run_compute(cluster, tmp_path / "healthy")
     assert [h for h, c in cells.items() if c["status"] != "pass"] == [], {h: c["message"] for h, c in cells.items()}
     assert proc.returncode == 0
@@ -285,7 +291,8 @@ def test_a_host_in_a_cpu_limited_cgroup_is_named_and_nobody_when_none_is(netclus
     try:
         cells, proc = run_compute(cluster, tmp_path / "throttled")
     finally:
-        cluster.unthrottle("node03")
+        for h in ("node01", "node02", "node03", "node04"):
+            cluster.unthrottle(h)
     bad = cells["node03"]
     assert bad["status"] in ("warn", "fail"), bad["message"]
     assert bad["message"].startswith("node03 CPU: CPU fp32 GEMM"), bad["message"]
