@@ -5,7 +5,11 @@ different one each time) in a cgroup limited to --cores CPUs (tests/netcluster.p
 or v1 cpu.cfs_quota_us where the cpu controller is there), then --reps times with no host limited. Detection: the
 limited host's cell is WARN or FAIL; a false positive: any other host's is. The hosts share this machine's cores,
 so they are measured one at a time with one thread each (`parallel_hosts = 1`, `cpu_threads = 1`, `rounds` as
-given): a healthy host then gets up to a core, the limited one --cores. Needs root:
+given): a healthy host then gets up to a core, the limited one --cores. Every host is in a cgroup of its own (the
+healthy ones limited to all of this machine's cores, i.e. not limited): the kernel shares CPU between cgroups as
+groups, so a limited host alone in a cgroup would compete as one group against each other process on the machine
+(and escape the bench's `nice`), while the healthy hosts' processes competed one by one. --no-equal-cgroups gives
+the old setup. Needs root:
 
     python3 bench/compute_straggler.py                         # 4 hosts, half a core, 10 + 10 runs
     python3 bench/compute_straggler.py --reps 3 --cores 0.5 --rounds 2 --out /tmp/compute.json
@@ -20,6 +24,7 @@ Sample output:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -54,6 +59,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--together", action="store_true",
                         help="measure all hosts at once (each gets cores/hosts), as the namespace test does")
+    parser.add_argument("--no-equal-cgroups", dest="equal_cgroups", action="store_false",
+                        help="only the limited host in a cgroup (the other hosts' processes compete one by one)")
+    parser.add_argument("--confirm", type=int, help="[compute] confirm (default: defaults.toml's)")
     parser.add_argument("--out", help="JSON path (default bench/results/compute_straggler.json)")
     args = parser.parse_args()
     require_netcluster()
@@ -66,17 +74,40 @@ def main() -> int:
         else:
             config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\n"
                               "cpu_threads = 1\n" % args.rounds)
+        if args.confirm is not None:
+            config.write_text(config.read_text() + "confirm = %d\n" % args.confirm)
+        everything = float(os.cpu_count() or 1)
+
+        def limit(slow: Optional[str]) -> None:
+            for h in cluster.hosts:
+                if h.name == slow:
+                    cluster.throttle(h.name, cores=args.cores)
+                elif args.equal_cgroups:
+                    cluster.throttle(h.name, cores=everything)  # a cgroup of its own, without a real limit
+
+        def unlimit() -> None:
+            for h in cluster.hosts:
+                cluster.unthrottle(h.name)
+
+        load_before = os.getloadavg()
         for rep in range(args.reps):
             slow = cluster.hosts[rep % len(cluster.hosts)].name
-            cluster.throttle(slow, cores=args.cores)
+            limit(slow)
             try:
                 cases["limited"].append(one_run(cluster, Path(tmp) / f"limited-{rep}", config, slow))
             finally:
-                cluster.unthrottle(slow)
+                unlimit()
             print(f"limited {rep}: {cases['limited'][-1]['status']}", file=sys.stderr)
+        load_mid = os.getloadavg()
         for rep in range(args.reps):
-            cases["healthy"].append(one_run(cluster, Path(tmp) / f"healthy-{rep}", config, None))
+            limit(None)
+            try:
+                cases["healthy"].append(one_run(cluster, Path(tmp) / f"healthy-{rep}", config, None))
+            finally:
+                unlimit()
             print(f"healthy {rep}: {cases['healthy'][-1]['status']}", file=sys.stderr)
+    load_after = os.getloadavg()
+    loads = {"limited": (load_before, load_mid), "healthy": (load_mid, load_after)}
     rows = []
     for name, reps in cases.items():
         ratios = [r["ratio"] for r in reps if r["ratio"]]
@@ -88,14 +119,18 @@ def main() -> int:
                      "errors": sum(len(r["errors"]) for r in reps),
                      "ratio_median": median(ratios) if ratios else None,
                      "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
-                     "wall_s_median": median([r["wall_s"] for r in reps])})
-    print(table(["case", "named", "false_pos", "errors", "ratio_median", "ratio_min", "ratio_max", "wall_s_median"],
+                     "wall_s_median": median([r["wall_s"] for r in reps]),
+                     "load_1m": "%.1f-%.1f" % (loads[name][0][0], loads[name][1][0])})
+    print(table(["case", "named", "false_pos", "errors", "ratio_median", "ratio_min", "ratio_max", "wall_s_median",
+                 "load_1m"],
                 [[r["case"], r["named"], r["false_positives"], r["errors"],
                   "n/a" if r["ratio_median"] is None else round(r["ratio_median"], 2),
                   "n/a" if r["ratio_min"] is None else round(r["ratio_min"], 2),
-                  "n/a" if r["ratio_max"] is None else round(r["ratio_max"], 2), r["wall_s_median"]] for r in rows]))
+                  "n/a" if r["ratio_max"] is None else round(r["ratio_max"], 2), r["wall_s_median"], r["load_1m"]]
+                 for r in rows]))
     write_json("compute_straggler", {"hosts": args.hosts, "cores": args.cores, "rounds": args.rounds,
-                                     "together": args.together, "rows": rows,
+                                     "together": args.together, "equal_cgroups": args.equal_cgroups,
+                                     "confirm": args.confirm, "rows": rows,
                                      "runs": cases}, args.out)
     return 0
 

@@ -10,6 +10,11 @@ WARN or FAIL; a false positive: any other host's is. Also the iperf3 phase's own
 
     python3 bench/straggler.py                       # 4 and 8 hosts, 1000 Mbit, 10 runs per row
     python3 bench/straggler.py --hosts 4 --reps 3 --rows 0.9 clean --out /tmp/straggler.json
+    python3 bench/straggler.py --hosts 4 --rows clean noise 0.9 0.75 --compare-old   # README's table
+
+--compare-old runs every clean repetition a second time with the pre-detector configuration (statistics off,
+iperf3's default 1 s report interval), interleaved, so that both iperf3 phase times come from one bench run.
+The JSON is rewritten after every row, with the load average before and after it.
 
 Sample output:
 
@@ -20,6 +25,7 @@ Sample output:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import threading
@@ -49,8 +55,13 @@ def _flap(cluster: NetCluster, base: float, stop: threading.Event) -> None:
             cluster.shape(h, round(base * rng.uniform(0.85, 1.0), 1))
 
 
+# The pre-detector configuration, for --compare-old: statistics off (z beyond any ratio this bench produces) and
+# iperf3's own default report interval (1 s) instead of the detector's 0.25 s; the same 2 s tests in the same rounds.
+OLD_CONFIG = "[iperf3]\nz_threshold = 100.0\ninterval_s = 1.0\n"
+
+
 def one_rep(cluster: NetCluster, workdir: Path, slow: str, fraction: float, base: float,
-            jitter: Any) -> Dict[str, Any]:
+            jitter: Any, config: Any = None) -> Dict[str, Any]:
     netem = jitter if isinstance(jitter, tuple) else None
     for h in cluster.hosts:
         cluster.shape(h, base * fraction if h.name == slow else base, jitter=netem)
@@ -59,7 +70,7 @@ def one_rep(cluster: NetCluster, workdir: Path, slow: str, fraction: float, base
     if jitter == "noise":
         flapper.start()
     try:
-        run = preflight(cluster, workdir, "--checks", CHECKS)
+        run = preflight(cluster, workdir, "--checks", CHECKS, *(("--config", config) if config else ()))
     finally:
         stop.set()
         if flapper.is_alive():
@@ -86,18 +97,27 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--base-mbit", type=float, default=1000)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--compare-old", action="store_true",
+                        help="in the clean row, also run each repetition with the pre-detector configuration "
+                             "(fixed fractions only, iperf3's default 1 s interval), interleaved, for the phase time")
     parser.add_argument("--out", help="JSON path (default bench/results/straggler.json)")
     args = parser.parse_args()
     require_netcluster()
     rows: List[Dict[str, Any]] = []
     for n_hosts in args.hosts:
         with tempfile.TemporaryDirectory() as tmp, NetCluster(n_hosts) as cluster:
+            old_config = Path(tmp) / "old.toml"
+            old_config.write_text(OLD_CONFIG)
             for name in args.rows:
                 fraction, jitter = ROWS[name]
-                reps = []
+                reps, old_reps = [], []
+                load_before = os.getloadavg()
                 for rep in range(args.reps):
                     slow = cluster.hosts[rep % len(cluster.hosts)].name  # every position: master, ring ends, ...
                     reps.append(one_rep(cluster, Path(tmp) / f"{name}-{rep}", slow, fraction, args.base_mbit, jitter))
+                    if args.compare_old and name == "clean":
+                        old_reps.append(one_rep(cluster, Path(tmp) / f"old-{rep}", slow, fraction, args.base_mbit,
+                                                jitter, old_config))
                 slowed = fraction < 1.0
                 # Unslowed too: how far one host's own median strays from the others' (the noise floor).
                 ratios = [r["measured_ratio"] for r in reps if r["measured_ratio"]]
@@ -111,17 +131,27 @@ def main() -> int:
                        "errors": sum(len(r["errors"]) for r in reps),
                        "measured_ratio": median(ratios), "ratio_min": min(ratios, default=None),
                        "ratio_max": max(ratios, default=None),
-                       "iperf3_s": median([r["iperf3_s"] for r in reps if r["iperf3_s"]])}
+                       "iperf3_s": median([r["iperf3_s"] for r in reps if r["iperf3_s"]]),
+                       "load_before": [round(x, 2) for x in load_before],
+                       "load_after": [round(x, 2) for x in os.getloadavg()]}
+                if old_reps:
+                    row["old_reps"] = old_reps
+                    row["old_iperf3_s"] = median([r["iperf3_s"] for r in old_reps if r["iperf3_s"]])
+                    row["old_false_positives"] = sum(len(r["false_positives"]) + (r["status"][r["slow"]] in NAMED)
+                                                     for r in old_reps)
                 rows.append(row)
+                # Written after every row, so a killed bench still leaves the rows it finished.
+                write_json("straggler", {"hosts": args.hosts, "base_mbit": args.base_mbit, "reps": args.reps,
+                                         "checks": CHECKS, "rows": rows, "partial": True}, args.out)
                 found = "n/a" if row["detected"] is None else f"{row['detected']}/{args.reps}"
                 print(f"{n_hosts} hosts, {name}: detected {found}, false positives {row['false_positives']}",
                       file=sys.stderr)
     n = args.reps
     print(table(["hosts", "row", "detected", "warn", "fail", "false_pos", "errors", "measured_ratio", "min", "max",
-                 "iperf3_s"],
+                 "iperf3_s", "old_iperf3_s", "load_1m"],
                 [[r["hosts"], r["row"], "n/a" if r["detected"] is None else f"{r['detected']}/{n}", r["warn"],
                   r["fail"], r["false_positives"], r["errors"], r["measured_ratio"], r["ratio_min"], r["ratio_max"],
-                  r["iperf3_s"]]
+                  r["iperf3_s"], r.get("old_iperf3_s", "-"), f"{r['load_before'][0]:.1f}-{r['load_after'][0]:.1f}"]
                  for r in rows]))
     write_json("straggler", {"hosts": args.hosts, "base_mbit": args.base_mbit, "reps": n, "checks": CHECKS,
                              "rows": rows}, args.out)
