@@ -1,6 +1,6 @@
 """Run commands on the nodes of the current Slurm allocation as job steps: the Transport interface over srun.
 
-Every call is one step, ``srun --overlap --exact -N1 -n1 -w HOST -- ARGV``, that shares the allocation with the
+Every call is one step, ``srun --overlap --exact -N1 -n1 --unbuffered --nodelist=HOST -- ARGV``, that shares the allocation with the
 job's other steps; nothing needs SSH keys between nodes. Sample of what this module parses (``scontrol show
 node -o``, one line per node):
 
@@ -24,7 +24,9 @@ from typing import Optional, Dict, Sequence
 
 from preflight.transport import RunningCommand, Transport, TransportError, _FailedCommand, _LocalCommand
 
-SRUN_FLAGS = ("--overlap", "--exact", "-N1", "-n1", "--kill-on-bad-exit=1")
+# --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry
+# payloads with no trailing newline (its hello): the coordinator waited for a hello that sat in slurmstepd.
+SRUN_FLAGS = ("--overlap", "--exact", "-N1", "-n1", "--kill-on-bad-exit=1", "--unbuffered")
 SCONTROL_TIMEOUT_S = 20.0
 _NODE_RE = re.compile(r"\bNodeName=(\S+)")
 _ADDR_RE = re.compile(r"\bNodeAddr=(\S+)")
