@@ -1,8 +1,8 @@
 """Run commands on the nodes of the current Slurm allocation as job steps: the Transport interface over srun.
 
-Every call is one step, ``srun --overlap --exact -N1 -n1 --unbuffered --nodelist=HOST -- ARGV``, that shares the allocation with the
-job's other steps; nothing needs SSH keys between nodes. Sample of what this module parses (``scontrol show
-node -o``, one line per node):
+Every call is one step, ``srun --overlap --exact -N1 -n1 --unbuffered --nodelist=HOST -- ARGV``, that shares
+the allocation with the job's other steps; nothing needs SSH keys between nodes. Sample of what this module
+parses (``scontrol show node -o``, one line per node):
 
     NodeName=slm1 Arch=x86_64 CoresPerSocket=1 ... NodeAddr=198.18.0.2 NodeHostName=slm1 Version=22.05.8 ...
 
