@@ -94,17 +94,30 @@ def test_salloc_run_over_srun_without_ssh_keys_passes_with_the_full_matrix(healt
     assert "transport: srun" in proc.stderr
     from preflight import checks as registry
     from preflight.cli import select_checks
-    per_host = [c for c in select_checks("", "", None) if registry.load(c).SCOPE == "host"]
+    every = select_checks(None, "", None)
+    per_host = [c for c in every if registry.load(c).SCOPE == "host"]
+    # The full matrix: every host x every host-scope check, and one cluster row per cross-host check that has one.
     for host in healthy3.names:
-        assert [c for c in ["ssh", *per_host] if (host, c) not in cells] == []
-        assert "Slurm job step" in cells[(host, "ssh")]["message"]
+        assert [c for c in ["ssh", *per_host, "ports", "iperf3"] if (host, c) not in cells] == [], host
+        assert "Slurm job step (srun)" in cells[(host, "ssh")]["message"]
         assert cells[(host, "launcher_ssh")]["status"] == "skip" and "srun" in cells[(host, "launcher_ssh")]["message"]
-        assert cells[(host, "ports")]["status"] == "pass"
-    assert cells[("*", "allreduce")]["status"] == "pass"
+        # ports: every other node connected to this one's listeners, through services started over srun.
+        ports = cells[(host, "ports")]
+        assert ports["status"] == "pass" and sorted(ports["metrics"]["sources"]) == sorted(
+            set(healthy3.names) - {host}), ports
+    assert [c for c in ("versions", "clock", "compute", "iperf3", "allreduce") if ("*", c) not in cells] == []
+    # iperf3 measured every link of the ring between the nodes' own addresses, and gloo ran one rank per node.
+    chosen = cells[("*", "iperf3")]["metrics"]["chosen"]
+    assert cells[("*", "iperf3")]["status"] == "pass" and sorted(chosen["hosts"]) == healthy3.names
+    assert chosen["addresses"] == {n: healthy3.net.host(n).addresses[0] for n in healthy3.names}
+    allreduce = cells[("*", "allreduce")]
+    assert allreduce["status"] == "pass" and allreduce["metrics"]["world_size"] == 3, allreduce
+    assert sorted(allreduce["metrics"]["hosts"]) == healthy3.names
     assert cells[("*", "versions")]["status"] == "pass"
-    assert all(c["status"] in ("pass", "warn", "skip") for c in cells.values())
-    for line in ("slm1", "slm2", "slm3", "(cluster)"):
-        assert line in proc.stdout
+    assert all(c["status"] in ("pass", "warn", "skip") for c in cells.values()), \
+        [c for c in cells.values() if c["status"] not in ("pass", "warn", "skip")]
+    for word in ("slm1", "slm2", "slm3", "cluster"):
+        assert word in proc.stdout
 
 
 def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3):
