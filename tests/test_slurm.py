@@ -241,3 +241,21 @@ def test_inside_a_job_the_hostfile_still_wins_and_srun_outside_a_job_is_a_usage_
     assert not options.local
     monkeypatch.delenv("SLURM_JOB_ID")
     assert main(["run", "--transport", "srun", "--hostfile", str(hostfile)]) == 2
+
+
+def test_closing_the_srun_transport_leaves_no_srun_that_ignores_its_lifeline(tmp_path, monkeypatch):
+    """An srun whose controller or node stopped answering does not end when its stdin closes: close() kills it
+    after the grace. The stand-in is an `srun` on PATH that ignores stdin and hangs, as such an srun does."""
+    from preflight.transport_srun import SrunTransport
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    transport = SrunTransport("slm1", job_id="1")
+    transport.close_grace_s = 0.5
+    hung = transport.start(["python3", "-c", "pass"], keep_stdin_open=True)
+    pid = hung._proc.pid  # type: ignore[attr-defined]
+    assert not hung.join(0.3)
+    transport.close()
+    assert hung.done
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
