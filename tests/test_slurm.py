@@ -155,6 +155,34 @@ def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3)
         healthy3.client(["scancel", job], check=False)
 
 
+def test_a_timed_out_step_is_taken_down_although_its_command_ignores_the_lifeline(healthy3):
+    """The deadline path: `sleep` does not read stdin, so only kill() (srun alone gets SIGKILL, its helper
+    cancels the step) can end it; nothing may stay on the node, and no srun on the submit host."""
+    from preflight.transport_srun import SrunTransport
+    alloc = healthy3.client(["salloc", "--no-shell", "-N1", "-w", "slm2"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    try:
+        env = healthy3.env
+        old = dict(os.environ)
+        os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+        try:
+            result = SrunTransport("slm2", job_id=job).run(["sleep", "600"], timeout=5)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        assert result.rc == 124, result
+        deadline = time.monotonic() + 60
+        while procs := healthy3.node_processes("slm2"):
+            assert time.monotonic() < deadline, f"left on slm2 60 s after the timeout: {procs}"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while _sruns_of(job):
+            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
+            time.sleep(0.2)
+    finally:
+        healthy3.client(["scancel", job], check=False)
+
+
 def _sruns_of(job: str) -> list:
     found = []
     for entry in os.listdir("/proc"):
