@@ -15,6 +15,7 @@ from preflight.hostfile import HostfileError, HostSpec, expand_range
 
 SCONTROL_TIMEOUT_S = 20.0
 _TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+_ONE_BRACKET_RE = re.compile(r"^([^\[\]]*)\[([0-9,\-]+)\]([^\[\]]*)$")
 
 
 class AllocationError(Exception):
@@ -57,10 +58,25 @@ def expand_nodelist(nodelist: str, env: Optional[Mapping[str, str]] = None) -> T
     except (OSError, subprocess.TimeoutExpired):
         pass
     try:
-        names = [n for item in split_nodelist(nodelist) for n in expand_range(item, "SLURM_JOB_NODELIST")]
+        names = [n for item in split_nodelist(nodelist) for n in _expand_in_order(item)]
     except HostfileError as exc:
         raise AllocationError(str(exc)) from None
     return names, "preflight's range expansion"
+
+
+def _expand_in_order(item: str) -> List[str]:
+    """One node-list item in Slurm's order: 'gpu[01-03,7]' -> gpu01 gpu02 gpu03 gpu7 (the range library sorts
+    by width, and the first node is the job's master, so the order must be Slurm's)."""
+    names = expand_range(item, "SLURM_JOB_NODELIST")  # validates and bounds the range
+    m = _ONE_BRACKET_RE.match(item)
+    if not m:
+        return names
+    ordered: List[str] = []
+    for part in m[2].split(","):
+        lo, _, hi = part.partition("-")
+        width = len(lo) if lo.startswith("0") else 0
+        ordered += [f"{m[1]}{i:0{width}d}{m[3]}" for i in range(int(lo), int(hi or lo) + 1)]
+    return ordered if sorted(ordered) == sorted(names) else names
 
 
 def tasks_per_node(value: str, count: int) -> List[int]:

@@ -1,8 +1,8 @@
 """Run commands on the nodes of the current Slurm allocation as job steps: the Transport interface over srun.
 
-Every call is one step, ``srun --overlap --exact -N1 -n1 -w HOST -- ARGV``, that shares the allocation with the
-job's other steps; nothing needs SSH keys between nodes. Sample of what this module parses (``scontrol show
-node -o``, one line per node):
+Every call is one step, ``srun --overlap --exact -N1 -n1 --unbuffered --nodelist=HOST -- ARGV``, that shares
+the allocation with the job's other steps; nothing needs SSH keys between nodes. Sample of what this module
+parses (``scontrol show node -o``, one line per node):
 
     NodeName=slm1 Arch=x86_64 CoresPerSocket=1 ... NodeAddr=198.18.0.2 NodeHostName=slm1 Version=22.05.8 ...
 
@@ -24,8 +24,13 @@ from typing import Optional, Dict, Sequence
 
 from preflight.transport import RunningCommand, Transport, TransportError, _FailedCommand, _LocalCommand
 
-SRUN_FLAGS = ("--overlap", "--exact", "-N1", "-n1", "--kill-on-bad-exit=1")
+# --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry
+# payloads with no trailing newline (its hello): the coordinator waited for a hello that sat in slurmstepd.
+SRUN_FLAGS = ("--overlap", "--exact", "-N1", "-n1", "--kill-on-bad-exit=1", "--unbuffered")
 SCONTROL_TIMEOUT_S = 20.0
+# After the lifeline closes, a step ends in 0.1-3 s (measured on the test bed: slurmstepd reaps the task and
+# reports to srun). An srun still there after this is talking to a node or a slurmctld that does not answer.
+CLOSE_GRACE_S = 10.0
 _NODE_RE = re.compile(r"\bNodeName=(\S+)")
 _ADDR_RE = re.compile(r"\bNodeAddr=(\S+)")
 
@@ -69,6 +74,9 @@ class SrunTransport(Transport):
         self.user = f"srun step of job {self.job_id}" if self.job_id else "srun step"
         self.connect_seconds = 0.0
         self.via = "srun"
+        self.close_grace_s = CLOSE_GRACE_S
+        self._commands: list = []
+        self._commands_lock = threading.Lock()
 
     def srun_argv(self, argv: Sequence[str]) -> list:
         job = [f"--jobid={self.job_id}"] if self.job_id else []
@@ -89,7 +97,24 @@ class SrunTransport(Transport):
     def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
               max_output: Optional[int] = None) -> RunningCommand:
         try:
-            return _SrunCommand(self.srun_argv(argv), stdin, keep_stdin_open, max_output)
+            cmd = _SrunCommand(self.srun_argv(argv), stdin, keep_stdin_open, max_output)
         except FileNotFoundError:
             return _FailedCommand(127, "srun: not found on this machine")
+        with self._commands_lock:
+            self._commands = [c for c in self._commands if not c.done] + [cmd]
+        return cmd
+
+    def close(self) -> None:
+        """No srun left on the submit host: lifelines closed, a grace for the steps to end, then kill() (the
+        srun client alone, so that its helper cancels the step). Without it an srun whose node or controller
+        stopped answering outlives the run."""
+        with self._commands_lock:
+            commands, self._commands = self._commands, []
+        for cmd in commands:
+            cmd.close_stdin()
+        deadline = time.monotonic() + self.close_grace_s
+        for cmd in commands:
+            if not cmd.join(max(0.0, deadline - time.monotonic())):
+                cmd.kill()
+                cmd.join(5)
 

@@ -198,12 +198,50 @@ SlurmdDebug=info
 
     def client(self, argv: Sequence[str], check: bool = True, timeout: float = 60,
                **kwargs) -> subprocess.CompletedProcess:
-        """Run a Slurm client command (sinfo, scontrol, salloc ...) from the submit host (root namespace)."""
-        proc = subprocess.run([_which(argv[0]) or argv[0], *argv[1:]], capture_output=True, text=True,
-                              timeout=timeout, env=kwargs.pop("env", self.env), stdin=subprocess.DEVNULL, **kwargs)
+        """Run a Slurm client command (sinfo, scontrol, salloc ...) from the submit host (root namespace).
+
+        On timeout every process this cluster's clients started is killed (salloc's command and the sruns it
+        started run in sessions of their own, so killing salloc alone would leave them)."""
+        try:
+            proc = subprocess.run([_which(argv[0]) or argv[0], *argv[1:]], capture_output=True, text=True,
+                                  timeout=timeout, env=kwargs.pop("env", self.env), stdin=subprocess.DEVNULL,
+                                  **kwargs)
+        except subprocess.TimeoutExpired:
+            self.kill_clients()
+            raise
         if check and proc.returncode:
             raise NetClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
+
+    def client_pids(self) -> list[int]:
+        """Processes of the submit host (root namespaces) that use this cluster: salloc, srun, coordinators."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        root_net = os.stat("/proc/self/ns/net")
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                st = os.stat(f"/proc/{entry}/ns/net")
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (root_net.st_dev, root_net.st_ino) and mine in env:
+                found.append(int(entry))
+        return found
+
+    def kill_clients(self) -> None:
+        """SIGKILL every client_pids() process, until none is left (a dying salloc may still fork)."""
+        for _ in range(20):
+            pids = self.client_pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
 
     def node_exec(self, node: str, argv: Sequence[str] | str, timeout: float = 60,
                   env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -251,6 +289,10 @@ SlurmdDebug=info
             return
         self._closed = True
         errors = []
+        try:
+            self.kill_clients()  # a failed test's salloc, srun or coordinator: they would hang on a gone slurmctld
+        except Exception as exc:
+            errors.append(f"killing the cluster's clients: {exc}")
         try:
             self.net.close()  # kills every process in the hosts: slurmctld, slurmd, slurmstepd, job steps
         except Exception as exc:  # munged must still go

@@ -1,23 +1,52 @@
 """preflight on a real Slurm cluster (tests/slurmcluster.py): srun transport, allocation awareness, node-check."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from .slurmcluster import SlurmCluster, slurm_unavailable_reason
 
+ROOT = Path(__file__).resolve().parent.parent
 
-@pytest.fixture(scope="module")
-def slurm3():
-    """Three healthy Slurm nodes slm1..slm3 shared by the module; tests must undo what they change."""
+
+def _need_slurm() -> None:
     if reason := slurm_unavailable_reason():
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def healthy3():
+    """Three healthy Slurm nodes slm1..slm3 without any SSH key; tests must undo what they change."""
+    _need_slurm()
     with SlurmCluster(3) as cluster:
+        cluster.remove_ssh_keys()
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def broken3(tmp_path_factory):
+    """slm1..slm3 where slm2's libaio cannot be loaded (inside slm2's own mount namespace only)."""
+    _need_slurm()
+    from .test_host_checks_cluster import libaio_runtime
+    lib = libaio_runtime()
+    # Not under /tmp: each host mounts a private tmpfs there before the setup commands run.
+    fd, empty = tempfile.mkstemp(prefix="preflight-empty-", dir="/dev/shm")
+    os.close(fd)
+    try:
+        with SlurmCluster(3, setup={"slm2": [["mount", "--bind", empty, lib]]}) as cluster:
+            cluster.remove_ssh_keys()
+            cluster.libaio = lib
+            yield cluster
+    finally:
+        os.unlink(empty)
 
 
 def test_testbed_runs_one_step_per_node_under_its_own_hostname_and_leaves_nothing():
@@ -35,16 +64,6 @@ def test_testbed_runs_one_step_per_node_under_its_own_hostname_and_leaves_nothin
     assert cluster._munged is not None and cluster._munged.poll() is not None
 
 
-def _broken_libaio_setup(request) -> list[list[str]]:
-    """Setup commands that make libaio unloadable inside one host's own mount namespace."""
-    from .test_host_checks_cluster import libaio_runtime
-    lib = libaio_runtime()
-    # Not under /tmp: each host mounts a private tmpfs there before the setup commands run.
-    empty = Path(tempfile.mkstemp(prefix="preflight-empty-", dir="/dev/shm")[1])
-    request.addfinalizer(empty.unlink)
-    return [["mount", "--bind", str(empty), lib]]
-
-
 def _node_check(cluster: SlurmCluster, node: str, *args: str):
     proc = cluster.node_exec(node, [sys.executable, "-m", "preflight", "node-check", "--python", sys.executable,
                                     *args], timeout=120)
@@ -52,29 +71,219 @@ def _node_check(cluster: SlurmCluster, node: str, *args: str):
     return proc
 
 
-def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(request):
-    if reason := slurm_unavailable_reason():
-        pytest.skip(reason)
-    with SlurmCluster(3, setup={"slm2": _broken_libaio_setup(request)}) as cluster:
-        procs = {n: _node_check(cluster, n, "--drain", "--checks", "libaio") for n in cluster.names}
-        assert {n: p.returncode for n, p in procs.items()} == {"slm1": 0, "slm2": 1, "slm3": 0}, \
-            {n: p.stdout + p.stderr for n, p in procs.items()}
-        line = procs["slm2"].stdout.strip().splitlines()[-1]
-        assert line.startswith("preflight: libaio: ") and "load" in line and "\n" not in line
-        assert procs["slm1"].stdout.strip().startswith("preflight: ok")
-        # Exactly the broken node is drained, with the printed line as its reason.
-        assert cluster.drain_reasons() == {"slm2": line}
-        assert "slm2" in cluster.client(["sinfo", "-R"]).stdout
+def _salloc_run(cluster: SlurmCluster, tmp_path: Path, *args: str, nodes: int = 3):
+    """`salloc -N3 preflight run ...` from the submit host: no hostfile, no SSH options."""
+    out = tmp_path / "report.json"
+    proc = cluster.client(["salloc", f"-N{nodes}", sys.executable, "-m", "preflight", "run", "--python",
+                           sys.executable, "--json", str(out), *args], check=False, timeout=540, cwd=ROOT)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return proc, {(r["host"], r["check"]): r for r in report.get("results", [])}
 
+
+# Link rates swing with the load of the two shared cores; these tests are about the transport, not about bandwidth.
+RELAXED = "[iperf3]\nstraggler_warn_fraction = 0.05\nstraggler_fail_fraction = 0.01\n"
+
+
+def test_salloc_run_over_srun_without_ssh_keys_passes_with_the_full_matrix(healthy3, tmp_path):
+    config = tmp_path / "relaxed.toml"
+    config.write_text(RELAXED)
+    proc, cells = _salloc_run(healthy3, tmp_path, "--config", str(config))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert "SLURM_JOB_NODELIST=slm[1-3] (3 nodes, expanded by scontrol show hostnames)" in proc.stderr
+    assert "transport: srun" in proc.stderr
+    from preflight import checks as registry
+    from preflight.cli import select_checks
+    every = select_checks(None, "", None)
+    per_host = [c for c in every if registry.load(c).SCOPE == "host"]
+    # The full matrix: every host x every host-scope check, and one cluster row per cross-host check that has one.
+    for host in healthy3.names:
+        assert [c for c in ["ssh", *per_host, "ports", "iperf3"] if (host, c) not in cells] == [], host
+        assert "Slurm job step (srun)" in cells[(host, "ssh")]["message"]
+        assert cells[(host, "launcher_ssh")]["status"] == "skip" and "srun" in cells[(host, "launcher_ssh")]["message"]
+        # ports: every other node connected to this one's listeners, through services started over srun.
+        ports = cells[(host, "ports")]
+        assert ports["status"] == "pass" and sorted(ports["metrics"]["sources"]) == sorted(
+            set(healthy3.names) - {host}), ports
+    assert [c for c in ("versions", "clock", "compute", "iperf3", "allreduce") if ("*", c) not in cells] == []
+    # iperf3 measured every link of the ring between the nodes' own addresses, and gloo ran one rank per node.
+    chosen = cells[("*", "iperf3")]["metrics"]["chosen"]
+    assert cells[("*", "iperf3")]["status"] == "pass" and sorted(chosen["hosts"]) == healthy3.names
+    assert chosen["addresses"] == {n: healthy3.net.host(n).addresses[0] for n in healthy3.names}
+    allreduce = cells[("*", "allreduce")]
+    assert allreduce["status"] == "pass" and allreduce["metrics"]["world_size"] == 3, allreduce
+    assert sorted(allreduce["metrics"]["hosts"]) == healthy3.names
+    assert cells[("*", "versions")]["status"] == "pass"
+    assert all(c["status"] in ("pass", "warn", "skip") for c in cells.values()), \
+        [c for c in cells.values() if c["status"] not in ("pass", "warn", "skip")]
+    for word in ("slm1", "slm2", "slm3", "cluster"):
+        assert word in proc.stdout
+
+
+def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3):
+    alloc = healthy3.client(["salloc", "--no-shell", "-N3"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    try:
+        env = healthy3.env
+        env.update(SLURM_JOB_ID=job, SLURM_JOB_NODELIST="slm[1-3]", SLURM_TASKS_PER_NODE="1(x3)")
+        coordinator = subprocess.Popen([sys.executable, "-m", "preflight", "run", "--python", sys.executable,
+                                        "--checks", "ds_report,iperf3"], cwd=ROOT, env=env,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            # Mid-run: the agent of this run is working on every node.
+            while not all(any("preflight-" in cmd for cmd in healthy3.node_processes(n).values())
+                          for n in healthy3.names):
+                assert coordinator.poll() is None, "the run ended before it was killed"
+                assert time.monotonic() < deadline, {n: healthy3.node_processes(n) for n in healthy3.names}
+                time.sleep(0.1)
+        finally:
+            coordinator.kill()
+            coordinator.wait()
+        # The allocation is still there: only the lifeline (srun's stdin) and srun itself can end the steps.
+        deadline = time.monotonic() + 60
+        while left := {n: procs for n in healthy3.names if (procs := healthy3.node_processes(n))}:
+            assert time.monotonic() < deadline, f"left on the nodes 60 s after the kill: {left}"
+            time.sleep(0.2)
+        assert healthy3.client(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() == "RUNNING"
+        deadline = time.monotonic() + 30
+        while _sruns_of(job):
+            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
+            time.sleep(0.2)
+    finally:
+        healthy3.client(["scancel", job], check=False)
+
+
+def test_a_timed_out_step_is_taken_down_although_its_command_ignores_the_lifeline(healthy3):
+    """The deadline path: `sleep` does not read stdin, so only kill() (srun alone gets SIGKILL, its helper
+    cancels the step) can end it; nothing may stay on the node, and no srun on the submit host."""
+    from preflight.transport_srun import SrunTransport
+    alloc = healthy3.client(["salloc", "--no-shell", "-N1", "-w", "slm2"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    try:
+        env = healthy3.env
+        old = dict(os.environ)
+        os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+        try:
+            result = SrunTransport("slm2", job_id=job).run(["sleep", "600"], timeout=5)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        assert result.rc == 124, result
+        deadline = time.monotonic() + 60
+        while procs := healthy3.node_processes("slm2"):
+            assert time.monotonic() < deadline, f"left on slm2 60 s after the timeout: {procs}"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while _sruns_of(job):
+            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
+            time.sleep(0.2)
+    finally:
+        healthy3.client(["scancel", job], check=False)
+
+
+def _sruns_of(job: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"srun") and f"--jobid={job}".encode() in cmd:
+            found.append(int(entry))
+    return found
+
+
+def test_srun_run_names_the_node_whose_libaio_cannot_be_loaded(broken3, tmp_path):
+    proc, cells = _salloc_run(broken3, tmp_path, "--checks", "libaio")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert cells[("slm2", "libaio")]["status"] == "fail" and "load" in cells[("slm2", "libaio")]["message"]
+    assert cells[("slm1", "libaio")]["status"] == "pass" and cells[("slm3", "libaio")]["status"] == "pass"
+    assert "slm2::libaio FAILED" in proc.stdout
+
+
+def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(broken3):
+    cluster = broken3
+    procs = {n: _node_check(cluster, n, "--drain", "--checks", "libaio") for n in cluster.names}
+    assert {n: p.returncode for n, p in procs.items()} == {"slm1": 0, "slm2": 1, "slm3": 0}, \
+        {n: p.stdout + p.stderr for n, p in procs.items()}
+    line = procs["slm2"].stdout.strip().splitlines()[-1]
+    assert line.startswith("preflight: libaio: ") and "load" in line
+    assert procs["slm1"].stdout.strip().startswith("preflight: ok")
+    # Exactly the broken node is drained, with the printed line as its reason.
+    assert cluster.drain_reasons() == {"slm2": line}
+    assert "slm2" in cluster.client(["sinfo", "-R"]).stdout
+    try:
         # A node an admin drained for another reason stays drained when it passes.
         cluster.client(["scontrol", "update", "nodename=slm1", "state=drain", "reason=admin: fan noise"])
         proc = _node_check(cluster, "slm1", "--drain", "--checks", "libaio")
         assert proc.returncode == 0 and "not drained by preflight" in proc.stderr
         assert cluster.drain_reasons()["slm1"] == "admin: fan noise"
-
         # Once repaired, the node preflight drained is resumed by the next passing health check.
-        from .test_host_checks_cluster import libaio_runtime
-        cluster.net.exec("slm2", ["umount", libaio_runtime()], check=True)
+        cluster.net.exec("slm2", ["umount", cluster.libaio], check=True)
         proc = _node_check(cluster, "slm2", "--drain", "--checks", "libaio")
         assert proc.returncode == 0 and "resumed" in proc.stderr, proc.stdout + proc.stderr
         assert set(cluster.drain_reasons()) == {"slm1"}
+    finally:
+        cluster.client(["scontrol", "update", "nodename=slm1,slm2", "state=resume"], check=False)
+
+
+# --- allocation parsing and option wiring (no daemons needed) ------------------------------------------------
+
+def test_tasks_per_node_and_nodelist_expansion_without_scontrol():
+    from preflight import slurm
+    assert slurm.tasks_per_node("2(x3),1", 4) == [2, 2, 2, 1]
+    with pytest.raises(slurm.AllocationError, match="SLURM_TASKS_PER_NODE"):
+        slurm.tasks_per_node("2(x3)", 4)
+    with pytest.raises(slurm.AllocationError, match="cannot read"):
+        slurm.tasks_per_node("2x3", 3)
+    names, how = slurm.expand_nodelist("gpu[01-03,7],login1", {"PATH": "/nonexistent"})
+    assert names == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"] and how == "preflight's range expansion"
+
+
+def test_allocation_slots_prefer_the_option_then_gpus_on_node_then_tasks():
+    from preflight import slurm
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4,2", "PATH": "/nonexistent"}
+    alloc = slurm.allocation(env)
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("n1", 4), ("n2", 2)]
+    assert "SLURM_TASKS_PER_NODE=4,2" in alloc.source and "job 7" in alloc.source
+    assert [h.slots for h in slurm.allocation({**env, "SLURM_GPUS_ON_NODE": "8"}).hosts] == [8, 8]
+    assert [h.slots for h in slurm.allocation({**env, "SLURM_GPUS_ON_NODE": "8"}, gpus_per_node=2).hosts] == [2, 2]
+    with pytest.raises(slurm.AllocationError, match="SLURM_JOB_NODELIST"):
+        slurm.allocation({"SLURM_JOB_ID": "7"})
+
+
+def test_inside_a_job_the_hostfile_still_wins_and_srun_outside_a_job_is_a_usage_error(tmp_path, monkeypatch):
+    from preflight.cli import build_options, build_parser, main
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("a slots=2\nb slots=2\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "x[1-3]")
+    options = build_options(build_parser().parse_args(["run", "--hostfile", str(hostfile)]))
+    assert [h.name for h in options.hosts] == ["a", "b"] and options.extra["transport"] == "ssh"
+    assert "wins over the Slurm allocation" in options.extra["host_source"]
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the range library expands the list
+    options = build_options(build_parser().parse_args(["run"]))
+    assert [h.name for h in options.hosts] == ["x1", "x2", "x3"] and options.extra["transport"] == "srun"
+    assert not options.local
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert main(["run", "--transport", "srun", "--hostfile", str(hostfile)]) == 2
+
+
+def test_closing_the_srun_transport_leaves_no_srun_that_ignores_its_lifeline(tmp_path, monkeypatch):
+    """An srun whose controller or node stopped answering does not end when its stdin closes: close() kills it
+    after the grace. The stand-in is an `srun` on PATH that ignores stdin and hangs, as such an srun does."""
+    from preflight.transport_srun import SrunTransport
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    transport = SrunTransport("slm1", job_id="1")
+    transport.close_grace_s = 0.5
+    hung = transport.start(["python3", "-c", "pass"], keep_stdin_open=True)
+    pid = hung._proc.pid  # type: ignore[attr-defined]
+    assert not hung.join(0.3)
+    transport.close()
+    assert hung.done
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
