@@ -88,11 +88,29 @@ class SSHConfigFile:
         import paramiko
         cleaned = self._scan(self.text)
 
+        two_passes = self._two_passes
+
         class _Config(paramiko.SSHConfig):
             # Leave ProxyCommand/ProxyJump unexpanded: paramiko would use the config's port and user, not the
             # --ssh-port/--ssh-user that win over them, and knows neither %n nor %%.
             def _allowed_tokens(self, key):  # type: ignore[no-untyped-def]
                 return [] if key in ("proxycommand", "proxyjump") else super()._allowed_tokens(key)
+
+            def lookup_with(self, hostname: str, seed: Dict[str, str]):  # type: ignore[no-untyped-def]
+                # The seed is what the command line set (ssh -l/-p): first obtained, so it wins, and `Match user`
+                # sees it. paramiko always reads the file twice, so a `Match host` above the block that sets
+                # HostName matches the second time; ssh reads it once, unless it canonicalizes or the file has
+                # `Match final`/`canonical` (then paramiko's two passes are what ssh does).
+                options = paramiko.SSHConfigDict(seed)
+                if two_passes:
+                    options = self._lookup(hostname, options)
+                    options.setdefault("hostname", hostname)
+                    if options.get("canonicalizehostname", None) in ("yes", "always"):
+                        return {**self.lookup(hostname), **seed}  # paramiko's canonicalization (DNS), then -l/-p
+                    return self._lookup(hostname, options, canonical=False, final=True)
+                options = self._lookup(hostname, options, canonical=False, final=True)
+                options.setdefault("hostname", hostname)
+                return options
 
         try:
             self._config = _Config.from_text(cleaned)
@@ -103,6 +121,7 @@ class SSHConfigFile:
     def _scan(self, text: str) -> str:
         """Check each line, note what preflight cannot honour, and return the text paramiko gets (same lines)."""
         import paramiko
+        self._two_passes = False
         out: List[str] = []
         block_has_proxycommand = False
         for lineno, raw in enumerate(text.splitlines(), 1):
@@ -121,6 +140,8 @@ class SSHConfigFile:
                 continue
             if key in ("host", "match"):
                 block_has_proxycommand = False
+            if key == "canonicalizehostname" and value.lower() in ("yes", "always"):
+                self._two_passes = True
             if key == "match":
                 try:
                     words = shlex.split(value)
@@ -137,6 +158,8 @@ class SSHConfigFile:
                     expect_argument = criterion not in _MATCH_NO_ARGUMENT
                     if criterion not in _MATCH_SUPPORTED:
                         unsupported.append(criterion)
+                if {w.lstrip("!").lower() for w in words} & {"final", "canonical"}:
+                    self._two_passes = True
                 if unsupported:
                     self.warnings.append(f"{where}: 'Match {' '.join(unsupported)}' is not supported by preflight; "
                                          "its block is ignored")
@@ -157,8 +180,9 @@ class SSHConfigFile:
     def resolve(self, name: str, user: Optional[str] = None, port: Optional[int] = None) -> Hop:
         """HostName, Port, User, IdentityFile and the proxy that applies to ``name``; ``user``/``port`` win over
         the config (``ssh -l``/``-p``)."""
+        seed = {k: v for k, v in (("user", user), ("port", str(port) if port else None)) if v}
         with self._lock:  # paramiko's lookup is not documented as thread-safe
-            cfg = self._config.lookup(name)
+            cfg = self._config.lookup_with(name, seed)
         hostname = cfg.get("hostname", name)
         if port is None:
             try:

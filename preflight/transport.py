@@ -396,6 +396,11 @@ class _SSHCommand(RunningCommand):
         finally:
             if self._owner is not None:
                 self._owner._forget(self)
+            # Closing frees the channel's wake-up pipe now; left to paramiko it waits for the garbage collector.
+            try:
+                chan.close()
+            except Exception:
+                pass
         self._finish(rc)
 
     def send(self, data: bytes) -> None:
@@ -468,16 +473,18 @@ class SSHTransport(Transport):
         _check_keys(target)
         jump: Optional[_Jump] = None
         proxy: Optional[_ProxySocket] = None
+        hop_start = start
         try:
             if len(route) > 1:
                 jump = _JUMPS.acquire(tuple(route[:-1]), self.options)
+                hop_start = time.monotonic()  # each hop has the whole connect timeout of its own
                 sock: Any = _open_channel(jump, target, self.options.connect_timeout)
             elif target.command is not None:
                 sock = proxy = _ProxySocket(target.command)
             else:
                 sock = _tcp_connect(target, self.options.connect_timeout)
-            _wait_banner(sock, target, time.monotonic() + self.options.connect_timeout, proxy)
-            client = _handshake(target, sock, self.options, time.monotonic(), proxy)
+            _wait_banner(sock, target, self.options.connect_timeout, hop_start, proxy)
+            client = _handshake(target, sock, self.options, hop_start, proxy)
         except _HopError as exc:
             raise TransportError(_hop_message(exc, route), exc.error.fix, exc.error.status) from None
         except TransportError as exc:
@@ -533,9 +540,39 @@ class SSHTransport(Transport):
         """
         info = self._tcp_info()
         if info is None:
-            return None
+            # Through a jump host or a ProxyCommand there is no TCP socket of ours to this host: time SSH-level
+            # round trips instead (the best of a few, so one scheduling hiccup does not count).
+            return self._ssh_rtt_ms()
         # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
         return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
+
+    def _ssh_rtt_ms(self, rounds: int = 3) -> Optional[float]:
+        client = self._client
+        if client is None or self.dead:
+            return None
+        transport = client.get_transport()
+        best: Optional[float] = None
+        try:
+            from paramiko.common import cMSG_GLOBAL_REQUEST
+            from paramiko.message import Message
+            for _ in range(rounds):
+                # A global request that wants a reply (OpenSSH answers unknown ones with a failure); paramiko
+                # sets completion_event on either answer. Bounded here, unlike paramiko's global_request().
+                event = threading.Event()
+                transport.completion_event = event
+                m = Message()
+                m.add_byte(cMSG_GLOBAL_REQUEST)
+                m.add_string("keepalive@openssh.com")
+                m.add_boolean(True)
+                sent = time.monotonic()
+                transport._send_user_message(m)
+                if not event.wait(self.options.connect_timeout):
+                    return best
+                took = (time.monotonic() - sent) * 1000.0
+                best = took if best is None else min(best, took)
+        except Exception:
+            return best
+        return best
 
     def _tcp_info(self) -> Optional[bytes]:
         try:
@@ -837,15 +874,16 @@ class _ProxySocket:
         self._reader.join(2)
 
 
-def _wait_banner(sock, hop: "Hop", deadline: float, proxy: Optional[_ProxySocket] = None) -> None:
+def _wait_banner(sock, hop: "Hop", timeout: float, start: float, proxy: Optional[_ProxySocket] = None) -> None:
     """Wait for the server's first bytes ourselves, without consuming them (paramiko still reads the banner): a
-    port that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts."""
+    port that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
+    ``timeout`` counts from ``start`` (the hop's TCP connect included)."""
     host, port = hop.hostname, hop.port
-    timeout = max(1.0, deadline - time.monotonic())
+    left = max(1.0, timeout - (time.monotonic() - start))
     where = f"{host}:{port}"
     if isinstance(sock, (socket.socket, _ProxySocket)):
         try:
-            sock.settimeout(timeout)
+            sock.settimeout(left)
             if not sock.recv(4, socket.MSG_PEEK):
                 raise ConnectionResetError("closed before the SSH banner")
             return
@@ -867,7 +905,7 @@ def _wait_banner(sock, hop: "Hop", deadline: float, proxy: Optional[_ProxySocket
     # A channel through a jump host: its fileno() becomes readable on data, EOF and close.
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
-    poller.poll(timeout * 1000)
+    poller.poll(left * 1000)
     if sock.recv_ready():
         return
     sock.close()
@@ -1025,12 +1063,13 @@ class _JumpPool:
             _check_keys(hop)
             if len(chain) > 1:
                 parent = self.acquire(chain[:-1], options)
+                start = time.monotonic()  # each hop has the whole connect timeout of its own
                 sock: Any = _open_channel(parent, hop, options.connect_timeout)
             elif hop.command is not None:
                 sock = proxy = _ProxySocket(hop.command)
             else:
                 sock = _tcp_connect(hop, options.connect_timeout)
-            _wait_banner(sock, hop, start + options.connect_timeout, proxy)
+            _wait_banner(sock, hop, options.connect_timeout, start, proxy)
             client = _handshake(hop, sock, options, start, proxy)
         except _HopError:
             raise  # an earlier hop's: it names itself
