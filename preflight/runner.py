@@ -174,6 +174,8 @@ class Runner:
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if isinstance(transport, SrunTransport):
             node.ssh_facts["via"] = "srun"
+        elif transport.via:
+            node.ssh_facts["via"] = transport.via
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",

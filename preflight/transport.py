@@ -443,6 +443,7 @@ class SSHTransport(Transport):
         self._probing = False
         self.dead = ""  # why the connection was declared dead ("" while alive)
         self._proxy: Optional[_ProxySocket] = None  # the ProxyCommand this connection runs over
+        self.via = ""  # "jump host bastion", "ProxyCommand": how the connection is made, when not direct
         self._jump: Optional[_Jump] = None  # the jump host connection it runs over (shared, ref-counted)
 
     def route(self) -> List["Hop"]:
@@ -496,6 +497,10 @@ class SSHTransport(Transport):
             raise TransportError(f"{exc} (through jump host {route[-2].name})", exc.fix, exc.status) from None
         self._proxy = proxy
         self._jump = jump
+        if len(route) > 1:
+            self.via = ("jump host " if len(route) == 2 else "jump hosts ") + ", ".join(h.name for h in route[:-1])
+        elif proxy is not None:
+            self.via = "ProxyCommand"
         transport = client.get_transport()
         # paramiko's reader thread wakes every 0.1 s by default; an idle connection should cost nothing.
         # Closing still stops it at once (the packetizer is closed first), and dead peers are found by the

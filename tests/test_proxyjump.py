@@ -97,6 +97,8 @@ def test_targets_reachable_only_through_jump_hosts(topo, tmp_path):
         assert cells[(name, "ssh")]["metrics"]["hostname"] == name
         assert cells[(name, "python")]["status"] == "pass", cells[(name, "python")]
         assert cells[(name, "libaio")]["status"] != "error", cells[(name, "libaio")]
+    assert "through jump host jump1, SSH round trip" in cells[("node1", "ssh")]["message"]
+    assert "through jump hosts jump1, jump2, SSH round trip" in cells[("node3", "ssh")]["message"]
     assert_nothing_left(topo)
     # The same run without ProxyJump: the coordinator has no route to the targets.
     proc, cells = run(topo, tmp_path, write_config(topo, tmp_path / "direct"), "--checks", "python")
