@@ -494,7 +494,8 @@ class SSHTransport(Transport):
             if jump is None:
                 raise
             _JUMPS.release(jump)
-            raise TransportError(f"{exc} (through jump host {route[-2].name})", exc.fix, exc.status) from None
+            text = str(exc) if str(exc).startswith("jump host") else f"{exc} (through jump host {route[-2].name})"
+            raise TransportError(text, exc.fix, exc.status) from None
         self._proxy = proxy
         self._jump = jump
         if len(route) > 1:

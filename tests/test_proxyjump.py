@@ -156,16 +156,21 @@ def test_unknown_jump_host_key_is_refused_then_accepted(topo, tmp_path):
     assert "CHANGED" in message
 
 
-def test_silent_jump_host_is_named_within_the_deadline(topo, tmp_path):
-    config = write_config(topo, tmp_path / "cfg", {"node1": ["ProxyJump silentj"], "node2": ["ProxyJump silentj"]})
+def test_silent_or_missing_jump_host_is_named_within_the_deadline(topo, tmp_path):
+    nobody = topo.silent.rsplit(".", 1)[0] + ".250"  # on the coordinator's network, but no host has it
+    config = write_config(topo, tmp_path / "cfg", {"node1": ["ProxyJump silentj"], "node2": ["ProxyJump silentj"],
+                                                   "node3": [f"ProxyJump root@{nobody}"]})
     started = time.monotonic()
-    proc, cells = run(topo, tmp_path, config, "--checks", "python", "--connect-timeout", "3",
-                      hosts=("node1", "node2"), timeout=120)
+    proc, cells = run(topo, tmp_path, config, "--checks", "python", "--connect-timeout", "3", timeout=120)
     assert proc.returncode == 1
     for name in ("node1", "node2"):
         message = cells[(name, "ssh")]["message"]
         assert message.startswith(f"jump host silentj (hop 1 of 2 to {name}): {topo.silent}:22 accepted TCP but "
                                   "sent no SSH banner within 3s"), message
+    message = cells[("node3", "ssh")]["message"]
+    assert message.startswith(f"jump host {nobody} (hop 1 of 2 to node3): "), message
+    assert "timed out after 3s" in message or "No route to host" in message, message
+    assert "banner" not in message
     # Not a timing assertion: a bound that only a hang (or a retry per target) would exceed.
     assert time.monotonic() - started < 100
 
@@ -222,6 +227,11 @@ def test_in_process_jump_reuse_and_nothing_leaks(topo, tmp_path):
     with pytest.raises(TransportError, match=r"^jump host jump1 \(hop 1 of 2 to node1\): connection to "
                                              r".*:2222 refused"):
         bad.connect()
+    # The jump host is fine but nothing listens where it should forward to: its sshd's answer, naming it.
+    closed_port = SSHTransport("node1", SSHOptions(config_path=str(config), known_hosts=str(topo.known_hosts),
+                                                   port=2222, connect_timeout=5))
+    with pytest.raises(TransportError, match=r"^jump host jump1 could not connect to .*:2222: .*(refused|failed)"):
+        closed_port.connect()
     assert _JUMPS.open_count() == 0
 
 
