@@ -1318,11 +1318,3 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError):
         pass  # not permitted here: keep what we have
-
-
-def _local_user() -> str:
-    import getpass
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "root"
