@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import pwd
 import re
 import shlex
 import threading
@@ -183,7 +184,8 @@ class SSHConfigFile:
         seed = {k: v for k, v in (("user", user), ("port", str(port) if port else None)) if v}
         with self._lock:  # paramiko's lookup is not documented as thread-safe
             cfg = self._config.lookup_with(name, seed)
-        hostname = cfg.get("hostname", name)
+        hostname = cfg.get("hostname", name).lower()  # as ssh does: Host patterns see the name as given, the
+        # connection (and the known_hosts lookup, and %h) the lowercased HostName
         if port is None:
             try:
                 port = int(cfg.get("port", 22))
@@ -291,6 +293,11 @@ def parse_jump(value: str, where: str = "ssh config") -> List[Jump]:
 
 
 def _local_user() -> str:
+    # ssh takes the login name from the password database (not $USER/$LOGNAME, which getpass reads first).
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        pass
     try:
         return getpass.getuser()
     except Exception:

@@ -253,6 +253,8 @@ ORACLE_CONFIGS = {
     "match-user": ("Host *\n  User eve\nMatch user eve\n  ProxyJump j5\n", ["m"]),
     "negation": ("Host * !skip\n  ProxyJump j1\n", ["skip", "other"]),
     "equals-and-case": ("host=x\n  proxyjump=j1\n  PORT=2201\n", ["x"]),
+    "name-case": ("Host Foo\n  HostName BAR.Example\n  ProxyCommand nc %h %n\nHost foo\n  Port 2\nHost Qux\n  Port 3\n",
+                  ["Foo", "foo", "Qux", "qux"]),
 }
 
 
