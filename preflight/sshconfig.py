@@ -139,6 +139,9 @@ class SSHConfigFile:
                 self.warnings.append(f"{where}: 'Include' is not supported by preflight; {value} is not read")
                 out.append("# " + raw)
                 continue
+            if key == "proxyusefdpass" and value.lower() == "yes":
+                self.warnings.append(f"{where}: 'ProxyUseFdpass yes' is not supported by preflight; a ProxyCommand's "
+                                     "stdin/stdout carry the connection")
             if key in ("host", "match"):
                 block_has_proxycommand = False
             if key == "canonicalizehostname" and value.lower() in ("yes", "always"):

@@ -326,7 +326,7 @@ def test_match_and_include_warn_once_per_line(topo, tmp_path):
     extra = ("Include ~/.ssh/config.d/*\n"
              "Match localnetwork 10.0.0.0/8 host node*\n    Port 2222\n"
              "Match exec \"true\"\n    User nobody\n"
-             "Match host node*\n    ConnectTimeout 5\n")
+             "Match host node*\n    ConnectTimeout 5\n    ProxyUseFdpass yes\n")
     config = write_config(topo, tmp_path / "cfg", JUMPS, extra=extra)
     proc, cells = run(topo, tmp_path, config, "--checks", "python", hosts=("node1", "node2"))
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the ignored blocks would have broken the run
@@ -335,6 +335,8 @@ def test_match_and_include_warn_once_per_line(topo, tmp_path):
         f"preflight: warning: {config}:1: 'Include' is not supported by preflight; ~/.ssh/config.d/* is not read",
         f"preflight: warning: {config}:2: 'Match localnetwork' is not supported by preflight; its block is ignored",
         f"preflight: warning: {config}:4: 'Match exec' is not supported by preflight; its block is ignored",
+        f"preflight: warning: {config}:8: 'ProxyUseFdpass yes' is not supported by preflight; a ProxyCommand's "
+        "stdin/stdout carry the connection",
     ], proc.stderr
     assert all(cells[(n, "ssh")]["status"] == "pass" for n in ("node1", "node2"))
 
