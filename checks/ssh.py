@@ -3,6 +3,7 @@
 Facts come from the coordinator's connection attempt, not from the host, e.g.:
 
     {"connected": true, "hostname": "node01", "address": "198.18.0.1", "connect_s": 0.21, "rtt_ms": 3.2}
+    {"connected": true, "hostname": "node03", ..., "via": "jump host bastion"}
     {"connected": false, "error": "TCP connect to 198.18.0.9:22 timed out after 5s", "fix": "...", "status": "error"}
 
 Thresholds: [ssh] in preflight/defaults.toml.
@@ -34,8 +35,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         # A step launch goes through slurmctld and slurmd: its time is not a network round trip.
         return Outcome(Status.PASS, "reached %s as a Slurm job step (srun), no SSH; step round trip %.0f ms"
                        % (facts.get("hostname"), rtt or 0.0), metrics=metrics)
-    message = "connected to %s as %s in %.2fs, network round trip %.1f ms" % (
-        facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0), rtt or 0.0)
+    via = facts.get("via")
+    # Through a jump host or a ProxyCommand the round trip is timed at the SSH level (no TCP socket of ours).
+    message = "connected to %s as %s in %.2fs%s, %s round trip %.1f ms" % (
+        facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0),
+        f" through {via}" if via else "", "SSH" if via else "network", rtt or 0.0)
     if rtt is not None and rtt > lim["warn_rtt_ms"]:
         return Outcome(Status.WARN, message + " (above %.0f ms)" % lim["warn_rtt_ms"],
                        "a slow control path slows every check and the launcher; check the network to this host",

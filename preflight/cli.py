@@ -265,6 +265,12 @@ def build_options(args: argparse.Namespace):
         # Optional files (a missing one means none), but an existing one is read whole: bounded, regular.
         if not local and path and os.path.lexists(os.path.expanduser(path)):
             _check_input_file(option, path, MAX_SSH_FILE_BYTES)
+    if not local and transport != "srun":
+        from preflight import sshconfig
+        try:  # read once here: a line it cannot parse stops the run; Match/Include it cannot honour are warned about
+            notes.extend(sshconfig.load(args.ssh_config).warnings)
+        except sshconfig.SSHConfigError as exc:
+            raise UsageError(f"--ssh-config {exc}") from None
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
 

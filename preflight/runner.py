@@ -174,6 +174,8 @@ class Runner:
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if isinstance(transport, SrunTransport):
             node.ssh_facts["via"] = "srun"
+        elif transport.via:
+            node.ssh_facts["via"] = transport.via
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{probe.stderr.strip()[:200]}",
@@ -190,7 +192,10 @@ class Runner:
         # Each host's connect and probe are bounded (connect timeout each); hosts beyond --parallel wait for
         # a slot, so the phase's budget grows with the number of waves.
         waves = -(-len(self.nodes) // max(1, self.o.parallel))
-        timeout = (self.o.ssh.connect_timeout * 2 + 10) * max(1, waves)
+        # A host behind jump hosts has the connect timeout once per hop (ProxyJump chains).
+        connect = max([n.transport.connect_budget_s() for n in self.nodes if isinstance(n.transport, SSHTransport)]
+                      or [self.o.ssh.connect_timeout])
+        timeout = (connect + self.o.ssh.connect_timeout + 10) * max(1, waves)
         for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
             if isinstance(res, BaseException):
                 node.ssh_facts = {"connected": False, "status": "error",

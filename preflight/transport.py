@@ -21,9 +21,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from preflight.sshconfig import Hop
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
@@ -393,6 +396,11 @@ class _SSHCommand(RunningCommand):
         finally:
             if self._owner is not None:
                 self._owner._forget(self)
+            # Closing frees the channel's wake-up pipe now; left to paramiko it waits for the garbage collector.
+            try:
+                chan.close()
+            except Exception:
+                pass
         self._finish(rc)
 
     def send(self, data: bytes) -> None:
@@ -434,129 +442,67 @@ class SSHTransport(Transport):
         self._last_probe = 0.0
         self._probing = False
         self.dead = ""  # why the connection was declared dead ("" while alive)
+        self._proxy: Optional[_ProxySocket] = None  # the ProxyCommand this connection runs over
+        self.via = ""  # "jump host bastion", "ProxyCommand": how the connection is made, when not direct
+        self._jump: Optional[_Jump] = None  # the jump host connection it runs over (shared, ref-counted)
 
-    def _resolve(self):
-        """Apply ~/.ssh/config (HostName, User, Port, IdentityFile) and the CLI overrides."""
-        import paramiko
-        cfg = {}
-        path = self.options.config_path
-        if path:
-            p = Path(path).expanduser()
-            if p.is_file():
-                try:
-                    cfg = paramiko.SSHConfig.from_path(str(p)).lookup(self.name)
-                except Exception as exc:  # paramiko raises various errors on bad configs
-                    raise TransportError(f"cannot read ssh config {p}: {exc}",
-                                         "fix the file or pass --ssh-config /dev/null") from None
-        host = cfg.get("hostname", self.name)
-        port = self.options.port or int(cfg.get("port", 22))
-        user = self.options.user or cfg.get("user") or _local_user()
-        keys = [self.options.key] if self.options.key else list(cfg.get("identityfile", []))
-        keys = [str(Path(k).expanduser()) for k in keys]
-        return host, port, user, keys
+    def route(self) -> List["Hop"]:
+        """The hops to this host from the ssh config (ProxyJump chains), first jump host first, this host last;
+        --ssh-user/--ssh-port/--ssh-key apply to this host only, as ssh's -l/-p/-i do."""
+        from preflight import sshconfig
+        try:
+            hops = sshconfig.load(self.options.config_path).route(self.name, self.options.user, self.options.port)
+        except sshconfig.SSHConfigError as exc:
+            raise TransportError(f"ssh config: {exc}", "fix the file or pass --ssh-config /dev/null") from None
+        if self.options.key:
+            hops[-1] = replace(hops[-1], identity_files=(str(Path(self.options.key).expanduser()),))
+        return hops
+
+    def connect_budget_s(self) -> float:
+        """The longest connect() can take: each hop has the connect timeout (TCP, banner, auth) of its own."""
+        try:
+            return self.options.connect_timeout * len(self.route())
+        except TransportError:
+            return self.options.connect_timeout
 
     def connect(self) -> None:
-        import paramiko
-        host, port, user, keys = self._resolve()
-        self.address = host
-        self.user = user
-        timeout = self.options.connect_timeout
         start = time.monotonic()
-        for k in keys:
-            if not Path(k).is_file():
-                raise TransportError(f"SSH key {k} not found", "pass an existing key with --ssh-key", "error")
+        route = self.route()
+        target = route[-1]
+        self.address = target.hostname
+        self.user = target.user
+        _check_keys(target)
+        jump: Optional[_Jump] = None
+        proxy: Optional[_ProxySocket] = None
+        hop_start = start
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise TransportError(f"DNS lookup of {host!r} failed: {exc.strerror}",
-                                 "check the hostfile name, /etc/hosts or DNS "
-                                 "(or set HostName in ~/.ssh/config)") from None
-        family, _, _, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(sockaddr)
-        except socket.timeout:
-            sock.close()
-            raise TransportError(f"TCP connect to {host}:{port} timed out after {timeout:g}s",
-                                 "is the host up and port reachable? (firewall, wrong address); "
-                                 "raise --connect-timeout for slow links") from None
-        except ConnectionRefusedError:
-            sock.close()
-            raise TransportError(f"connection to {host}:{port} refused: no SSH server listening",
-                                 "start sshd on the host or pass the right --ssh-port") from None
-        except OSError as exc:
-            sock.close()
-            raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
-                                 "check the network path to the host") from None
-        # Wait for the server's first bytes ourselves (peeking, so paramiko still reads the banner): a port
-        # that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
-        try:
-            sock.settimeout(max(1.0, timeout - (time.monotonic() - start)))
-            if not sock.recv(4, socket.MSG_PEEK):
-                raise ConnectionResetError("closed before the SSH banner")
-        except socket.timeout:
-            sock.close()
-            raise TransportError(f"{host}:{port} accepted TCP but sent no SSH banner within {timeout:g}s "
-                                 "(hung sshd, overloaded host, or not an SSH server on this port)",
-                                 "check sshd on the host (systemctl status ssh; MaxStartups) and the port") from None
-        except OSError as exc:
-            sock.close()
-            raise TransportError(f"{host}:{port} closed the connection before the SSH banner: {exc}",
-                                 "check sshd on the host (hosts.deny, MaxStartups, sshd logs)") from None
-        client = paramiko.SSHClient()
-        known = Path(self.options.known_hosts).expanduser()
-        lookup_name = host if port == 22 else f"[{host}]:{port}"  # the name paramiko looks the key up by
-        try:
-            index = KnownHosts.shared(known)
-        except OSError as exc:
-            sock.close()
-            raise TransportError(f"cannot read known_hosts {known}: {exc.strerror or exc}",
-                                 "fix or move the file") from None
-        # Only this host's keys: paramiko's own load re-parses the whole file per host, O(lines^2) each.
-        index.fill(client.get_host_keys(), lookup_name)
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.options.accept_new_host_keys, known, index))
-        left = max(1.0, timeout - (time.monotonic() - start))
-        try:
-            client.connect(host, port=port, username=user, key_filename=keys or None, sock=sock,
-                           timeout=left, banner_timeout=left, auth_timeout=left, allow_agent=True,
-                           look_for_keys=not keys)
-        except _UnknownHostKey as exc:
-            client.close()
-            raise TransportError(str(exc), exc.fix, "fail") from None
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            revoked = index.revoked(lookup_name, exc.key.get_name(), exc.key.get_base64())
-            if revoked:
-                raise TransportError(revoked, f"remove the host's key from {known} and check the host",
-                                     "fail") from None
-            raise TransportError(
-                f"host key of {host} CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
-                "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
-                f"if the host was reinstalled, remove its old key: ssh-keygen -R {host} -f {known}", "fail") from None
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise TransportError(f"authentication as {user!r} failed: {exc}",
-                                 "install your public key in ~/.ssh/authorized_keys on the host, or pass "
-                                 "--ssh-user/--ssh-key", "fail") from None
-        except paramiko.SSHException as exc:
-            client.close()
-            text = str(exc)
-            if "banner" in text.lower():
-                text = (f"{host}:{port} accepted TCP but sent no SSH banner within {left:.0f}s "
-                        "(hung sshd, or not an SSH server on this port)")
-            raise TransportError(f"SSH handshake with {host}:{port} failed: {text}",
-                                 "check sshd on the host (systemctl status ssh) and the port") from None
-        except (socket.timeout, OSError, EOFError) as exc:
-            client.close()
-            raise TransportError(f"SSH session with {host}:{port} failed: {exc or type(exc).__name__}",
-                                 "check sshd on the host") from None
+            if len(route) > 1:
+                jump = _JUMPS.acquire(tuple(route[:-1]), self.options)
+                hop_start = time.monotonic()  # each hop has the whole connect timeout of its own
+                sock: Any = _open_channel(jump, target, self.options.connect_timeout)
+            elif target.command is not None:
+                sock = proxy = _ProxySocket(target.command)
+            else:
+                sock = _tcp_connect(target, self.options.connect_timeout)
+            _wait_banner(sock, target, self.options.connect_timeout, hop_start, proxy)
+            client = _handshake(target, sock, self.options, hop_start, proxy)
+        except _HopError as exc:
+            raise TransportError(_hop_message(exc, route), exc.error.fix, exc.error.status) from None
+        except TransportError as exc:
+            if proxy is not None:
+                proxy.close()
+            if jump is None:
+                raise
+            _JUMPS.release(jump)
+            text = str(exc) if str(exc).startswith("jump host") else f"{exc} (through jump host {route[-2].name})"
+            raise TransportError(text, exc.fix, exc.status) from None
+        self._proxy = proxy
+        self._jump = jump
+        if len(route) > 1:
+            self.via = ("jump host " if len(route) == 2 else "jump hosts ") + ", ".join(h.name for h in route[:-1])
+        elif proxy is not None:
+            self.via = "ProxyCommand"
         transport = client.get_transport()
-        server_key = transport.get_remote_server_key()
-        revoked = index.revoked(lookup_name, server_key.get_name(), server_key.get_base64())
-        if revoked:  # a known key that is also @revoked: OpenSSH refuses it, and so do we (no command ran yet)
-            client.close()
-            raise TransportError(revoked, f"remove the host's key from {known} and check the host", "fail")
         # paramiko's reader thread wakes every 0.1 s by default; an idle connection should cost nothing.
         # Closing still stops it at once (the packetizer is closed first), and dead peers are found by the
         # keepalives below, not by this timeout.
@@ -600,9 +546,39 @@ class SSHTransport(Transport):
         """
         info = self._tcp_info()
         if info is None:
-            return None
+            # Through a jump host or a ProxyCommand there is no TCP socket of ours to this host: time SSH-level
+            # round trips instead (the best of a few, so one scheduling hiccup does not count).
+            return self._ssh_rtt_ms()
         # struct tcp_info (linux/tcp.h): 8 bytes of u8 fields, then u32s; tcpi_rtt (microseconds) is at 68.
         return int.from_bytes(info[68:72], sys.byteorder) / 1000.0
+
+    def _ssh_rtt_ms(self, rounds: int = 3) -> Optional[float]:
+        client = self._client
+        if client is None or self.dead:
+            return None
+        transport = client.get_transport()
+        best: Optional[float] = None
+        try:
+            from paramiko.common import cMSG_GLOBAL_REQUEST
+            from paramiko.message import Message
+            for _ in range(rounds):
+                # A global request that wants a reply (OpenSSH answers unknown ones with a failure); paramiko
+                # sets completion_event on either answer. Bounded here, unlike paramiko's global_request().
+                event = threading.Event()
+                transport.completion_event = event
+                m = Message()
+                m.add_byte(cMSG_GLOBAL_REQUEST)
+                m.add_string("keepalive@openssh.com")
+                m.add_boolean(True)
+                sent = time.monotonic()
+                transport._send_user_message(m)
+                if not event.wait(self.options.connect_timeout):
+                    return best
+                took = (time.monotonic() - sent) * 1000.0
+                best = took if best is None else min(best, took)
+        except Exception:
+            return best
+        return best
 
     def _tcp_info(self) -> Optional[bytes]:
         try:
@@ -704,6 +680,13 @@ class SSHTransport(Transport):
         if self._client is not None:
             self._client.close()
             self._client = None
+        # After the client: its socket (the jump host's channel, the proxy command's pipe) closes first.
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            proxy.close()
+        jump, self._jump = self._jump, None
+        if jump is not None:
+            _JUMPS.release(jump)
 
 
 class _UnknownHostKey(Exception):
@@ -742,6 +725,395 @@ class _HostKeyPolicy:
             if self.index is not None:
                 self.index.add(hostname, key.get_name(), key.get_base64())
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+# ------------------------------------------------------------------------------- connecting, hop by hop
+
+def _check_keys(hop: "Hop") -> None:
+    for k in hop.identity_files:
+        if not Path(k).is_file():
+            raise TransportError(f"SSH key {k} not found", "pass an existing key with --ssh-key (or fix IdentityFile "
+                                 "in the ssh config)", "error")
+
+
+def _tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
+    host, port = hop.hostname, hop.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TransportError(f"DNS lookup of {host!r} failed: {exc.strerror}",
+                             "check the hostfile name, /etc/hosts or DNS "
+                             "(or set HostName in ~/.ssh/config)") from None
+    family, _, _, _, sockaddr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(sockaddr)
+    except socket.timeout:
+        sock.close()
+        raise TransportError(f"TCP connect to {host}:{port} timed out after {timeout:g}s",
+                             "is the host up and port reachable? (firewall, wrong address); "
+                             "raise --connect-timeout for slow links") from None
+    except ConnectionRefusedError:
+        sock.close()
+        raise TransportError(f"connection to {host}:{port} refused: no SSH server listening",
+                             "start sshd on the host or pass the right --ssh-port") from None
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
+                             "check the network path to the host (a ProxyJump in the ssh config if it is only "
+                             "reachable through a jump host)") from None
+    return sock
+
+
+def _open_channel(jump: "_Jump", hop: "Hop", timeout: float):
+    """A direct-tcpip channel from the jump host to hop's sshd: the socket hop's own SSH connection runs over."""
+    import paramiko
+    name = jump.chain[-1].name
+    try:
+        # The address is a field of the SSH message, resolved by the jump host: never a shell word.
+        return jump.transport.open_channel("direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
+                                           timeout=timeout)
+    except paramiko.ChannelException as exc:
+        if exc.code == 1:  # SSH_OPEN_ADMINISTRATIVELY_PROHIBITED
+            raise TransportError(f"jump host {name} refused to forward to {hop.address}: {exc.text}",
+                                 f"allow TCP forwarding on {name} (sshd_config: AllowTcpForwarding yes, "
+                                 "PermitOpen) or use another jump host") from None
+        raise TransportError(f"jump host {name} could not connect to {hop.address}: {exc.text} (refused, "
+                             "unreachable or timed out as seen from the jump host)",
+                             f"check that {hop.hostname} runs sshd on port {hop.port} and is reachable from "
+                             f"{name}") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        text = str(exc) or type(exc).__name__
+        if "timeout" in text.lower():
+            text = f"no answer within {timeout:g}s (host down or firewalled, as seen from the jump host)"
+        raise TransportError(f"jump host {name} did not open a connection to {hop.address}: {text}",
+                             f"check that {hop.hostname} is up and reachable from {name}; raise "
+                             "--connect-timeout for slow links") from None
+
+
+class _ProxySocket:
+    """A ProxyCommand as a socket: the command's stdin and stdout are one end of a socketpair.
+
+    The command is the user's own ssh config string, run as OpenSSH runs it: ``/bin/sh -c 'exec COMMAND'`` after
+    %h %n %p %r %% are expanded (sshconfig refuses names with shell metacharacters in %h/%n/%r). Not
+    paramiko.ProxyCommand: its recv() spins on a command that has exited, it select()s (descriptors above 1023
+    fail at scale), never drains stderr, and does not reap the command.
+    """
+
+    _STDERR_KEEP = 4096
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        try:
+            self._proc = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdin=theirs.fileno(),
+                                          stdout=theirs.fileno(),
+                                          stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            ours.close()
+            raise TransportError(f"cannot start ProxyCommand {command!r}: {exc.strerror or exc}",
+                                 "fix ProxyCommand in the ssh config") from None
+        finally:
+            theirs.close()
+        self._stderr = bytearray()
+        self._reader = threading.Thread(target=self._drain, name="preflight-proxycommand", daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        stream = self._proc.stderr
+        assert stream is not None
+        for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
+            self._stderr.extend(chunk)
+            del self._stderr[:-self._STDERR_KEEP]
+        stream.close()
+
+    def describe(self) -> str:
+        """The command's state for an error message: its exit status and the end of its stderr."""
+        rc = self._proc.poll()
+        if rc is None:
+            try:
+                rc = self._proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._reader.join(0.5)
+        err = bytes(self._stderr).decode(errors="replace").strip().splitlines()
+        state = "still running" if rc is None else f"exited with status {rc}"
+        return f"ProxyCommand {self.command!r} {state}" + (f": {err[-1][:300]}" if err else "")
+
+    # -- the socket interface paramiko's Transport uses
+    def send(self, data: bytes) -> int:
+        return self._sock.send(data)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        return self._sock.recv(size, flags)
+
+    def settimeout(self, timeout: Optional[float]) -> None:
+        self._sock.settimeout(timeout)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    @property
+    def _closed(self) -> bool:  # paramiko's Transport.stop_thread reads it
+        return self._sock._closed  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._sock.close()  # the command sees EOF on its stdin, as when ssh closes it
+        if self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self._proc.wait(2)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self._proc.wait(5)
+        self._reader.join(2)
+
+
+def _wait_banner(sock, hop: "Hop", timeout: float, start: float, proxy: Optional[_ProxySocket] = None) -> None:
+    """Wait for the server's first bytes ourselves, without consuming them (paramiko still reads the banner): a
+    port that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
+    ``timeout`` counts from ``start`` (the hop's TCP connect included)."""
+    host, port = hop.hostname, hop.port
+    left = max(1.0, timeout - (time.monotonic() - start))
+    where = f"{host}:{port}"
+    if isinstance(sock, (socket.socket, _ProxySocket)):
+        try:
+            sock.settimeout(left)
+            if not sock.recv(4, socket.MSG_PEEK):
+                raise ConnectionResetError("closed before the SSH banner")
+            return
+        except socket.timeout:
+            sock.close()
+            if proxy is not None:
+                raise TransportError(f"no SSH banner from {where} within {timeout:g}s through the proxy command "
+                                     f"({proxy.describe()})", "run the ProxyCommand by hand to check it") from None
+            raise TransportError(f"{where} accepted TCP but sent no SSH banner within {timeout:g}s "
+                                 "(hung sshd, overloaded host, or not an SSH server on this port)",
+                                 "check sshd on the host (systemctl status ssh; MaxStartups) and the port") from None
+        except OSError as exc:
+            sock.close()
+            if proxy is not None:
+                raise TransportError(f"the proxy command closed the connection to {where} before the SSH banner "
+                                     f"({proxy.describe()})", "run the ProxyCommand by hand to check it") from None
+            raise TransportError(f"{where} closed the connection before the SSH banner: {exc}",
+                                 "check sshd on the host (hosts.deny, MaxStartups, sshd logs)") from None
+    # A channel through a jump host: its fileno() becomes readable on data, EOF and close.
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.poll(left * 1000)
+    if sock.recv_ready():
+        return
+    sock.close()
+    if sock.closed or sock.eof_received:
+        raise TransportError(f"{where} closed the connection before the SSH banner",
+                             "check sshd on the host (hosts.deny, MaxStartups, sshd logs)")
+    raise TransportError(f"{where} accepted TCP but sent no SSH banner within {timeout:g}s "
+                         "(hung sshd, overloaded host, or not an SSH server on this port)",
+                         "check sshd on the host (systemctl status ssh; MaxStartups) and the port")
+
+
+def _handshake(hop: "Hop", sock, options: SSHOptions, start: float, proxy: Optional[_ProxySocket] = None):
+    """Key exchange, host key policy (known_hosts index, accept-new, changed and revoked keys) and auth over sock;
+    the authenticated SSHClient. Every hop goes through here, so all have the same policy and deadlines."""
+    import paramiko
+    host, port, user = hop.hostname, hop.port, hop.user
+    keys = list(hop.identity_files)
+    timeout = options.connect_timeout
+    client = paramiko.SSHClient()
+    known = Path(options.known_hosts).expanduser()
+    lookup_name = host if port == 22 else f"[{host}]:{port}"  # the name paramiko looks the key up by
+    try:
+        index = KnownHosts.shared(known)
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot read known_hosts {known}: {exc.strerror or exc}",
+                             "fix or move the file") from None
+    # Only this host's keys: paramiko's own load re-parses the whole file per host, O(lines^2) each.
+    index.fill(client.get_host_keys(), lookup_name)
+    client.set_missing_host_key_policy(_HostKeyPolicy(options.accept_new_host_keys, known, index))
+    left = max(1.0, timeout - (time.monotonic() - start))
+    try:
+        client.connect(host, port=port, username=user, key_filename=keys or None, sock=sock,
+                       timeout=left, banner_timeout=left, auth_timeout=left, allow_agent=True,
+                       look_for_keys=not keys)
+    except _UnknownHostKey as exc:
+        client.close()
+        raise TransportError(str(exc), exc.fix, "fail") from None
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        revoked = index.revoked(lookup_name, exc.key.get_name(), exc.key.get_base64())
+        if revoked:
+            raise TransportError(revoked, f"remove the host's key from {known} and check the host",
+                                 "fail") from None
+        raise TransportError(
+            f"host key of {host} CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
+            "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
+            f"if the host was reinstalled, remove its old key: ssh-keygen -R {host} -f {known}", "fail") from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise TransportError(f"authentication as {user!r} failed: {exc}",
+                             "install your public key in ~/.ssh/authorized_keys on the host, or pass "
+                             "--ssh-user/--ssh-key (User/IdentityFile in the ssh config for a jump host)",
+                             "fail") from None
+    except paramiko.SSHException as exc:
+        client.close()
+        text = str(exc)
+        if "banner" in text.lower():
+            text = (f"{host}:{port} accepted TCP but sent no SSH banner within {left:.0f}s "
+                    "(hung sshd, or not an SSH server on this port)")
+        if proxy is not None:
+            text += f" ({proxy.describe()})"
+        raise TransportError(f"SSH handshake with {host}:{port} failed: {text}",
+                             "check sshd on the host (systemctl status ssh) and the port") from None
+    except (socket.timeout, OSError, EOFError) as exc:
+        client.close()
+        text = f"{exc or type(exc).__name__}" + (f" ({proxy.describe()})" if proxy is not None else "")
+        raise TransportError(f"SSH session with {host}:{port} failed: {text}", "check sshd on the host") from None
+    transport = client.get_transport()
+    server_key = transport.get_remote_server_key()
+    revoked = index.revoked(lookup_name, server_key.get_name(), server_key.get_base64())
+    if revoked:  # a known key that is also @revoked: OpenSSH refuses it, and so do we (no command ran yet)
+        client.close()
+        raise TransportError(revoked, f"remove the host's key from {known} and check the host", "fail")
+    return client
+
+
+class _HopError(Exception):
+    """A jump host of a route could not be reached: which one (0-based index into the route) and why."""
+
+    def __init__(self, index: int, hop: "Hop", error: TransportError):
+        super().__init__(str(error))
+        self.index = index
+        self.hop = hop
+        self.error = error
+
+
+def _hop_message(exc: _HopError, route: List["Hop"]) -> str:
+    return f"jump host {exc.hop.name} (hop {exc.index + 1} of {len(route)} to {route[-1].name}): {exc.error}"
+
+
+class _Jump:
+    """One authenticated connection to a jump host, shared by every target behind it in this run."""
+
+    def __init__(self, key: tuple, chain: Tuple["Hop", ...]):
+        self.key = key
+        self.chain = chain  # the hops to this jump host, itself last
+        self.refs = 0
+        self.lock = threading.Lock()  # held while connecting: the targets behind it wait for one attempt
+        self.client: Any = None
+        self.error: Optional[_HopError] = None
+        self.parent: Optional[_Jump] = None
+        self.proxy: Optional[_ProxySocket] = None
+
+    @property
+    def transport(self):
+        return self.client.get_transport()
+
+    def alive(self) -> bool:
+        return self.client is None or bool(self.transport and self.transport.is_active())
+
+
+class _JumpPool:
+    """Jump host connections by route: targets behind one jump host multiplex their channels over one SSH
+    connection (one login on the bastion per run, not one per target: MaxStartups), closed with the last target.
+
+    A failed connect is shared by the targets that waited for it (one timeout, not one per target); once they have
+    all let go of it, the next acquire tries again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: Dict[tuple, _Jump] = {}
+
+    @staticmethod
+    def _key(chain: Tuple["Hop", ...], options: SSHOptions) -> tuple:
+        return (chain, str(Path(options.known_hosts).expanduser()), options.accept_new_host_keys,
+                options.connect_timeout)
+
+    def acquire(self, chain: Tuple["Hop", ...], options: SSHOptions) -> _Jump:
+        key = self._key(chain, options)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or not entry.alive():
+                entry = self._entries[key] = _Jump(key, chain)  # a dead one closes with its last user
+            entry.refs += 1
+        with entry.lock:
+            if entry.client is None and entry.error is None:
+                try:
+                    self._connect(entry, options)
+                except _HopError as exc:
+                    entry.error = exc
+        if entry.error is not None:
+            self.release(entry)
+            raise entry.error
+        return entry
+
+    def _connect(self, entry: _Jump, options: SSHOptions) -> None:
+        chain = entry.chain
+        hop, index = chain[-1], len(chain) - 1
+        start = time.monotonic()
+        parent: Optional[_Jump] = None
+        proxy: Optional[_ProxySocket] = None
+        try:
+            _check_keys(hop)
+            if len(chain) > 1:
+                parent = self.acquire(chain[:-1], options)
+                start = time.monotonic()  # each hop has the whole connect timeout of its own
+                sock: Any = _open_channel(parent, hop, options.connect_timeout)
+            elif hop.command is not None:
+                sock = proxy = _ProxySocket(hop.command)
+            else:
+                sock = _tcp_connect(hop, options.connect_timeout)
+            _wait_banner(sock, hop, options.connect_timeout, start, proxy)
+            client = _handshake(hop, sock, options, start, proxy)
+        except _HopError:
+            raise  # an earlier hop's: it names itself
+        except TransportError as exc:
+            if proxy is not None:
+                proxy.close()
+            if parent is not None:
+                self.release(parent)
+            if exc.fix.startswith("verify the key") or "ssh-keyscan" in exc.fix:
+                exc.fix += " (on a host that can reach it)" if index else ""
+            raise _HopError(index, hop, exc) from None
+        try:
+            client.get_transport().sock.settimeout(_TRANSPORT_WAKE_S)
+        except OSError:
+            pass
+        entry.client, entry.parent, entry.proxy = client, parent, proxy
+
+    def release(self, entry: _Jump) -> None:
+        with self._lock:
+            entry.refs -= 1
+            if entry.refs > 0:
+                return
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+        if entry.client is not None:
+            entry.client.close()
+        if entry.proxy is not None:
+            entry.proxy.close()
+        if entry.parent is not None:
+            self.release(entry.parent)
+
+    def open_count(self) -> int:
+        """Jump host connections open now (tests: none after a run)."""
+        with self._lock:
+            return len(self._entries)
+
+
+_JUMPS = _JumpPool()
 
 
 # ------------------------------------------------------------------------------------------- known_hosts
@@ -946,11 +1318,3 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError):
         pass  # not permitted here: keep what we have
-
-
-def _local_user() -> str:
-    import getpass
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "root"

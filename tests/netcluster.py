@@ -242,6 +242,7 @@ def _sweep_stale() -> None:
     _remove_objects(stale)
     for path, (_, alive) in dirs.items():
         if not alive:
+            _remove_unreachable_routes(path)
             shutil.rmtree(path, ignore_errors=True)
     # CPU-limit cgroups (throttle) of clusters whose owner died; their processes are gone with the namespaces.
     for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")):
@@ -252,6 +253,15 @@ def _sweep_stale() -> None:
                     cg.rmdir()
                 except OSError:
                     pass
+
+
+_UNREACHABLE_FILE = "unreachable_routes"  # in the state dir: the subnets unroute() turned into unreachable routes
+
+
+def _remove_unreachable_routes(state_dir: Path) -> None:
+    # Not tied to a device, an unreachable route outlives the bridge: it goes by the list its cluster kept.
+    cidrs = (_read(state_dir / _UNREACHABLE_FILE) or "").split()
+    _ip_batch([f"route del unreachable {cidr}" for cidr in cidrs], force=True)
 
 
 def _reserve_state_dir() -> tuple[str, Path]:
@@ -315,8 +325,9 @@ def _address(subnet: int, octet: int) -> str:
 
 def _routed_subnets() -> set[int]:
     routes = _run(["ip", "-4", "-o", "route", "show", "table", "main"]).stdout
+    # An `unreachable` route (NetCluster.unroute) holds its /24 as well.
     return {(int(m[1]) - 18) * 256 + int(m[2])
-            for m in re.finditer(r"^198\.(18|19)\.(\d+)\.0/24 ", routes, re.M)}
+            for m in re.finditer(r"^(?:unreachable )?198\.(18|19)\.(\d+)\.0/24 ", routes, re.M)}
 
 
 def _claim_subnet(bridge: str, taken: set[int]) -> int:
@@ -542,6 +553,28 @@ table inet {_FIREWALL_TABLE} {{
     def _nft(h: Host, rules: str) -> None:
         _run(["ip", "netns", "exec", h.ns, "nft", "-f", "-"], input=rules)
 
+    # -- topology: networks the coordinator cannot reach ---------------------
+
+    def detach(self, host: Host | str, network: int) -> None:
+        """Take the host off `network`: its link there is deleted, with its address on it (which stays listed
+        in `addresses`, unreachable). The host keeps its other networks."""
+        self._check_open()
+        h = self.host(host)
+        _run(["ip", "link", "del", h.veths[network]])
+
+    def unroute(self, network: int) -> None:
+        """Make `network` unreachable from the root namespace (the coordinator): its route becomes an
+        `unreachable` route (connects fail at once, and nothing leaks out by another route) and the root's
+        address on it goes. Hosts on it still reach each other, so a host on it and on a routed network is a
+        jump host. close() deletes the route, and so does the sweep of a crashed run."""
+        self._check_open()
+        cidr = self.subnets[network]
+        with open(self.dir / _UNREACHABLE_FILE, "a") as f:  # recorded before the route exists
+            f.write(cidr + "\n")
+        # `replace` swaps the bridge route for the unreachable one atomically: the /24 stays claimed throughout.
+        _ip_batch([f"route replace unreachable {cidr}",
+                   f"addr del {self.coordinator_addresses[network]}/24 dev {self._bridges()[network]}"])
+
     # -- CPU limits -----------------------------------------------------------
 
     @staticmethod
@@ -639,7 +672,8 @@ table inet {_FIREWALL_TABLE} {{
         self._closed = True
         _LIVE.discard(self)
         errors = []
-        for step in (self._kill_all, self._remove_cgroups, self._remove_network, self._remove_state):
+        for step in (self._kill_all, self._remove_cgroups, self._remove_network, self._remove_routes,
+                     self._remove_state):
             try:
                 step()
             except Exception as exc:  # later steps must still run
@@ -654,6 +688,9 @@ table inet {_FIREWALL_TABLE} {{
         found = [n for n in _existing_objects() if _OBJECT_RE.match(n)[1] == self.id]
         found += [f"pid {pid}" for pid in self._pids() if _is_alive(pid)]
         found += [str(self.dir)] if self.dir.exists() else []
+        if self._closed:  # unroute()'s routes (a bridge's own route may already belong to a newer cluster)
+            routes = _run(["ip", "-4", "-o", "route", "show", "table", "main", "type", "unreachable"]).stdout
+            found += [f"unreachable route {c}" for c in self.subnets if f"{c} " in routes + " "]
         return found
 
     def __enter__(self) -> NetCluster:
@@ -675,6 +712,9 @@ table inet {_FIREWALL_TABLE} {{
     def _remove_network(self) -> None:
         _remove_objects(self._namespaces() + self._bridges()
                         + [v for h in self.hosts + self.fault_hosts for v in h.veths])
+
+    def _remove_routes(self) -> None:
+        _remove_unreachable_routes(self.dir)
 
     def _remove_state(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -796,6 +836,7 @@ Host *
 PidFile {hdir / 'sshd.pid'}
 AuthorizedKeysFile {self.authorized_keys}
 PermitRootLogin prohibit-password
+AllowTcpForwarding yes
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no

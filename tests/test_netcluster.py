@@ -1,5 +1,6 @@
 """Tests of the NetCluster fixture itself: real namespaces, real sshd, real packets."""
 
+import errno
 import json
 import secrets
 import socket
@@ -198,3 +199,46 @@ def test_leftovers_of_a_dead_owner_are_swept_but_live_clusters_kept(netcluster_f
     finally:
         orphan.kill()
         orphan.wait(timeout=10)
+
+
+def test_unrouted_network_is_reachable_only_from_its_hosts(netcluster_factory):
+    cluster = netcluster_factory(2, networks=2)
+    node01, node02 = cluster.hosts
+    cluster.detach(node02, 0)
+    cluster.unroute(1)
+    # The coordinator: network 1 is refused at once by the unreachable route; node02 left network 0.
+    with pytest.raises(OSError) as err:
+        socket.create_connection((node02.addresses[1], 22), timeout=5).close()
+    assert err.value.errno == errno.EHOSTUNREACH, err.value
+    try:
+        assert connect_outcome(node02.addresses[0], 22) != "connected"
+    except OSError:  # no ARP answer: EHOSTUNREACH
+        pass
+    # node01 (on both networks) still reaches node02 on network 1: a jump host.
+    result = cluster.exec(node01, ["ssh", "-o", "BatchMode=yes", node02.addresses[1], "hostname"])
+    assert result.stdout.strip() == "node02", result.stderr
+    subnet = cluster.subnets[1]
+    cluster.close()
+    routes = subprocess.run(["ip", "-o", "route", "show", "type", "unreachable"], capture_output=True,
+                            text=True).stdout
+    assert f"{subnet} " not in routes
+    assert cluster.leftovers() == []
+
+
+def test_unreachable_routes_of_a_dead_owner_are_swept(netcluster_factory):
+    free = sorted(set(range(netcluster.SUBNETS)) - netcluster._routed_subnets())[-1]
+    cidr = f"{netcluster._address(free, 0)}/24"
+    corpse = subprocess.Popen(["sleep", "600"])
+    owner = f"{corpse.pid}-{netcluster._start_time(corpse.pid)}"
+    corpse.kill()
+    corpse.wait(timeout=10)
+    state_dir = netcluster.STATE_ROOT / f"pfnc-{secrets.token_hex(3)}-{owner}"
+    state_dir.mkdir()
+    (state_dir / netcluster._UNREACHABLE_FILE).write_text(cidr + "\n")
+    subprocess.run(["ip", "route", "add", "unreachable", cidr], check=True, timeout=10)
+    try:
+        netcluster_factory(1)  # building a cluster sweeps what dead owners left
+        assert free not in netcluster._routed_subnets()
+        assert not state_dir.exists()
+    finally:
+        subprocess.run(["ip", "route", "del", "unreachable", cidr], capture_output=True, timeout=10)
