@@ -39,7 +39,7 @@ from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, NetCluster, median, preflight, require_netcluster, table, write_json  # noqa: E402
+from common import RESULTS, ROOT, NetCluster, median, preflight, require_netcluster, table, write_json  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Checks that cost the hosts little CPU (no torch import, no bulk traffic): what the coordinator's fan-out
@@ -88,14 +88,30 @@ def measure(n: int, workdir: Path, checks: str) -> dict:
 
 FANOUT = 32
 PER_CLUSTER = 250
+BASHRC = Path.home() / ".bashrc"
+TOOLS = ("preflight", "pdsh", "clush")
 
 
-def _clusters(n: int, stack) -> list:
+def _clusters(n: int, stack, workdir: Path) -> list:
+    """Namespace clusters holding n hosts, each host with an empty login shell.
+
+    root's ~/.bashrc here runs `pyenv init` (about 140 ms of CPU per SSH command, in every tool's sessions
+    alike), which would bury the coordinators' own cost under the hosts' shell start-up: each host gets an
+    empty file bind-mounted over it in its own mount namespace (the real file is untouched).
+    """
+    empty = workdir / "empty_bashrc"
+    workdir.mkdir(parents=True, exist_ok=True)
+    empty.write_text("")
     clusters = []
     for c in range(-(-n // PER_CLUSTER)):
         size = min(PER_CLUSTER, n - c * PER_CLUSTER)
         names = [f"c{c}-h{i:03d}" for i in range(size)]
-        clusters.append(stack.enter_context(NetCluster(size, names=names, ready_timeout=300.0)))
+        setup = {}
+        if BASHRC.exists():
+            setup = {name: [["mount", "--bind", str(empty), str(BASHRC)]] for name in names}
+        started = time.monotonic()
+        clusters.append(stack.enter_context(NetCluster(size, names=names, setup=setup, ready_timeout=600.0)))
+        print(f"cluster of {size} hosts built in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return clusters
 
 
@@ -143,14 +159,15 @@ def _tool_argv(tool: str, files: dict, workdir: Path, profile: Optional[Path] = 
             *command], None
 
 
-def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None) -> list:
+def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None,
+           tools: tuple = TOOLS) -> list:
     import contextlib
     rows = []
     for n in sizes:
         with contextlib.ExitStack() as stack:
-            clusters = _clusters(n, stack)
+            clusters = _clusters(n, stack, workdir / f"v{n}")
             files = _combined_files(clusters, workdir / f"v{n}")
-            samples: Dict[str, list] = {"preflight": [], "pdsh": [], "clush": []}
+            samples: Dict[str, list] = {tool: [] for tool in tools}
             for rep in range(reps):
                 for tool in samples:  # interleaved: a slow minute hits every tool alike
                     argv, env = _tool_argv(tool, files, workdir / f"v{n}")
@@ -172,7 +189,11 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
             if profile and n == max(sizes):
                 prof = workdir / "profile.txt"
                 argv, _ = _tool_argv("preflight", files, workdir / f"v{n}", prof)
-                _timed(argv)
+                wall, coord, proc = _timed(argv)
+                print(f"{n} hosts preflight under py-spy: {wall:.1f} s, rc {proc.returncode}", file=sys.stderr)
+                if prof.exists():  # the raw stacks stay beside the results (py-spy's collapsed format)
+                    RESULTS.mkdir(parents=True, exist_ok=True)
+                    (RESULTS / f"profile-{n}.txt").write_text(prof.read_text())
             for tool, runs in samples.items():
                 med = {k: round(median([r[k] for r in runs]), 3) for k in ("wall_s", "coord_cpu_s", "host_cpu_s")}
                 rows.append({"hosts": n, "tool": tool, **med,
@@ -180,11 +201,11 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
                              "host_ms_per_host": round(1000 * med["host_cpu_s"] / n, 2),
                              "errors": max(r["errors"] for r in runs), "runs": runs})
             if prof is not None and prof.exists():
-                rows[-3]["profile_top10"] = top_functions(prof)
+                rows[-len(samples)]["profile_top10"] = top_functions(prof)
         write_json("scale-versus", {"fanout": FANOUT, "partial": n != sizes[-1], "rows": rows}, out)
     for row in rows:
-        base = next(r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh")
-        row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base["wall_s"] else None
+        base = next((r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh"), None)
+        row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base and base["wall_s"] else None
     return rows
 
 
@@ -209,6 +230,7 @@ def main() -> int:
     parser.add_argument("--versus", action="store_true", help="host-light series against pdsh and clush")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="py-spy profile of the biggest preflight run")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="with --versus: which of %s" % ",".join(TOOLS))
     parser.add_argument("--checks", default="", help="a --checks list instead of the default checks, e.g. the "
                         "host-light set %s" % LIGHT)
     parser.add_argument("--out", help="JSON path (default bench/results/scale.json)")
@@ -217,7 +239,8 @@ def main() -> int:
     cores = os.cpu_count() or 1
     if args.versus:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out)
+            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out,
+                          tuple(t for t in args.tools.split(",") if t))
         print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "errors"],
                     [[r["hosts"], r["tool"], r["wall_s"], r["wall_vs_pdsh"], r["coord_ms_per_host"],
                       r["host_ms_per_host"], r["errors"]] for r in rows]))
