@@ -669,13 +669,13 @@ class SSHTransport(Transport):
         if now - self._last_probe >= interval and not self._probing:
             self._last_probe = now
             self._probing = True
-            threading.Thread(target=self._probe, args=(client.get_transport(),), daemon=True).start()
+            _LIVENESS.probe(self, client.get_transport())
         return min(self._last_probe + interval - now, limit - silent)
 
     def _probe(self, transport) -> None:
         # A global request that wants a reply (OpenSSH answers unknown ones with a failure), sent without
-        # waiting for it: any packet back resets the silence clock. In a thread: a send to a dead peer
-        # can block until paramiko's own socket timeout.
+        # waiting for it: any packet back resets the silence clock. Sent by _LIVENESS's prober threads: a
+        # send to a dead peer can block until paramiko's own socket timeout.
         try:
             from paramiko.common import cMSG_GLOBAL_REQUEST
             from paramiko.message import Message
@@ -993,6 +993,8 @@ def _file_signature(path: Path) -> Tuple[int, int, int]:
 # connect_timeout / KEEPALIVE_COUNT_MAX, a silent host is dead after ~(1 + 1/3) x the connect timeout of
 # silence, and found within ~2x (OpenSSH's default count is 3 too).
 KEEPALIVE_COUNT_MAX = 3
+# A prober thread busy this long on one send is presumed stuck; the next keepalive starts another.
+_PROBE_STUCK_S = 0.25
 # How often paramiko's reader thread wakes on an idle connection (paramiko's default is 0.1 s).
 _TRANSPORT_WAKE_S = 2.0
 
@@ -1005,6 +1007,12 @@ class _Liveness:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # Keepalives go out through a few long-lived prober threads, not a new thread per probe (that cost
+        # more than the probe itself: at a thousand hosts, one probe per host every few seconds). A
+        # prober stuck on a send (a dead peer with a full socket buffer) is replaced, not waited for.
+        self._probes: List[Tuple["SSHTransport", object]] = []
+        self._probe_cond = threading.Condition(self._lock)
+        self._probers: Dict[int, float] = {}  # prober thread id -> when its current send began (0: idle)
 
     def watch(self, conn: "SSHTransport") -> None:
         with self._lock:
@@ -1018,6 +1026,34 @@ class _Liveness:
         with self._lock:
             self._conns.pop(id(conn), None)
 
+    def probe(self, conn: "SSHTransport", transport) -> None:
+        """Queue one keepalive; a prober thread sends it (conn._probe clears conn._probing when done)."""
+        with self._lock:
+            self._probes.append((conn, transport))
+            self._start_prober_locked(time.monotonic())
+            self._probe_cond.notify()
+
+    def _start_prober_locked(self, now: float) -> None:
+        # Another prober only when keepalives wait, none is idle, and every one is stuck on a send: a
+        # blocked send to one dead host must not hold up the other hosts' keepalives.
+        if not self._probes or any(t == 0.0 or now - t < _PROBE_STUCK_S for t in self._probers.values()):
+            return
+        thread = threading.Thread(target=self._prober, name="preflight-keepalive-send", daemon=True)
+        thread.start()
+        self._probers[thread.ident or 0] = 0.0
+
+    def _prober(self) -> None:
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                self._probers[me] = 0.0
+                if not self._probe_cond.wait_for(lambda: bool(self._probes), timeout=60.0):
+                    self._probers.pop(me, None)  # idle for a minute (and nothing queued): let it go
+                    return
+                conn, transport = self._probes.pop(0)
+                self._probers[me] = time.monotonic()
+            conn._probe(transport)
+
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -1029,6 +1065,10 @@ class _Liveness:
                     sleep = min(sleep, conn._check_alive(now))
                 except Exception:  # one connection's trouble must not stop the watch over the others
                     continue
+            with self._lock:
+                self._start_prober_locked(time.monotonic())
+                if self._probes:  # keepalives still queued: look again soon in case their prober is stuck
+                    sleep = min(sleep, _PROBE_STUCK_S)
             # At most a few wake-ups a second however many hosts: their deadlines are batched.
             self._wake.wait(max(0.25, sleep))
             self._wake.clear()
