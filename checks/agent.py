@@ -56,11 +56,12 @@ class Abort(BaseException):
 # Runs the agent from code streamed on stdin: "<length>\n<zip of the checks package><request line>".
 # Kept small and Python 3.9-compatible: it is passed as `python -c` on every host.
 BOOTSTRAP = r"""
-import sys, io, zipfile, importlib.abc, importlib.util
+import sys, io, zipfile, marshal, importlib.abc, importlib.util
 n = int(sys.stdin.buffer.readline())
 code = sys.stdin.buffer.read(n)
 z = zipfile.ZipFile(io.BytesIO(code))
 names = set(z.namelist())
+pyc = "pyc/" + importlib.util.MAGIC_NUMBER.hex() + "/"
 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
         p = name.replace(".", "/")
@@ -73,7 +74,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
     def exec_module(self, module):
         fn = module.__spec__.origin.split(":", 1)[1]
-        exec(compile(z.read(fn), fn, "exec"), module.__dict__)
+        c = marshal.loads(z.read(pyc + fn)) if pyc + fn in names else compile(z.read(fn), fn, "exec")
+        exec(c, module.__dict__)
 sys.meta_path.insert(0, Finder())
 import preflight.checks.agent, os
 rc = preflight.checks.agent.main(sys.argv[1:], code)
