@@ -560,7 +560,7 @@ class SSHTransport(Transport):
             client.close()
             raise TransportError(revoked, f"remove the host's key from {known} and check the host", "fail")
         # paramiko's reader thread wakes every 0.1 s by default; an idle connection should cost nothing.
-        # Closing still stops it at once (the packetizer is closed first), and dead peers are found by the
+        # Closing still stops it at once (close() shuts the socket down), and dead peers are found by the
         # keepalives below, not by this timeout.
         try:
             transport.sock.settimeout(_TRANSPORT_WAKE_S)
@@ -699,13 +699,24 @@ class SSHTransport(Transport):
         client = self._client
         if client is not None:
             # Closing can wait on a send stuck in the kernel: never hold up the caller for it.
+            _wake_reader(client)
             threading.Thread(target=client.close, daemon=True).start()
 
     def close(self) -> None:
         _LIVENESS.forget(self)
         if self._client is not None:
+            _wake_reader(self._client)
             self._client.close()
             self._client = None
+
+
+def _wake_reader(client) -> None:
+    """Shut the connection's socket down, so that paramiko's reader thread, asleep in recv() for up to
+    _TRANSPORT_WAKE_S, gets EOF and ends now (closing the descriptor alone does not wake a blocked recv)."""
+    try:
+        client.get_transport().sock.shutdown(socket.SHUT_RDWR)
+    except (AttributeError, OSError):
+        pass
 
 
 class _UnknownHostKey(Exception):
@@ -995,8 +1006,11 @@ def _file_signature(path: Path) -> Tuple[int, int, int]:
 KEEPALIVE_COUNT_MAX = 3
 # A prober thread busy this long on one send is presumed stuck; the next keepalive starts another.
 _PROBE_STUCK_S = 0.25
-# How often paramiko's reader thread wakes on an idle connection (paramiko's default is 0.1 s).
-_TRANSPORT_WAKE_S = 2.0
+# How often paramiko's reader thread wakes on an idle connection (paramiko's default is 0.1 s). Each wake costs
+# about 100 us of Python (52 us per connection-second at 2 s): at 1,000 hosts that was 50 ms of CPU every second.
+# Nothing waits on it: close() shuts the socket down (the reader wakes at once), and dead peers are found by
+# the keepalives.
+_TRANSPORT_WAKE_S = 30.0
 
 
 class _Liveness:
