@@ -206,18 +206,26 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
     return rows
 
 
-def top_functions(raw: Path, limit: int = 10) -> list:
-    """Own time per function from py-spy's raw (collapsed) stacks: the leaf frame of each sample."""
-    own: Dict[str, int] = {}
+def top_functions(raw: Path, limit: int = 10, inclusive: bool = False) -> list:
+    """From py-spy's raw (collapsed) stacks: each function's share of the samples, by own time (the leaf
+    frame) or inclusive (anywhere in the stack, once per sample). Samples with no Python frame at all
+    (the GIL held in C: thread start-up, OpenSSL, the collector) are one entry, "(no Python frame)"."""
+    counts: Dict[str, int] = {}
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not count.isdigit():
             continue
-        leaf = stack.split(";")[-1]
-        own[leaf] = own.get(leaf, 0) + int(count)
-        total += int(count)
-    ranked = sorted(own.items(), key=lambda kv: -kv[1])[:limit]
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f.strip()]
+        if not frames:
+            frames = ["(no Python frame)"]
+        names = {f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")" if " (" in f else f
+                 for f in frames} if inclusive else {frames[-1]}
+        for name in names:
+            counts[name] = counts.get(name, 0) + n
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
     return [{"function": name, "share": round(c / total, 3), "samples": c} for name, c in ranked]
 
 
