@@ -92,6 +92,24 @@ BASHRC = Path.home() / ".bashrc"
 TOOLS = ("preflight", "pdsh", "clush")
 
 
+def _raise_neighbour_table(n: int) -> None:
+    """Let the coordinator's ARP table hold every host at once.
+
+    Linux keeps at most net.ipv4.neigh.default.gc_thresh3 neighbour entries (1,024 by default, and over
+    gc_thresh2, 512, it starts evicting). preflight holds every host's connection open for the whole run, so at
+    1,000 hosts on one L2 segment the table overflowed ("neighbour table overflow!" in dmesg) and 488 hosts
+    failed with "No route to host" or TCP timeouts. pdsh and clush, 32 connections at a time, never hit it. A
+    real coordinator of that many hosts on one segment needs the same settings.
+    """
+    for key, value in (("gc_thresh1", 1024), ("gc_thresh2", 4096), ("gc_thresh3", 8192)):
+        path = Path(f"/proc/sys/net/ipv4/neigh/default/{key}")
+        try:
+            if int(path.read_text()) < value and n > 250:
+                path.write_text(f"{value}\n")
+        except (OSError, ValueError) as exc:
+            print(f"cannot raise {path}: {exc}", file=sys.stderr)
+
+
 def _clusters(n: int, stack) -> list:
     """Namespace clusters holding n hosts, each host with an empty login shell.
 
@@ -99,6 +117,7 @@ def _clusters(n: int, stack) -> list:
     alike), which would bury the coordinators' own cost under the hosts' shell start-up: each host gets
     /dev/null bind-mounted over it in its own mount namespace (the real file is untouched).
     """
+    _raise_neighbour_table(n)
     clusters = []
     for c in range(-(-n // PER_CLUSTER)):
         size = min(PER_CLUSTER, n - c * PER_CLUSTER)
