@@ -9,15 +9,19 @@ T(n) - floor with T(1): what the coordinator adds as hosts are added. Needs root
 
     python3 bench/scale.py                      # sizes 1 4 16 64
     python3 bench/scale.py --sizes 1 4 --out /tmp/scale.json
-    python3 bench/scale.py --checks libaio,nvme,interfaces,versions,ports,launcher_ssh --out bench/results/scale-light.json
-    python3 bench/scale.py --versus --sizes 64 256 512 --out bench/results/scale-versus.json [--profile]
+    python3 bench/scale.py --checks libaio,nvme,interfaces,versions,ports,launcher_ssh \
+        --out bench/results/scale-light.json
+    python3 bench/scale.py --versus --sizes 64 256 --out bench/results/scale-versus-64-256.json
+    python3 bench/scale.py --versus --sizes 1000 --profile --out bench/results/scale-versus-1000.json
 
 --versus is the host-light series against pdsh and ClusterShell (apt: pdsh, clustershell): on the same hosts,
 each tool starts the hosts' bare Python once per host (preflight: connect, agent, the nvme check with no
 path, clean-up; pdsh and clush: `python -c 'import platform'`), all with a fan-out of 32, interleaved
 (preflight, pdsh, clush, repeated 3 times) and reported as medians. Above 250 hosts several namespace
-clusters are combined into one hostfile (one cluster holds at most 253 hosts). --profile records the
-biggest preflight run with py-spy (GIL-holding samples) and prints the top 10 functions by own time.
+clusters are combined into one hostfile (one cluster holds at most 253 hosts), and the coordinator's ARP
+table is raised (see _raise_neighbour_table). Each host gets an empty ~/.bashrc. --profile records one more
+preflight run of the biggest size with py-spy (GIL-holding samples, raw stacks kept in
+bench/results/profile-N.txt) and prints the top 10 functions by own time.
 
 Sample output:
 
