@@ -9,15 +9,19 @@ T(n) - floor with T(1): what the coordinator adds as hosts are added. Needs root
 
     python3 bench/scale.py                      # sizes 1 4 16 64
     python3 bench/scale.py --sizes 1 4 --out /tmp/scale.json
-    python3 bench/scale.py --checks libaio,nvme,interfaces,versions,ports,launcher_ssh --out bench/results/scale-light.json
-    python3 bench/scale.py --versus --sizes 64 256 512 --out bench/results/scale-versus.json [--profile]
+    python3 bench/scale.py --checks libaio,nvme,interfaces,versions,ports,launcher_ssh \
+        --out bench/results/scale-light.json
+    python3 bench/scale.py --versus --sizes 64 256 --out bench/results/scale-versus-64-256.json
+    python3 bench/scale.py --versus --sizes 1000 --profile --out bench/results/scale-versus-1000.json
 
 --versus is the host-light series against pdsh and ClusterShell (apt: pdsh, clustershell): on the same hosts,
 each tool starts the hosts' bare Python once per host (preflight: connect, agent, the nvme check with no
 path, clean-up; pdsh and clush: `python -c 'import platform'`), all with a fan-out of 32, interleaved
 (preflight, pdsh, clush, repeated 3 times) and reported as medians. Above 250 hosts several namespace
-clusters are combined into one hostfile (one cluster holds at most 253 hosts). --profile records the
-biggest preflight run with py-spy (GIL-holding samples) and prints the top 10 functions by own time.
+clusters are combined into one hostfile (one cluster holds at most 253 hosts), and the coordinator's ARP
+table is raised (see _raise_neighbour_table). Each host gets an empty ~/.bashrc. --profile records one more
+preflight run of the biggest size with py-spy (GIL-holding samples, raw stacks kept in
+bench/results/profile-N.txt) and prints the top 10 functions by own time.
 
 Sample output:
 
@@ -39,7 +43,7 @@ from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, NetCluster, median, preflight, require_netcluster, table, write_json  # noqa: E402
+from common import RESULTS, ROOT, NetCluster, median, preflight, require_netcluster, table, write_json  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Checks that cost the hosts little CPU (no torch import, no bulk traffic): what the coordinator's fan-out
@@ -88,14 +92,46 @@ def measure(n: int, workdir: Path, checks: str) -> dict:
 
 FANOUT = 32
 PER_CLUSTER = 250
+BASHRC = Path.home() / ".bashrc"
+TOOLS = ("preflight", "pdsh", "clush")
+
+
+def _raise_neighbour_table(n: int) -> None:
+    """Let the coordinator's ARP table hold every host at once.
+
+    Linux keeps at most net.ipv4.neigh.default.gc_thresh3 neighbour entries (1,024 by default, and over
+    gc_thresh2, 512, it starts evicting). preflight holds every host's connection open for the whole run, so at
+    1,000 hosts on one L2 segment the table overflowed ("neighbour table overflow!" in dmesg) and 488 hosts
+    failed with "No route to host" or TCP timeouts. pdsh and clush, 32 connections at a time, never hit it. A
+    real coordinator of that many hosts on one segment needs the same settings.
+    """
+    for key, value in (("gc_thresh1", 1024), ("gc_thresh2", 4096), ("gc_thresh3", 8192)):
+        path = Path(f"/proc/sys/net/ipv4/neigh/default/{key}")
+        try:
+            if int(path.read_text()) < value and n > 250:
+                path.write_text(f"{value}\n")
+        except (OSError, ValueError) as exc:
+            print(f"cannot raise {path}: {exc}", file=sys.stderr)
 
 
 def _clusters(n: int, stack) -> list:
+    """Namespace clusters holding n hosts, each host with an empty login shell.
+
+    root's ~/.bashrc here runs `pyenv init` (about 140 ms of CPU per SSH command, in every tool's sessions
+    alike), which would bury the coordinators' own cost under the hosts' shell start-up: each host gets
+    /dev/null bind-mounted over it in its own mount namespace (the real file is untouched).
+    """
+    _raise_neighbour_table(n)
     clusters = []
     for c in range(-(-n // PER_CLUSTER)):
         size = min(PER_CLUSTER, n - c * PER_CLUSTER)
         names = [f"c{c}-h{i:03d}" for i in range(size)]
-        clusters.append(stack.enter_context(NetCluster(size, names=names, ready_timeout=300.0)))
+        setup = {}
+        if BASHRC.exists():
+            setup = {name: [["mount", "--bind", "/dev/null", str(BASHRC)]] for name in names}
+        started = time.monotonic()
+        clusters.append(stack.enter_context(NetCluster(size, names=names, setup=setup, ready_timeout=600.0)))
+        print(f"cluster of {size} hosts built in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return clusters
 
 
@@ -143,14 +179,15 @@ def _tool_argv(tool: str, files: dict, workdir: Path, profile: Optional[Path] = 
             *command], None
 
 
-def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None) -> list:
+def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out: Optional[str] = None,
+           tools: tuple = TOOLS) -> list:
     import contextlib
     rows = []
     for n in sizes:
         with contextlib.ExitStack() as stack:
             clusters = _clusters(n, stack)
             files = _combined_files(clusters, workdir / f"v{n}")
-            samples: Dict[str, list] = {"preflight": [], "pdsh": [], "clush": []}
+            samples: Dict[str, list] = {tool: [] for tool in tools}
             for rep in range(reps):
                 for tool in samples:  # interleaved: a slow minute hits every tool alike
                     argv, env = _tool_argv(tool, files, workdir / f"v{n}")
@@ -172,7 +209,11 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
             if profile and n == max(sizes):
                 prof = workdir / "profile.txt"
                 argv, _ = _tool_argv("preflight", files, workdir / f"v{n}", prof)
-                _timed(argv)
+                wall, coord, proc = _timed(argv)
+                print(f"{n} hosts preflight under py-spy: {wall:.1f} s, rc {proc.returncode}", file=sys.stderr)
+                if prof.exists():  # the raw stacks stay beside the results (py-spy's collapsed format)
+                    RESULTS.mkdir(parents=True, exist_ok=True)
+                    (RESULTS / f"profile-{n}.txt").write_text(prof.read_text())
             for tool, runs in samples.items():
                 med = {k: round(median([r[k] for r in runs]), 3) for k in ("wall_s", "coord_cpu_s", "host_cpu_s")}
                 rows.append({"hosts": n, "tool": tool, **med,
@@ -180,26 +221,34 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
                              "host_ms_per_host": round(1000 * med["host_cpu_s"] / n, 2),
                              "errors": max(r["errors"] for r in runs), "runs": runs})
             if prof is not None and prof.exists():
-                rows[-3]["profile_top10"] = top_functions(prof)
+                rows[-len(samples)]["profile_top10"] = top_functions(prof)
         write_json("scale-versus", {"fanout": FANOUT, "partial": n != sizes[-1], "rows": rows}, out)
     for row in rows:
-        base = next(r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh")
-        row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base["wall_s"] else None
+        base = next((r for r in rows if r["hosts"] == row["hosts"] and r["tool"] == "pdsh"), None)
+        row["wall_vs_pdsh"] = round(row["wall_s"] / base["wall_s"], 2) if base and base["wall_s"] else None
     return rows
 
 
-def top_functions(raw: Path, limit: int = 10) -> list:
-    """Own time per function from py-spy's raw (collapsed) stacks: the leaf frame of each sample."""
-    own: Dict[str, int] = {}
+def top_functions(raw: Path, limit: int = 10, inclusive: bool = False) -> list:
+    """From py-spy's raw (collapsed) stacks: each function's share of the samples, by own time (the leaf
+    frame) or inclusive (anywhere in the stack, once per sample). Samples with no Python frame at all
+    (the GIL held in C: thread start-up, OpenSSL, the collector) are one entry, "(no Python frame)"."""
+    counts: Dict[str, int] = {}
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not count.isdigit():
             continue
-        leaf = stack.split(";")[-1]
-        own[leaf] = own.get(leaf, 0) + int(count)
-        total += int(count)
-    ranked = sorted(own.items(), key=lambda kv: -kv[1])[:limit]
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f.strip()]
+        if not frames:
+            frames = ["(no Python frame)"]
+        names = {f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")" if " (" in f else f
+                 for f in frames} if inclusive else {frames[-1]}
+        for name in names:
+            counts[name] = counts.get(name, 0) + n
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
     return [{"function": name, "share": round(c / total, 3), "samples": c} for name, c in ranked]
 
 
@@ -209,6 +258,7 @@ def main() -> int:
     parser.add_argument("--versus", action="store_true", help="host-light series against pdsh and clush")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="py-spy profile of the biggest preflight run")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="with --versus: which of %s" % ",".join(TOOLS))
     parser.add_argument("--checks", default="", help="a --checks list instead of the default checks, e.g. the "
                         "host-light set %s" % LIGHT)
     parser.add_argument("--out", help="JSON path (default bench/results/scale.json)")
@@ -217,7 +267,8 @@ def main() -> int:
     cores = os.cpu_count() or 1
     if args.versus:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out)
+            rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out,
+                          tuple(t for t in args.tools.split(",") if t))
         print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "errors"],
                     [[r["hosts"], r["tool"], r["wall_s"], r["wall_vs_pdsh"], r["coord_ms_per_host"],
                       r["host_ms_per_host"], r["errors"]] for r in rows]))

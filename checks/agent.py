@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import base
 
@@ -56,11 +56,12 @@ class Abort(BaseException):
 # Runs the agent from code streamed on stdin: "<length>\n<zip of the checks package><request line>".
 # Kept small and Python 3.9-compatible: it is passed as `python -c` on every host.
 BOOTSTRAP = r"""
-import sys, io, zipfile, importlib.abc, importlib.util
+import sys, io, zipfile, marshal, importlib.abc, importlib.util
 n = int(sys.stdin.buffer.readline())
 code = sys.stdin.buffer.read(n)
 z = zipfile.ZipFile(io.BytesIO(code))
 names = set(z.namelist())
+pyc = "pyc/" + importlib.util.MAGIC_NUMBER.hex() + "/"
 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
         p = name.replace(".", "/")
@@ -73,7 +74,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
     def exec_module(self, module):
         fn = module.__spec__.origin.split(":", 1)[1]
-        exec(compile(z.read(fn), fn, "exec"), module.__dict__)
+        c = marshal.loads(z.read(pyc + fn)) if pyc + fn in names else compile(z.read(fn), fn, "exec")
+        exec(c, module.__dict__)
 sys.meta_path.insert(0, Finder())
 import preflight.checks.agent, os
 rc = preflight.checks.agent.main(sys.argv[1:], code)
@@ -220,6 +222,21 @@ def loaded(params: Dict[str, Any], ctx: base.HostContext) -> Dict[str, Any]:
     return {"modules": {name: name in sys.modules for name in params.get("names", [])}, "agent": os.getppid()}
 
 
+def _read_proc(path: str) -> bytes:
+    """A whole /proc file through a bare descriptor: reap() reads two per process on the host, and a file
+    object costs more than the read (14 instead of 23 us per process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 17)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def reap(params: Dict[str, Any], ctx: base.HostContext) -> Dict[str, Any]:
     """Last-resort cleanup: kill every process of this run still alive on the host (found by environment)."""
     token = params["token"].encode()
@@ -231,11 +248,9 @@ def reap(params: Dict[str, Any], ctx: base.HostContext) -> Dict[str, Any]:
             continue
         try:
             # Agents carry the token in argv; their children inherit it in the environment.
-            with open("/proc/%s/cmdline" % entry, "rb") as fh:
-                found = token in fh.read().split(b"\0")
+            found = token in _read_proc("/proc/%s/cmdline" % entry).split(b"\0")
             if not found:
-                with open("/proc/%s/environ" % entry, "rb") as fh:
-                    found = marker in fh.read()
+                found = marker in _read_proc("/proc/%s/environ" % entry)
             if not found:
                 continue
             os.kill(int(entry), signal.SIGKILL)

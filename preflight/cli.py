@@ -303,6 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print(f"preflight: {note}", soft_wrap=True, highlight=False, markup=False)
     for note in options.extra.get("input_notes") or []:
         err.print(f"preflight: warning: {note}", soft_wrap=True, highlight=False, markup=False)
+    _tune_interpreter()
     runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))
     try:
         result = runner.run()
@@ -470,6 +471,20 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         if action:
             print(f"preflight: node {verdict.node} {action}", file=sys.stderr)
     return EXIT_FAILED if verdict.failed else EXIT_OK
+
+
+def _tune_interpreter() -> None:
+    """Fewer garbage-collector passes for a run that holds a few hundred objects per host.
+
+    The modules and configuration loaded so far are frozen out of the collector's scans (gc.freeze), and a
+    young-generation pass runs every 20,000 net allocations instead of every 700: paramiko allocates a few
+    messages per packet, and with the default thresholds the collector took 9% of the coordinator's
+    GIL-holding samples (py-spy, 8 hosts, 120 connections). Cycles are still collected.
+    Only the CLI does this: the pytest plugin runs inside someone else's process.
+    """
+    import gc
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def entry() -> None:

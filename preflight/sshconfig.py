@@ -22,6 +22,7 @@ number for what it cannot read or honour. ``route()`` turns that into the list o
 """
 from __future__ import annotations
 
+import copy
 import getpass
 import os
 import pwd
@@ -118,6 +119,38 @@ class SSHConfigFile:
         except Exception as exc:  # paramiko's ConfigParseError and friends: _scan names most of them by line
             raise SSHConfigError(f"{self.display}: {exc}") from None
         self._lock = threading.Lock()
+        self._index_sections()
+
+    def _index_sections(self) -> None:
+        """Index the ``Host`` sections by name, so that a lookup visits only the sections that can match it.
+
+        A section whose patterns are all literal names (no ``*``, ``?``, ``[``, ``!``) can only match those names:
+        a lookup hands paramiko the sections indexed under the host's name plus every other one (wildcards,
+        negations, ``Match``), in file order, and gets the same answer as from the whole file. paramiko's own
+        lookup visits every section, twice, per host: O(hosts x sections), 80 ms a host with 1,000 ``Host``
+        entries. With CanonicalizeHostname the name can change between the passes, so every lookup is whole.
+        """
+        sections = list(getattr(self._config, "_config", []))
+        self._sections = sections
+        self._by_name: Dict[str, List[int]] = {}
+        self._always: List[int] = []
+        self._whole = not sections or any("canonicalizehostname" in s.get("config", {}) for s in sections)
+        for i, section in enumerate(sections):
+            hosts = section.get("host")
+            if "matches" not in section and isinstance(hosts, list) and hosts and all(
+                    isinstance(h, str) and not h.startswith("!") and not any(c in h for c in "*?[") for h in hosts):
+                for name in set(hosts):
+                    self._by_name.setdefault(name, []).append(i)
+            else:
+                self._always.append(i)
+
+    def _config_for(self, name: str):  # type: ignore[no-untyped-def]
+        """The parsed config restricted to the sections that can match ``name`` (see _index_sections)."""
+        if self._whole:
+            return self._config
+        sub = copy.copy(self._config)  # shallow: the sections themselves are shared, and only read
+        sub._config = [self._sections[i] for i in sorted(self._always + self._by_name.get(name, []))]
+        return sub
 
     def _scan(self, text: str) -> str:
         """Check each line, note what preflight cannot honour, and return the text paramiko gets (same lines)."""
@@ -185,8 +218,9 @@ class SSHConfigFile:
         """HostName, Port, User, IdentityFile and the proxy that applies to ``name``; ``user``/``port`` win over
         the config (``ssh -l``/``-p``)."""
         seed = {k: v for k, v in (("user", user), ("port", str(port) if port else None)) if v}
+        config = self._config_for(name)
         with self._lock:  # paramiko's lookup is not documented as thread-safe
-            cfg = self._config.lookup_with(name, seed)
+            cfg = config.lookup_with(name, seed)
         hostname = cfg.get("hostname", name).lower()  # as ssh does: Host patterns see the name as given, the
         # connection (and the known_hosts lookup, and %h) the lowercased HostName
         if port is None:

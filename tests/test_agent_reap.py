@@ -1,0 +1,34 @@
+"""agent.reap: the last-resort clean-up finds this run's processes by the token in argv or in the environment."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+from preflight.checks import agent
+
+
+def _spawn(argv, env=None) -> subprocess.Popen:
+    # A new session, as a daemon that escaped its parent would have: only the scan can find it.
+    return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_reap_kills_by_argv_and_by_environment_and_spares_the_rest():
+    token = "preflight-test-" + uuid.uuid4().hex[:12]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    by_argv = _spawn(sleeper + [token])
+    by_env = _spawn(sleeper, env=dict(os.environ, **{agent.RUN_ENV: token}))
+    other_token = _spawn(sleeper, env=dict(os.environ, **{agent.RUN_ENV: token + "-other"}))
+    bystander = _spawn(sleeper)
+    try:
+        killed = agent.reap({"token": token}, None)["killed"]  # type: ignore[arg-type]
+        assert by_argv.pid in killed and by_env.pid in killed
+        assert by_argv.wait(10) == -9 and by_env.wait(10) == -9
+        assert other_token.pid not in killed and bystander.pid not in killed
+        assert other_token.poll() is None and bystander.poll() is None
+    finally:
+        for p in (by_argv, by_env, other_token, bystander):
+            p.kill()
+            p.wait(10)
