@@ -271,9 +271,8 @@ def ssh_g(config: Path, name: str, *flags: str) -> dict:
 @pytest.mark.parametrize("flags", [(), ("-l", "dora", "-p", "2345")], ids=["config", "cli-overrides"])
 def test_resolution_matches_ssh_G(tmp_path, case, flags):
     text, names = ORACLE_CONFIGS[case]
+    parsed = parse_config(tmp_path, text)
     config = tmp_path / "config"
-    config.write_text(text)
-    parsed = sshconfig.load(str(config))
     for name in names:
         expected = ssh_g(config, name, *flags)
         hop = parsed.resolve(name, user=flags[1] if flags else None, port=int(flags[3]) if flags else None)
@@ -285,12 +284,16 @@ def test_resolution_matches_ssh_G(tmp_path, case, flags):
         assert ours == expected, (case, name)
 
 
-def test_proxy_values_are_expanded_like_openssh(tmp_path):
+def parse_config(tmp_path, text: str) -> sshconfig.SSHConfigFile:
     config = tmp_path / "config"
-    config.write_text("Host x\n  HostName h.example\n  ProxyCommand ssh -W %h:%p -l %r %n %%p\n"
-                      "Host y\n  ProxyJump %r@%h-bastion:%p\n  User u\n  Port 2200\n"
-                      "Host z\n  ProxyCommand nc %h %p %Q\nHost w*\n  ProxyCommand nc %n %p\n")
-    parsed = sshconfig.load(str(config))
+    config.write_text(text)
+    return sshconfig.load(str(config))
+
+
+def test_proxy_values_are_expanded_like_openssh(tmp_path):
+    parsed = parse_config(tmp_path, "Host x\n  HostName h.example\n  ProxyCommand ssh -W %h:%p -l %r %n %%p\n"
+                            "Host y\n  ProxyJump %r@%h-bastion:%p\n  User u\n  Port 2200\n"
+                            "Host z\n  ProxyCommand nc %h %p %Q\nHost w*\n  ProxyCommand nc %n %p\n")
     assert parsed.resolve("x", port=2022).command == "ssh -W h.example:2022 -l root x %p"
     assert parsed.resolve("y").jumps == (sshconfig.Jump("y-bastion", "u", 2200),)
     with pytest.raises(sshconfig.SSHConfigError, match="unknown token %Q"):
@@ -302,11 +305,9 @@ def test_proxy_values_are_expanded_like_openssh(tmp_path):
 
 
 def test_route_honours_each_jump_hosts_own_block(tmp_path):
-    config = tmp_path / "config"
-    config.write_text("Host t1\n  ProxyJump bob@j1:2222,j2\nHost t2\n  ProxyJump j2\n"
-                      "Host j1\n  User carl\n  Port 23\n  IdentityFile ~/jkey\n"
-                      "Host j2\n  HostName 10.0.0.2\n  ProxyJump zz\nHost loop\n  ProxyJump loop\n")
-    parsed = sshconfig.load(str(config))
+    parsed = parse_config(tmp_path, "Host t1\n  ProxyJump bob@j1:2222,j2\nHost t2\n  ProxyJump j2\n"
+                            "Host j1\n  User carl\n  Port 23\n  IdentityFile ~/jkey\n"
+                            "Host j2\n  HostName 10.0.0.2\n  ProxyJump zz\nHost loop\n  ProxyJump loop\n")
     j1, j2, t1 = parsed.route("t1", user="u", port=2200)
     # The ProxyJump spec wins over j1's block (ssh -l/-p), the rest of the block applies; -l/-p are the target's.
     assert (j1.name, j1.user, j1.port, j1.identity_files) == ("j1", "bob", 2222, (str(Path("~/jkey").expanduser()),))
