@@ -369,7 +369,7 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         for _ in range(1 if wanted else 3):  # a free port can be taken between probing and binding: retry
             port = wanted or _free_port()
             argv = ["iperf3", "-s", "-p", str(port)]
-            if params.get("bind") and _is_ip(params["bind"]):
+            if params.get("bind") and validate.ip_address(params["bind"]):
                 # Only the address of the network under test, not every address of the host (issue 16).
                 argv += ["-B", str(params["bind"])]
             if "--idle-timeout" in help_text:
@@ -399,14 +399,6 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             stop(proc, grace=1.0)
 
 
-def _is_ip(value: Any) -> bool:
-    try:
-        ipaddress.ip_address(str(value))
-        return True
-    except ValueError:
-        return False
-
-
 def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """One test from this host to params["addr"]:params["port"]; a failure is a result, never an exception.
 
@@ -416,7 +408,7 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     duration = max(1, int(round(float(params.get("duration_s", 2)))))
     connect_timeout = float(params.get("connect_timeout_s", 3.0))
     for key in ("addr", "bind"):  # host-reported addresses: only a real IP address reaches iperf3's argv
-        if key in params and params[key] and not _is_ip(params[key]):
+        if key in params and params[key] and not validate.ip_address(params[key]):
             return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
     argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
     if params.get("interval_s"):

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, error, limits, read_text
 from .iperf3 import host_subnets
 
@@ -133,14 +134,6 @@ def _bind_on(port: int, addresses: Sequence[str]) -> List[socket.socket]:
             s.close()
         raise
     return socks
-
-
-def _is_ip(value: Any) -> bool:
-    try:
-        ipaddress.ip_address(str(value))
-        return True
-    except ValueError:
-        return False
 
 
 def _bind(port: int) -> socket.socket:
@@ -260,7 +253,7 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     # (e.g. an address behind NAT), so that a probe never fails for the listener's sake.
     # A name (ssh_config's HostName may be one) resolves where the prober is: bind everything then.
     wanted = list(params.get("addresses") or [])
-    addresses = sorted({str(a) for a in wanted}) if all(_is_ip(a) for a in wanted) else []
+    addresses = sorted({str(a) for a in wanted}) if all(validate.ip_address(a) for a in wanted) else []
     if addresses:
         try:
             for s in _bind_on(0, addresses):

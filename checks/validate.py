@@ -11,6 +11,7 @@ Standard library only, Python 3.9: used by checks on the coordinator and by pref
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Iterable, List, Optional, Tuple
 
@@ -50,6 +51,21 @@ def hca_name(value: Any) -> bool:
 def port_number(value: Any) -> bool:
     """An IB port number (1..255) or TCP port (0..65535): a real int, not a bool or a numeric string."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535
+
+
+def ip_address(value: Any) -> bool:
+    """An IPv4 or IPv6 address literal (no name, no brackets): what a bind or connect argument may be. An IPv6
+    scope (fe80::1%eth0) must be an interface name: Python's parser takes any text after '%', newlines included."""
+    if not isinstance(value, str):
+        return False
+    scope = value.partition("%")[2]
+    if scope and not ifname(scope):
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return False
 
 
 def path(value: Any) -> bool:

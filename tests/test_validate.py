@@ -31,6 +31,14 @@ def test_shell_meaningful_values_are_not_env_safe(value):
     assert not validate.env_value(value)
 
 
+def test_ip_address_rule():
+    # What iperf3 -B/-c and the ports check's listeners accept from a host's facts: literals only.
+    for good in ("198.18.0.1", "::1", "fe80::1", "0.0.0.0", "fe80::1%eth0"):
+        assert validate.ip_address(good)
+    for bad in ("node01", "-B", "198.18.0.1; id", "[::1]", "198.18.0.256", "", None, 7, "fe80::1%eth0\nx", "fe80::1%$(id)"):
+        assert not validate.ip_address(bad), bad
+
+
 def test_quote_escapes_controls_and_caps_length():
     assert validate.quote("a\x1b[2Jb\n") == repr("a\x1b[2Jb\n")
     assert "\x1b" not in validate.quote("\x1b]0;t\x07") and "\n" not in validate.quote("a\nb")
