@@ -77,7 +77,7 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--skip", "do not run these checks", metavar="A,B"),
     Flag("--config", "thresholds TOML (see preflight/defaults.toml)", metavar="FILE"),
     Flag("--timeout", "deadline of each check on a host, seconds (default 120)", metavar="S"),
-    Flag("--parallel", "hosts worked on at once (default 32)", metavar="N"),
+    Flag("--parallel", "hosts connected to at once (default 32); waiting on hosts is not limited", metavar="N"),
     Flag("--nvme-path", "directory to measure with dd on every host (repeatable)", REPEAT, "DIR"),
     Flag("--master-port", "torch.distributed master port to check (default 29500)", metavar="PORT"),
     Flag("--deepspeed-config", "DeepSpeed config to validate against the cluster", metavar="FILE"),
