@@ -136,6 +136,30 @@ def _daemon_cpu(cluster: SlurmCluster) -> Dict[str, float]:
     return {"ctld": ctld, "slurmd": slurmd}
 
 
+def _ctld_log_size(cluster: SlurmCluster) -> int:
+    try:
+        return (cluster.dir / "slurmctld.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def _ctld_errors(cluster: SlurmCluster, since: int) -> Dict[str, int]:
+    """slurmctld's error lines logged after byte offset since, counted by their text without numbers (a busy
+    controller says so there: retries, timeouts, step-create failures)."""
+    try:
+        with open(cluster.dir / "slurmctld.log", "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    counts: Dict[str, int] = {}
+    for line in text.splitlines():
+        if "error" in line.lower():
+            key = re.sub(r"\d+", "N", line.split("] ", 1)[-1])[:100]
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:5])
+
+
 def _rss_mib(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -161,7 +185,7 @@ def _run(cluster: SlurmCluster, transport: str, workdir: Path, env: Dict[str, st
         args += ["--hostfile", str(hostfile), "--transport", "ssh", "--ssh-config", str(cluster.net.ssh_config),
                  "--ssh-key", str(cluster.net.user_key), "--known-hosts", str(cluster.net.known_hosts)]
     load = _load()
-    daemons = _daemon_cpu(cluster)
+    daemons, log_mark = _daemon_cpu(cluster), _ctld_log_size(cluster)
     start = time.monotonic()
     proc = subprocess.run([py, "-c", _WRAPPER, str(cpu_file), *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1200, stdin=subprocess.DEVNULL)
@@ -176,6 +200,7 @@ def _run(cluster: SlurmCluster, transport: str, workdir: Path, env: Dict[str, st
     return {"wall_s": wall, "coord_cpu_s": cpu["self"], "submit_cpu_s": cpu["self"] + cpu["children"],
             "first_host_s": float(first[1]) if first else float("nan"), "exit": proc.returncode, "load": load,
             "ctld_cpu_s": after["ctld"] - daemons["ctld"], "slurmd_cpu_s": after["slurmd"] - daemons["slurmd"],
+            "ctld_errors": _ctld_errors(cluster, log_mark),
             "summary": {k: summary.get(k) for k in ("pass", "warn", "fail", "skip", "error")},
             "problems": problems[:10], "stderr_tail": "" if data else proc.stderr[-1500:]}
 
@@ -189,9 +214,16 @@ def _phase(cluster: SlurmCluster, argvs: Sequence[Sequence[str]], payload: Optio
     results: Dict[str, Dict[str, Any]] = {}
     times: List[float] = []
     lock = threading.Lock()
-    t0, d0, start = os.times(), _daemon_cpu(cluster), time.monotonic()
+    t0, d0, log_mark, start = os.times(), _daemon_cpu(cluster), _ctld_log_size(cluster), time.monotonic()
     procs = [subprocess.Popen(a, env=cluster.env, stdin=subprocess.PIPE if payload else subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for a in argvs]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in argvs]
+    srun_errors: Dict[str, int] = {}  # what the srun clients said on stderr (retries, timeouts), by text
+
+    def drain(proc: subprocess.Popen) -> None:
+        for line in proc.stderr:
+            key = re.sub(r"\d+", "N", line.decode(errors="replace").strip())[:100]
+            with lock:
+                srun_errors[key] = srun_errors.get(key, 0) + 1
 
     def pump(proc: subprocess.Popen) -> None:
         written = threading.Event()
@@ -240,6 +272,7 @@ def _phase(cluster: SlurmCluster, argvs: Sequence[Sequence[str]], payload: Optio
                     pass
 
     pumps = [threading.Thread(target=pump, args=(p,), daemon=True) for p in procs]
+    pumps += [threading.Thread(target=drain, args=(p,), daemon=True) for p in procs]
     for t in pumps:
         t.start()
     try:
@@ -258,7 +291,8 @@ def _phase(cluster: SlurmCluster, argvs: Sequence[Sequence[str]], payload: Optio
             "ctld_cpu_s": d1["ctld"] - d0["ctld"], "slurmd_cpu_s": d1["slurmd"] - d0["slurmd"],
             "first_result_s": min(times) if times else float("nan"),
             "last_result_s": max(times) if times else float("nan"), "hosts_ok": ok,
-            "exit": max(p.returncode for p in procs)}
+            "exit": max(p.returncode for p in procs), "ctld_errors": _ctld_errors(cluster, log_mark),
+            "srun_stderr": dict(sorted(srun_errors.items(), key=lambda kv: -kv[1])[:5])}
 
 
 def _check_phase(cluster: SlurmCluster, job: str, reps: int) -> Dict[str, Any]:
@@ -290,13 +324,16 @@ def _check_phase(cluster: SlurmCluster, job: str, reps: int) -> Dict[str, Any]:
                                    "ctld_ms_per_step": round(1000 * med["ctld_cpu_s"] / steps, 2),
                                    "cpu_ms_per_host": round(1000 * med["cpu_s"] / n, 2),
                                    "hosts_ok": min(len(r["hosts_ok"]) for r in runs) if wl == "check" else None,
-                                   "exit": max(r["exit"] for r in runs)}
+                                   "exit": max(r["exit"] for r in runs),
+                                   "runs": [{k: v for k, v in r.items() if k != "hosts_ok"} for r in runs]}
         pn, os_ = out[f"{wl}_per_node"], out[f"{wl}_one_step"]
         out[f"{wl}_wall_ratio"] = round(os_["wall_s"] / pn["wall_s"], 2) if pn["wall_s"] else None
         out[f"{wl}_cpu_ratio"] = round(os_["cpu_s"] / pn["cpu_s"], 2) if pn["cpu_s"] else None
         print(f"{n} nodes check phase ({wl}): per-node steps {pn['wall_s']:.2f} s {pn['cpu_s']:.2f} CPU-s, "
-              f"one step {os_['wall_s']:.2f} s {os_['cpu_s']:.2f} CPU-s, hosts ok {pn['hosts_ok']}/{os_['hosts_ok']}",
-              file=sys.stderr, flush=True)
+              f"one step {os_['wall_s']:.2f} s {os_['cpu_s']:.2f} CPU-s, hosts ok {pn['hosts_ok']}/{os_['hosts_ok']}; "
+              f"srun stderr {[r['srun_stderr'] for r in samples['per_node']]} / "
+              f"{[r['srun_stderr'] for r in samples['one_step']]}; slurmctld errors "
+              f"{[r['ctld_errors'] for r in samples['per_node'] + samples['one_step']]}", file=sys.stderr, flush=True)
     return out
 
 
@@ -327,7 +364,8 @@ def measure(n: int, reps: int, workdir: Path) -> List[Dict[str, Any]]:
                 samples[transport].append(s)
                 print(f"{n} nodes {transport} rep {rep}: {s['wall_s']:.1f} s, coordinator {s['coord_cpu_s']:.2f} "
                       f"CPU-s, submit host {s['submit_cpu_s']:.2f} CPU-s, slurmctld {s['ctld_cpu_s']:.2f} CPU-s, "
-                      f"exit {s['exit']}, load {s['load']:.1f} {s['summary']} {s['problems'][:2]}{s['stderr_tail']}",
+                      f"exit {s['exit']}, load {s['load']:.1f} {s['summary']} {s['problems'][:2]}{s['stderr_tail']} "
+                      f"slurmctld errors {s['ctld_errors']}",
                       file=sys.stderr, flush=True)
         steps = _check_phase(cluster, job[1], reps)
         ctld_rss = _rss_mib(ctld_pid)
