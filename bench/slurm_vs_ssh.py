@@ -34,11 +34,11 @@ root and the Slurm packages (tests/install-deps.sh). Run it under the machine-wi
         --out bench/results/slurm_vs_ssh.json
     python3 bench/slurm_vs_ssh.py --report bench/results/slurm_vs_ssh.json bench/results/slurm_vs_ssh-max.json
 
-Sample output (first table):
+Sample output (first table; bench/results/slurm_vs_ssh.txt has all three):
 
-    hosts  transport  wall_s  coord_ms/host  submit_ms/host  first_host_s  ctld_ms/step  exit  load  wall_ratio
-       16        ssh    5.10          60.00           60.00          0.40          0.00     0  2.1
-       16       srun    4.20          20.00           55.00          0.30          5.00     0  2.3        0.82
+    hosts  transport  wall_s  coord_ms/host  submit_ms/host  first_host_s  ctld_ms/step  exit   load  wall_ratio ...
+       16        ssh    1.54          31.90           31.90          0.60                   0  10.18
+       16       srun    1.50          18.80           30.00          0.80          1.88     0  10.64        0.98 ...
 """
 from __future__ import annotations
 
