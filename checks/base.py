@@ -319,7 +319,8 @@ class HostContext:
     """What ``collect(ctx)`` receives on the host.
 
     params: per-host options from the coordinator: {"host": name, "slots": N, "master": address,
-            "hosts": [addresses...], "nvme_paths": [...], "required_ops": [...], "gpus_expected": bool, ...}
+            "master_name": name, "nvme_paths": [...], "required_ops": [...], "gpus_expected": bool, ...}
+            (never every host's address: that would be O(N^2) bytes over a run)
     deadline: time.monotonic() value by which collect must return (the agent enforces it too).
     """
 

@@ -204,9 +204,11 @@ class Runner:
 
     def _host_params(self, node: Node, modules: List[ModuleType]) -> Dict[str, Any]:
         master = self.nodes[0]
+        # What this host needs, and no list of every host: that went to every host, O(N^2) bytes a run
+        # (1,000 addresses to each of 1,000 hosts), and no host-side check read it. A check that needs the
+        # others gets them in its own call from its coordinate() (launcher_ssh's probe, on one host).
         params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
-                  "master": master.transport.address, "master_name": master.name,
-                  "hosts": [n.transport.address for n in self.nodes]}
+                  "master": master.transport.address, "master_name": master.name}
         # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
         for module in modules:
             if hasattr(module, "params_from_thresholds"):
