@@ -197,9 +197,9 @@ class RunningCommand:
             self.kill()
             with self._cond:
                 self._cond.wait_for(lambda: self._rc is not None, timeout=5)
-                if self._rc is None:
-                    self._rc = RC_TIMEOUT
+            self._finish(RC_TIMEOUT)  # when the kill did not end it; the done-callbacks run either way
         with self._cond:
+            assert self._rc is not None  # set by _finish above
             return CommandResult(self._rc, self._out.decode(errors="replace"),
                                  self._err.decode(errors="replace"), time.monotonic() - self._started,
                                  self._error)
