@@ -13,6 +13,7 @@ T(n) - floor with T(1): what the coordinator adds as hosts are added. Needs root
         --out bench/results/scale-light.json
     python3 bench/scale.py --versus --sizes 64 256 --out bench/results/scale-versus-64-256.json
     python3 bench/scale.py --versus --sizes 1000 --profile --out bench/results/scale-versus-1000.json
+    python3 bench/scale.py --versus --sizes 256 --tools preflight,preflight@/tmp/old --out /tmp/ab.json
 
 --versus is the host-light series against pdsh and ClusterShell (apt: pdsh, clustershell): on the same hosts,
 each tool starts the hosts' bare Python once per host (preflight: connect, agent, the nvme check with no
@@ -153,17 +154,23 @@ def _combined_files(clusters: list, workdir: Path) -> dict:
     return {"config": config, "known": known, "hostfile": hostfile, "plain": plain, "n": len(names)}
 
 
-def _timed(argv: list, env: Optional[dict] = None, timeout: float = 1800) -> tuple:
+def _timed(argv: list, env: Optional[dict] = None, timeout: float = 1800, cwd: Path = ROOT) -> tuple:
     start = time.monotonic()
     cpu0 = children_cpu()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
                           stdin=subprocess.DEVNULL)
     return time.monotonic() - start, children_cpu() - cpu0, proc
 
 
+def _tree(tool: str) -> Path:
+    """The source tree a preflight tool runs from: this one, or DIR for ``preflight@DIR`` (another version of
+    the code, e.g. `git archive` of an older commit with ``preflight/checks`` linked to its ``checks/``)."""
+    return Path(tool.split("@", 1)[1]).resolve() if "@" in tool else ROOT
+
+
 def _tool_argv(tool: str, files: dict, workdir: Path, profile: Optional[Path] = None) -> tuple:
     py = sys.executable
-    if tool == "preflight":
+    if tool.startswith("preflight"):
         argv = [py, "-m", "preflight", "run", "--hostfile", str(files["hostfile"]), "--python", py,
                 "--ssh-config", str(files["config"]), "--known-hosts", str(files["known"]), "--checks", "nvme",
                 "--parallel", str(FANOUT), "--json", str(workdir / "report.json"), "-q"]
@@ -192,11 +199,11 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
                 for tool in samples:  # interleaved: a slow minute hits every tool alike
                     argv, env = _tool_argv(tool, files, workdir / f"v{n}")
                     ns0 = sum(namespace_cpu(c) for c in clusters)
-                    wall, coord, proc = _timed(argv, env)
+                    wall, coord, proc = _timed(argv, env, cwd=_tree(tool))
                     time.sleep(0.5)
                     host = sum(namespace_cpu(c) for c in clusters) - ns0
                     ok = proc.returncode == 0
-                    if tool == "preflight":
+                    if tool.startswith("preflight"):
                         report = json.loads((workdir / f"v{n}" / "report.json").read_text())
                         errors = report["summary"]["error"] + report["summary"]["fail"]
                     else:
@@ -258,7 +265,9 @@ def main() -> int:
     parser.add_argument("--versus", action="store_true", help="host-light series against pdsh and clush")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="py-spy profile of the biggest preflight run")
-    parser.add_argument("--tools", default=",".join(TOOLS), help="with --versus: which of %s" % ",".join(TOOLS))
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help="with --versus: which of %s; preflight@DIR runs the preflight of the source tree DIR "
+                             "as one more tool (A/B of two versions, interleaved)" % ",".join(TOOLS))
     parser.add_argument("--checks", default="", help="a --checks list instead of the default checks, e.g. the "
                         "host-light set %s" % LIGHT)
     parser.add_argument("--out", help="JSON path (default bench/results/scale.json)")

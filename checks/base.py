@@ -113,24 +113,29 @@ def limits(thresholds: Mapping[str, Any], name: str) -> Dict[str, Any]:
 def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
     """Run fn over items with at most ``limit`` at once; an item not done by the deadline yields TimeoutError.
 
-    Daemon threads, not an executor: a thread stuck in a C call (DNS, a dead socket) must not block exit.
+    ``limit`` worker threads take the items in order (an item not started by the deadline is not started):
+    a thread per item, most of them waiting for a slot, was 1,000 threads to connect 1,000 hosts 32 at a
+    time. Daemon threads, not an executor: a thread stuck in a C call (DNS, a dead socket) must not block exit.
     """
     results: List[Any] = [TimeoutError(f"no answer within {timeout:.0f}s")] * len(items)
-    gate = threading.Semaphore(max(1, limit))
-    threads = []
+    deadline = time.monotonic() + timeout
+    todo = iter(enumerate(items))
+    take = threading.Lock()
 
-    def work(i: int, item: Any) -> None:
-        with gate:
+    def work() -> None:
+        while time.monotonic() < deadline:
+            with take:
+                i, item = next(todo, (-1, None))
+            if i < 0:
+                return
             try:
                 results[i] = fn(item)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes that item's result
                 results[i] = exc
 
-    for i, item in enumerate(items):
-        t = threading.Thread(target=work, args=(i, item), daemon=True)
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(limit, len(items))))]
+    for t in threads:
         t.start()
-        threads.append(t)
-    deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     return list(results)
@@ -314,7 +319,8 @@ class HostContext:
     """What ``collect(ctx)`` receives on the host.
 
     params: per-host options from the coordinator: {"host": name, "slots": N, "master": address,
-            "hosts": [addresses...], "nvme_paths": [...], "required_ops": [...], "gpus_expected": bool, ...}
+            "master_name": name, "nvme_paths": [...], "required_ops": [...], "gpus_expected": bool, ...}
+            (never every host's address: that would be O(N^2) bytes over a run)
     deadline: time.monotonic() value by which collect must return (the agent enforces it too).
     """
 

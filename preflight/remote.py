@@ -161,7 +161,7 @@ class _Session:
         code = agent_code()
         self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n', keep_stdin_open=True)
         self._cmd.stream_to(self._on_data)
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._cmd.add_done_callback(self._channel_ended)
 
     # -- coordinator to agent
     def request(self, request: Dict[str, Any], max_output: Optional[int]) -> _Request:
@@ -192,7 +192,7 @@ class _Session:
         try:
             self._cmd.send(line)
         except (OSError, EOFError, NotImplementedError):
-            pass  # the channel is gone: _watch ends every pending request with the reason
+            pass  # the channel is gone: _channel_ended ends every pending request with the reason
 
     def forget(self, rid: int) -> None:
         with self._lock:
@@ -276,9 +276,8 @@ class _Session:
                     rc = -1
                 req._finish(rc)
 
-    def _watch(self) -> None:
+    def _channel_ended(self) -> None:
         """When the agent's channel ends, so does every request still waiting on it."""
-        self._cmd.join()
         with self._lock:
             self.dead = True
             pending, self._pending = list(self._pending.values()), {}
@@ -350,21 +349,40 @@ class Agent:
         self._start({"op": "preload", "modules": list(modules)})
 
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
-        # The agent runs checks one after another, each under its own deadline; allow start-up on top.
-        budget = per_check * max(1, len(checks)) + 30
-        res = self._start({"op": "collect", "checks": list(checks), "params": params,
-                           "timeout": per_check}).wait(budget)
-        payload = _parse_result(res, "host checks")
+        return self.collect_result(self.collect_start(checks, params, per_check), checks,
+                                   collect_budget(checks, per_check))
+
+    def collect_start(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> RunningCommand:
+        """Send the host checks request and return at once; collect_result waits for its answer. A thousand
+        hosts' requests are in flight at once without a waiting thread per host."""
+        return self._start({"op": "collect", "checks": list(checks), "params": params, "timeout": per_check})
+
+    def collect_result(self, request: RunningCommand, checks: Sequence[str], timeout: float) -> Dict[str, Any]:
+        """The answer to collect_start's request within timeout (then it is stopped); AgentError if none."""
+        payload = _parse_result(request.wait(timeout), "host checks")
         self.hostinfo = payload.get("host", {})
         return check_collect_shape(payload["value"], checks)
 
+    def call_start(self, func: str, params: Dict[str, Any], timeout: float) -> RunningCommand:
+        """call() without waiting: call_result(request, func, timeout) gets the value."""
+        return self._start({"op": "call", "func": func, "params": params, "timeout": timeout})
+
+    @staticmethod
+    def call_result(request: RunningCommand, func: str, timeout: float) -> Any:
+        return _parse_result(request.wait(timeout), func)["value"]
+
     def call(self, func: str, params: Dict[str, Any], timeout: float) -> Any:
-        res = self._start({"op": "call", "func": func, "params": params, "timeout": timeout}).wait(timeout + 15)
-        return _parse_result(res, func)["value"]
+        return self.call_result(self.call_start(func, params, timeout), func, timeout + 15)
 
     def start(self, func: str, params: Dict[str, Any], timeout: float) -> "Service":
         return Service(self._start({"op": "call", "func": func, "params": params, "timeout": timeout}),
                        func, timeout)
+
+
+def collect_budget(checks: Sequence[str], per_check: float) -> float:
+    """How long a host checks request may take: the agent runs the checks one after another, each under its
+    own deadline, with start-up on top."""
+    return per_check * max(1, len(checks)) + 30
 
 
 def check_collect_shape(value: Any, checks: Sequence[str]) -> Dict[str, Any]:

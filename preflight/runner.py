@@ -6,18 +6,19 @@ host that hangs becomes ERROR cells for that host, and every wait is bounded by 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
 from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
-from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service
+from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget
 from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
                                  TransportError, raise_fd_limit)
 from preflight.transport_srun import SrunTransport
@@ -203,9 +204,11 @@ class Runner:
 
     def _host_params(self, node: Node, modules: List[ModuleType]) -> Dict[str, Any]:
         master = self.nodes[0]
+        # What this host needs, and no list of every host: that went to every host, O(N^2) bytes a run
+        # (1,000 addresses to each of 1,000 hosts), and no host-side check read it. A check that needs the
+        # others gets them in its own call from its coordinate() (launcher_ssh's probe, on one host).
         params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
-                  "master": master.transport.address, "master_name": master.name,
-                  "hosts": [n.transport.address for n in self.nodes]}
+                  "master": master.transport.address, "master_name": master.name}
         # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
         for module in modules:
             if hasattr(module, "params_from_thresholds"):
@@ -217,17 +220,29 @@ class Runner:
         names = [m.NAME for m in modules]
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
-
-        def one(node: Node) -> Dict[str, Any]:
+        # Every host at once (--parallel limits connection set-up, not waiting), and no thread per host: the
+        # requests all go out, each answer arrives on its connection's reader, and the progress advances then.
+        budget = collect_budget(names, self.o.timeout)
+        sent: List[Tuple[Node, Any, float]] = []
+        for node in reachable:
             try:
-                return node.agent.collect(names, self._host_params(node, modules), self.o.timeout)
-            finally:
+                request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
+            except Exception as exc:  # that host's ERROR, below
+                sent.append((node, exc, 0.0))
                 self.progress.advance(node.name)
-
-        budget = self.o.timeout * max(1, len(names)) + 60
-        # Every host at once: the phase only waits on the hosts (--parallel limits connection set-up).
-        outputs = parallel_map(one, reachable, max(1, len(reachable)), budget)
-        by_host = dict(zip((n.name for n in reachable), outputs))
+                continue
+            request.add_done_callback(functools.partial(self._advance_quietly, node.name))
+            sent.append((node, request, time.monotonic()))
+        by_host: Dict[str, Any] = {}
+        for node, request, started in sent:
+            if isinstance(request, BaseException):
+                by_host[node.name] = request
+                continue
+            try:  # each request has its own budget from when it went out
+                by_host[node.name] = node.agent.collect_result(request, names,
+                                                               started + budget - time.monotonic())
+            except Exception as exc:
+                by_host[node.name] = exc
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
@@ -251,6 +266,13 @@ class Runner:
                     self.facts[node.name][module.NAME] = entry["facts"]
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+
+    def _advance_quietly(self, name: str) -> None:
+        """progress.advance from a connection's reader thread: whatever the terminal does, never raise there."""
+        try:
+            self.progress.advance(name)
+        except Exception:
+            pass
 
     def _preload_torch(self) -> None:
         """torch once per host: where the python check imported it cleanly, the host's agent imports it into
@@ -292,16 +314,25 @@ class Runner:
 
     def _cleanup(self) -> None:
         """Stop everything of this run on every host, then close the connections."""
-        def one(node: Node) -> None:
+        started = time.monotonic()
+        # The reap requests go out to every host at once and are answered on each connection's reader: no
+        # thread per host that only waits. Best effort: agents also stop themselves when their channel closes.
+        requests = []
+        for node in self.nodes:
             if node.reachable:
                 try:
-                    node.agent.call("agent.reap", {"token": self.token}, timeout=10)
+                    requests.append(node.agent.call_start("agent.reap", {"token": self.token}, 10))
                 except Exception:
-                    pass  # best effort: agents also stop themselves when their channel closes
+                    pass
+        for request in requests:
+            request.wait(max(0.0, started + 25 - time.monotonic()))  # stopped if still running by then
+
+        def close(node: Node) -> None:
             node.agent.close()
             node.transport.close()
 
-        parallel_map(one, self.nodes, max(1, len(self.nodes)), 30)
+        # Closing does not wait on the hosts; --parallel at a time is plenty.
+        parallel_map(close, self.nodes, max(1, self.o.parallel), max(5.0, started + 30 - time.monotonic()))
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:

@@ -38,6 +38,23 @@ def test_json_contract():
     assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "exit_code": 1}
 
 
+def test_json_is_one_result_per_line():
+    """Readable and diffable without indent= (json's slow pure-Python encoder): each host and each result is
+    one line that is a JSON object of its own, in the report's order, and the whole is the same document."""
+    report = sample()
+    report.results[0].message = 'a "quoted" message, with {braces}, [brackets],\nnewline and \u00e9'
+    report.results[0].metrics = {"nested": {"list": [1, 2.5, None, True]}, "odd": object()}
+    text = to_json(report)
+    data = json.loads(text)
+    assert data == json.loads(json.dumps(report.to_dict(), default=str))
+    lines = text.splitlines()
+    result_lines = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('  {"host"')]
+    assert result_lines == data["results"] and len(result_lines) == len(report.results) == 7
+    host_lines = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('  {"name"')]
+    assert host_lines == data["hosts"]
+    assert text.endswith("}\n") and len(lines) == 1 + 3 + (2 + 2) + (2 + 7) + 2 + 1
+
+
 def test_exit_codes():
     ok = Report("t", 1.0, [], [Result("a", "x", Status.PASS, ""), Result("a", "y", Status.WARN, ""),
                                Result("a", "z", Status.SKIP, "why")], ["x", "y", "z"])
