@@ -133,14 +133,14 @@ def main() -> int:
                              "(fixed fractions only, iperf3's default 1 s interval), interleaved, for the phase time")
     parser.add_argument("--check", choices=list(CHECKS), default="iperf3",
                         help="whose verdict counts: the iperf3 map (default) or the all-reduce's straggler rounds")
-    parser.add_argument("--before", action="store_true",
+    parser.add_argument("--before", nargs="*", choices=list(ROWS), metavar="ROW",
                         help="--check allreduce: also run each repetition with straggler_rounds = false, "
-                             "interleaved, for the rounds' added time")
+                             "interleaved, for the rounds' added time; in the rows named (none named: every row)")
     parser.add_argument("--out", help="JSON path (default bench/results/straggler.json, or straggler-allreduce.json)")
     args = parser.parse_args()
     if args.check == "allreduce" and args.compare_old:
         parser.error("--compare-old is for --check iperf3; use --before with --check allreduce")
-    if args.check == "iperf3" and args.before:
+    if args.check == "iperf3" and args.before is not None:
         parser.error("--before is for --check allreduce; use --compare-old with --check iperf3")
     require_netcluster()
     secs = "iperf3_s" if args.check == "iperf3" else "check_s"
@@ -158,7 +158,8 @@ def main() -> int:
                     slow = cluster.hosts[rep % len(cluster.hosts)].name  # every position: master, ring ends, ...
                     reps.append(one_rep(cluster, Path(tmp) / f"{name}-{rep}", slow, fraction, args.base_mbit, jitter,
                                         check=args.check))
-                    if (args.compare_old and name == "clean") or args.before:
+                    if (args.compare_old and name == "clean") or (args.before is not None
+                                                                  and (not args.before or name in args.before)):
                         old_reps.append(one_rep(cluster, Path(tmp) / f"old-{rep}", slow, fraction, args.base_mbit,
                                                 jitter, old_config, check=args.check))
                 slowed = fraction < 1.0

@@ -13,8 +13,10 @@ measurement's own noise (the spread of the pairs' iterations) and ``noise_floor`
 
 For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
 
-    find({"bytes": 16777216, "pairs": [{"hosts": ["node01", "node02"], "ok": true, "iter_s": [0.158, ...]}, ...]},
-         limits)  ->  {"node02": {"ratio": 0.9, "z": -7.9, "p": 1.4e-15, "status": "warn", "by": "statistics", ...}}
+    find({"bytes": 16777216, "pairs": [{"hosts": ["node01", "node02"], "ok": true, "iter_s": [0.155, ...]}, ...]},
+         limits)  ->  {"node02": {"ratio": 0.898, "z": -6.8, "p": 6.2e-12, "status": "warn", "by": "statistics", ...}}
+
+(tests/fixtures/allreduce/straggler-rounds.json).
 
 Thresholds: ``[allreduce]`` in preflight/defaults.toml.
 """
