@@ -352,11 +352,16 @@ def test_straggler_plan_pairs_each_hosts_first_rank_around_the_ring():
              {"rank": 2, "host": "b", "stragglers": [{"round": 0, "ranks": [0, 2], "iter_s": [0.2, 0.1]}]},
              {"rank": 3, "host": "c", "stragglers_error": "RuntimeError: timed out"},
              {"rank": 4, "host": "d", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": [0.1, 0.1]}]}]
-    facts = coordinator._straggler_facts(plan, ranks)
+    facts = coordinator._straggler_facts(plan, ranks, hosts)
     pairs = {tuple(p["hosts"]): p for p in facts["pairs"]}
     assert pairs[("a", "b")]["iter_s"] == [0.2, 0.3]  # each iteration: the slower rank's view
     assert not pairs[("c", "d")]["ok"] and "timed out" in pairs[("c", "d")]["error"]
     assert pairs[("d", "a")]["ok"] and facts["rounds"] == 2 and facts["duration_s"] == 1.5
+    # Hosts' output is data: a rank claiming another host's name, or sending junk, changes no pair's hosts.
+    ranks[3] = {"rank": 4, "host": "evil", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": ["x", None, True]}]}
+    pairs = {tuple(p["hosts"]): p for p in coordinator._straggler_facts(plan, ranks, hosts)["pairs"]}
+    assert set(pairs) == {("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")}
+    assert pairs[("d", "a")]["iter_s"] == [0.1, 0.1]  # node a's own view stands
 
 
 # --- fail fast: hosts that ports/iperf3 already proved unreachable are left out ---------------------------------------

@@ -354,19 +354,31 @@ def _straggler_plan(hosts: Sequence[Any], cfg: Dict[str, Any]) -> Optional[Dict[
             "rounds": [[[first[a], first[b]] for a, b in rnd] for rnd in ring_rounds(len(hosts))]}
 
 
-def _straggler_facts(plan: Dict[str, Any], ranks: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def _list(value: Any) -> List[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _straggler_facts(plan: Dict[str, Any], ranks: Sequence[Dict[str, Any]], hosts: Sequence[Any]) -> Dict[str, Any]:
     """The rounds' per-pair iteration times as ``stragglers.find`` reads them: {"bytes", "iters", "rounds",
-    "pairs": [{"hosts": [a, b], "ok", "iter_s"}], "duration_s"}. Both ranks of a pair report the pair's times."""
-    by_rank = {r.get("rank"): r for r in ranks}
+    "pairs": [{"hosts": [a, b], "ok", "iter_s"}], "duration_s"}. Both ranks of a pair report the pair's times
+    (the hosts' output: only numbers are kept, at most ``iters`` of them; the names come from the plan)."""
+    by_rank = {r.get("rank"): r for r in ranks if isinstance(r, dict)}
+    name_of: Dict[int, str] = {}
+    base = 0
+    for h in hosts:
+        name_of[base] = h.name
+        base += h.slots
     pairs: List[Dict[str, Any]] = []
     for i, rnd in enumerate(plan["rounds"]):
         for ra, rb in rnd:
             a, b = by_rank.get(ra) or {}, by_rank.get(rb) or {}
-            entry: Dict[str, Any] = {"hosts": [a.get("host"), b.get("host")], "round": i}
-            got = [p for r in (a, b) for p in r.get("stragglers") or []
+            entry: Dict[str, Any] = {"hosts": [name_of.get(ra), name_of.get(rb)], "round": i}
+            got = [p for r in (a, b) for p in _list(r.get("stragglers"))
                    if isinstance(p, dict) and p.get("round") == i and p.get("ranks") == [ra, rb]]
-            times = [[float(t) for t in p.get("iter_s") or [] if isinstance(t, (int, float))] for p in got]
-            if times and all(times):
+            times = [[float(t) for t in _list(p.get("iter_s"))
+                      if isinstance(t, (int, float)) and not isinstance(t, bool)][:int(plan["iters"])] for p in got]
+            times = [t for t in times if t]
+            if times:
                 entry.update(ok=True, iter_s=[max(ts) for ts in zip(*times)])
             else:
                 why = a.get("stragglers_error") or b.get("stragglers_error") or "no timing reported"
@@ -543,7 +555,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
         facts["localization"] = localization
         return done(facts.get("status") or "failed")
     if plan is not None:
-        facts["stragglers"] = _straggler_facts(plan, ranks)
+        facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
     named = find_stragglers(facts.get("stragglers"), cfg)
     findings, _ = judge(facts, cfg)
     if any(f.status in (Status.WARN, Status.FAIL) for f in findings) and len(hosts) >= 2:
