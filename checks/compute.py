@@ -20,13 +20,13 @@ Thresholds: the ``[compute]`` section of preflight/defaults.toml.
 """
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .base import Finding, HostContext, Outcome, Status, combine, error, limits, read_text, skip
+from .robust import MAD_TO_SIGMA, p_text, robust_z
 
 NAME = "compute"
 DESCRIPTION = "GEMM TFLOPS and memory bandwidth per GPU (bf16, HBM, pinned H2D/D2H) or CPU; names slow devices"
@@ -38,8 +38,6 @@ CLUSTER = "*"
 GPU_METRICS = (("gemm_tflops", "TFLOPS", "bf16 GEMM"), ("hbm_gbps", "GB/s", "HBM copy"),
                ("h2d_gbps", "GB/s", "pinned H2D"), ("d2h_gbps", "GB/s", "pinned D2H"))
 CPU_METRICS = (("gemm_gflops", "GFLOPS", "CPU fp32 GEMM"), ("mem_gbps", "GB/s", "CPU memory copy"))
-# 1.4826 * MAD estimates the standard deviation of normally distributed data (the usual robust-z constant).
-MAD_TO_SIGMA = 1.4826
 
 
 # --- host side ---------------------------------------------------------------------------------------------------
@@ -291,22 +289,6 @@ def best_of(first: Dict[str, Any], second: Dict[str, Any]) -> Dict[str, Any]:
 
 # --- evaluate (pure) ---------------------------------------------------------------------------------------------
 
-def robust_z(values: Sequence[float], x: float, rel_floor: float) -> Tuple[float, float, float]:
-    """(median, robust sigma, z of x) of x against its peers: sigma = 1.4826 * MAD of the peers, but never below
-    rel_floor * median, so that identical peers (MAD 0) do not turn a 0.1% difference into an infinite z.
-    rel_floor carries the measurement's own noise (see ``_rates``) and a fixed minimum."""
-    med = statistics.median(values)
-    mad = statistics.median([abs(v - med) for v in values])
-    sigma = max(MAD_TO_SIGMA * mad, rel_floor * abs(med), 1e-12)
-    return med, sigma, (x - med) / sigma
-
-
-def _confidence(z: float) -> str:
-    """One-sided tail probability of a normal deviate as z, as text: how unlikely noise alone makes it."""
-    p = 0.5 * math.erfc(abs(z) / math.sqrt(2))
-    return "p < 1e-9" if p < 1e-9 else "p = %.1g" % p
-
-
 def _model_key(name: Optional[str]) -> str:
     name = name or "unknown"
     return name[len("NVIDIA "):] if name.startswith("NVIDIA ") else name
@@ -378,7 +360,7 @@ def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
                     out.setdefault((d["host"], d["label"]), []).append(Finding(
                         status, "%s %s: %s %s is %.0f%% of the median of the other %d %s (%s; robust z %.1f, %s%s)"
                         % (d["host"], d["label"], label, _fmt(float(x), unit), 100 * ratio, len(peers), model,
-                           _fmt(med, unit), z, _confidence(z),
+                           _fmt(med, unit), z, p_text(z),
                            "; the best of %d measurements" % (1 + remeasured[d["host"]])
                            if remeasured.get(d["host"]) else ""), _fix(d, key)))
     return out

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import validate
 from .base import Finding, HostContext, Outcome, Status, combine, limits, read_text, sh, skip, spawn, stop
 from .fmt import rate
+from .robust import MAD_TO_SIGMA, MEDIAN_SE, p_text, p_value, rel_noise
 
 NAME = "iperf3"
 DESCRIPTION = "TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC"
@@ -200,23 +201,6 @@ def choose(networks: List[Dict[str, Any]], hosts: Sequence[str]) -> Optional[Dic
             "addresses": dict(best["addresses"]), "median_gbps": best["median_gbps"], "hosts": list(hosts)}
 
 
-# 1.4826 * MAD estimates the standard deviation of normally distributed data (the usual robust-z constant).
-MAD_TO_SIGMA = 1.4826
-
-
-def _rel_noise(samples: Sequence[float]) -> Optional[float]:
-    """Relative robust spread (1.4826 * MAD / median) of one link's interval rates; None below 3 samples."""
-    if len(samples) < 3:
-        return None
-    med = statistics.median(samples)
-    return MAD_TO_SIGMA * statistics.median([abs(x - med) for x in samples]) / med if med > 0 else None
-
-
-def p_value(z: float) -> float:
-    """One-sided tail probability of a normal deviate as extreme as z."""
-    return 0.5 * math.erfc(abs(z) / math.sqrt(2))
-
-
 def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
                     stats: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
     """Hosts whose links are consistently slow, with the slowness attributed to the host the slow links share.
@@ -248,8 +232,8 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
             if not own or not ref:
                 continue  # nothing to compare with (2 hosts, or every other link failed)
             med = _median([ln["gbps"] for ln in own]) or 0.0
-            noise = [n for n in (_rel_noise(ln.get("samples_gbps") or []) for ln in own + rest) if n is not None]
-            meas = 1.2533 * statistics.median(noise) * math.sqrt(1.0 / len(own) + 1.0 / len(rest)) if noise else 0.0
+            noise = [n for n in (rel_noise(ln.get("samples_gbps") or []) for ln in own + rest) if n is not None]
+            meas = MEDIAN_SE * statistics.median(noise) * math.sqrt(1.0 / len(own) + 1.0 / len(rest)) if noise else 0.0
             entries[h] = {"median_gbps": med, "links": len(own), "reference_gbps": ref, "ratio": med / ref,
                           "noise": meas}
         worst = None
@@ -560,8 +544,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
 def _confidence(s: Dict[str, Any]) -> str:
     if "z" not in s:
         return "n/a"
-    p = s["p"]
-    return "z %.1f, p %s" % (s["z"], "< 1e-9" if p < 1e-9 else "= %.1g" % p)
+    return "z %.1f, %s" % (s["z"], p_text(s["z"]))
 
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import allreduce
-from preflight.checks.allreduce import common, coordinator, supervisor
+from preflight.checks.allreduce import common, coordinator, stragglers, supervisor
 from preflight.checks.base import Status
 from preflight.config import load_defaults
 
@@ -254,6 +254,116 @@ def test_iperf3_straggler_map():
     assert [s["host"] for s in suspects] == ["c"]
 
 
+# --- straggler rounds: ring pairs after the sweep, judged by stragglers.find ------------------------------------------
+
+# Recorded: `preflight run --checks allreduce` on 4 namespace hosts, every link shaped to 1000 Mbit; in the second run
+# node02 shaped to 900 Mbit (the metrics.stragglers of the report, see the file's _source).
+ROUNDS = json.loads((REPO / "tests" / "fixtures" / "allreduce" / "straggler-rounds.json").read_text())
+CFG = THRESHOLDS["allreduce"]
+
+
+def _slowed(rounds: dict, host: str, fraction: float) -> dict:
+    """The recorded rounds with every pair of `host` taking 1/fraction as long: a planted straggler."""
+    out = copy.deepcopy(rounds)
+    for p in out["pairs"]:
+        if host in p["hosts"]:
+            p["iter_s"] = [t / fraction for t in p["iter_s"]]
+    return out
+
+
+def test_recorded_clean_rounds_name_nobody():
+    assert stragglers.find(ROUNDS["clean"], CFG) == {}
+    rates = stragglers.host_rates(ROUNDS["clean"])
+    assert set(rates) == {"node01", "node02", "node03", "node04"} and all(r["pairs"] == 2 for r in rates.values())
+    # 16 MiB per iteration at 1000 Mbit, TCP/IP overhead included: ~0.119 GB/s on every host's best pair
+    assert all(r["busbw_GBps"] == pytest.approx(0.119, rel=0.02) for r in rates.values())
+
+
+def test_recorded_host_at_90_percent_is_named_with_ratio_and_confidence():
+    named = stragglers.find(ROUNDS["node02-at-0.9"], CFG)
+    assert list(named) == ["node02"]
+    s = named["node02"]
+    assert s["status"] == "warn" and s["by"] == "statistics"
+    assert s["ratio"] == pytest.approx(0.9, abs=0.01) and s["z"] < -float(CFG["z_threshold"]) and s["p"] < 1e-6
+    text = stragglers.describe("node02", s, ROUNDS["node02-at-0.9"], CFG)
+    assert "90% of the other hosts' median" in text and "16 MiB x 8 iterations" in text
+    assert "confidence: z -6." in text and "p < 1e-9" in text
+
+
+def test_planted_stragglers_by_statistics_fraction_and_hard_floor():
+    clean = ROUNDS["clean"]
+    assert list(stragglers.find(_slowed(clean, "node03", 0.9), CFG)) == ["node03"]
+    assert stragglers.find(_slowed(clean, "node03", 0.97), CFG) == {}  # 3% slower: below min_deficit
+    warn = stragglers.find(_slowed(clean, "node01", 0.7), CFG)["node01"]
+    assert (warn["status"], warn["by"]) == ("warn", "fraction")
+    fail = stragglers.find(_slowed(clean, "node04", 0.4), CFG)["node04"]
+    assert (fail["status"], fail["by"]) == ("fail", "fail_fraction")
+    # The fixed fractions hold whatever the statistics: z beyond reach still warns below 75%.
+    assert stragglers.find(_slowed(clean, "node01", 0.7), dict(CFG, z_threshold=100.0))["node01"]["by"] == "fraction"
+
+
+def test_noisy_iterations_widen_sigma_so_noise_alone_names_nobody():
+    import random
+    rng = random.Random(3)
+    noisy = copy.deepcopy(ROUNDS["clean"])
+    for p in noisy["pairs"]:  # every iteration re-drawn from 85-100% of the rate, as bench/straggler.py's noise row
+        p["iter_s"] = [t / rng.uniform(0.85, 1.0) for t in p["iter_s"]]
+    assert stragglers.find(noisy, CFG) == {}
+    # ... and a pair's own noise shows: sigma is at least its spread, not only noise_floor
+    assert max(r["noise"] for r in stragglers.host_rates(noisy).values()) > float(CFG["noise_floor"])
+
+
+def test_too_few_hosts_or_failed_pairs_name_nobody():
+    two = {"bytes": 1 << 24, "pairs": [{"hosts": ["a", "b"], "ok": True, "iter_s": [0.1, 0.1, 0.1]}]}
+    assert stragglers.find(two, CFG) == {} and stragglers.find(None, CFG) == {}
+    failed = copy.deepcopy(ROUNDS["node02-at-0.9"])
+    for p in failed["pairs"]:
+        p["ok"] = False
+    assert stragglers.find(failed, CFG) == {}
+
+
+def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
+    out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"],
+                                  stragglers=ROUNDS["node02-at-0.9"]), THRESHOLDS)
+    assert set(out) == {"*", "node02"}
+    assert out["node02"].status == Status.WARN
+    assert out["node02"].message.startswith("all-reduce: straggler: its best ring pair (with node01)")
+    assert "90%" in out["node02"].message and "node02" in out["node02"].fix
+    assert out["*"].status == Status.WARN and "straggler: node02 at 90% of the others" in out["*"].message
+    assert out["*"].metrics["stragglers"]["named"]["node02"]["by"] == "statistics"
+    clean = allreduce.evaluate(dict(HEALTHY, stragglers=ROUNDS["clean"]), THRESHOLDS)
+    assert set(clean) == {"*"} and clean["*"].status == Status.PASS
+    assert clean["*"].metrics["stragglers"]["named"] == {}
+    failing = allreduce.evaluate(dict(HEALTHY, stragglers=_slowed(ROUNDS["clean"], "node03", 0.4)), THRESHOLDS)
+    assert failing["node03"].status == Status.FAIL and failing["*"].status == Status.FAIL
+
+
+def test_straggler_plan_pairs_each_hosts_first_rank_around_the_ring():
+    hosts = [type("H", (), {"name": n, "slots": k})() for n, k in (("a", 2), ("b", 1), ("c", 1), ("d", 1))]
+    plan = coordinator._straggler_plan(hosts, CFG)
+    assert plan["bytes"] == 16 << 20 and plan["iters"] == 8
+    # first global ranks 0, 2, 3, 4; ring a-b, b-c, c-d, d-a in 2 rounds of disjoint pairs
+    assert plan["rounds"] == [[[0, 2], [3, 4]], [[2, 3], [4, 0]]]
+    assert coordinator._straggler_plan(hosts[:2], CFG) is None
+    assert coordinator._straggler_plan(hosts, dict(CFG, straggler_rounds=False)) is None
+    ranks = [{"rank": 0, "host": "a", "stragglers": [{"round": 0, "ranks": [0, 2], "iter_s": [0.1, 0.3]},
+                                                     {"round": 1, "ranks": [4, 0], "iter_s": [0.1, 0.1]}],
+              "stragglers_s": 1.5},
+             {"rank": 2, "host": "b", "stragglers": [{"round": 0, "ranks": [0, 2], "iter_s": [0.2, 0.1]}]},
+             {"rank": 3, "host": "c", "stragglers_error": "RuntimeError: timed out"},
+             {"rank": 4, "host": "d", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": [0.1, 0.1]}]}]
+    facts = coordinator._straggler_facts(plan, ranks, hosts)
+    pairs = {tuple(p["hosts"]): p for p in facts["pairs"]}
+    assert pairs[("a", "b")]["iter_s"] == [0.2, 0.3]  # each iteration: the slower rank's view
+    assert not pairs[("c", "d")]["ok"] and "timed out" in pairs[("c", "d")]["error"]
+    assert pairs[("d", "a")]["ok"] and facts["rounds"] == 2 and facts["duration_s"] == 1.5
+    # Hosts' output is data: a rank claiming another host's name, or sending junk, changes no pair's hosts.
+    ranks[3] = {"rank": 4, "host": "evil", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": ["x", None, True]}]}
+    pairs = {tuple(p["hosts"]): p for p in coordinator._straggler_facts(plan, ranks, hosts)["pairs"]}
+    assert set(pairs) == {("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")}
+    assert pairs[("d", "a")]["iter_s"] == [0.1, 0.1]  # node a's own view stands
+
+
 # --- fail fast: hosts that ports/iperf3 already proved unreachable are left out ---------------------------------------
 
 def _ports_firewalled(prefix: str = "198.18.0.") -> dict:
@@ -458,6 +568,7 @@ start_timeout_s = 60.0
 init_timeout_s = 10.0
 pair_init_timeout_s = 8.0
 grace_s = 3.0
+straggler_bytes = 4194304
 """
 RATE_MBIT = 200.0  # = 0.025 GB/s
 CLI_LIMIT_S = 240  # the test fails (never hangs) if a run takes longer
@@ -605,6 +716,30 @@ def test_a_slow_host_is_named_when_busbw_is_below_min_busbw(cluster3, tmp_path):
     assert cells.get("node02", {}).get("status") == "fail", f"{star['message']}\n{json.dumps(star['metrics'])[:3000]}"
     assert "node01" not in cells and "node03" not in cells
     assert elapsed < 150
+    assert not _wait_no_survivors(cluster3)
+
+
+def test_a_host_shaped_to_80_percent_is_named_by_the_straggler_rounds(cluster3, tmp_path):
+    for h in cluster3.hosts:
+        cluster3.shape(h, RATE_MBIT if h.name != "node03" else 0.8 * RATE_MBIT)
+    try:
+        # No --min-busbw: busbw itself is not judged, only the rounds can name node03 (80%: above the 75% floor,
+        # so it takes the statistics).
+        proc, cells, elapsed = run_cli(cluster3, tmp_path)
+    finally:
+        for h in cluster3.hosts:
+            cluster3.unshape(h)
+    star = cells["*"]
+    rounds = star["metrics"].get("stragglers") or {}
+    detail = f"{star['message']}\n{json.dumps(rounds.get('hosts'))}\n{proc.stderr[-2000:]}"
+    assert cells.get("node03", {}).get("status") == "warn", detail
+    assert "straggler: its best ring pair" in cells["node03"]["message"], detail
+    assert "node01" not in cells and "node02" not in cells, detail
+    assert star["status"] == "warn" and "straggler: node03" in star["message"], detail
+    # 3 hosts: 3 rounds of one pair; every pair timed 8 times, all of node03's pairs slow
+    assert rounds["rounds"] == 3 and all(p["ok"] and len(p["iter_s"]) == 8 for p in rounds["pairs"]), detail
+    assert rounds["named"]["node03"]["ratio"] == pytest.approx(0.8, abs=0.05), detail
+    assert elapsed < 120
     assert not _wait_no_survivors(cluster3)
 
 

@@ -8,6 +8,7 @@ One process per slot runs a message-size sweep; the verdict names the rank, host
 - ``supervisor.py``   on each host, in the agent: ``probe`` (torch, GPUs, interface) and ``run`` (that host's ranks);
 - ``rank.py``         in each torch rank process: rendezvous, init_process_group, the timed sweep;
 - ``verdict.py``      pure: facts in, outcomes out;
+- ``stragglers.py``   pure: the straggler rounds' per-link timings in, slow hosts (robust z, hard floors) out;
 - ``common.py``       pure pieces all of them share (sizes, bus bandwidth, failure kinds).
 """
 from __future__ import annotations

@@ -21,6 +21,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..base import Status, limits
 from ..fmt import gbps
 from .common import KIND_ORDER, NAME, addresses_in, bandwidth_table, classify, names, rank_list, sweep_sizes
+from .stragglers import describe as describe_straggler
+from .stragglers import find as find_stragglers
+from .stragglers import host_rates
 from .verdict import judge
 
 MAX_RANKS_IN_METRICS = 512
@@ -303,7 +306,7 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
     if mode == "failure":
         rounds = [[p for rnd in rounds for p in rnd]]
     rank_params = dict(common["rank_params"], sizes=[int(nbytes)], init_timeout_s=float(cfg["pair_init_timeout_s"]),
-                       iters=1 if mode == "failure" else int(cfg["iters"]))
+                       iters=1 if mode == "failure" else int(cfg["iters"]), stragglers=None)
     # Joining (start + init at most), init, the first collective, the one size: as in the main run.
     rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["pair_init_timeout_s"]) \
         + 2 * float(cfg["size_budget_s"]) + 15
@@ -334,6 +337,56 @@ def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], commo
             out.append(entry)
     return {"mode": mode, "bytes": int(nbytes), "pairs": out,
             "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]), cfg)}
+
+
+def _straggler_plan(hosts: Sequence[Any], cfg: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The straggler rounds the main run's ranks do after the sweep (rank.py): the hosts paired around the ring
+    (checks/schedule.py, 2 rounds of disjoint pairs for an even host count, 3 for odd), each pair the two hosts'
+    first global ranks (hostfile order, as ``_plan_jobs``). None below 3 hosts or when turned off."""
+    if not cfg["straggler_rounds"] or len(hosts) < 3:
+        return None
+    from ..schedule import ring_rounds
+    first, base = [], 0
+    for h in hosts:
+        first.append(base)
+        base += h.slots
+    return {"bytes": int(cfg["straggler_bytes"]) // 4 * 4, "iters": int(cfg["straggler_iters"]),
+            "rounds": [[[first[a], first[b]] for a, b in rnd] for rnd in ring_rounds(len(hosts))]}
+
+
+def _list(value: Any) -> List[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _straggler_facts(plan: Dict[str, Any], ranks: Sequence[Dict[str, Any]], hosts: Sequence[Any]) -> Dict[str, Any]:
+    """The rounds' per-pair iteration times as ``stragglers.find`` reads them: {"bytes", "iters", "rounds",
+    "pairs": [{"hosts": [a, b], "ok", "iter_s"}], "duration_s"}. Both ranks of a pair report the pair's times
+    (the hosts' output: only numbers are kept, at most ``iters`` of them; the names come from the plan)."""
+    by_rank = {r.get("rank"): r for r in ranks if isinstance(r, dict)}
+    name_of: Dict[int, str] = {}
+    base = 0
+    for h in hosts:
+        name_of[base] = h.name
+        base += h.slots
+    pairs: List[Dict[str, Any]] = []
+    for i, rnd in enumerate(plan["rounds"]):
+        for ra, rb in rnd:
+            a, b = by_rank.get(ra) or {}, by_rank.get(rb) or {}
+            entry: Dict[str, Any] = {"hosts": [name_of.get(ra), name_of.get(rb)], "round": i}
+            got = [p for r in (a, b) for p in _list(r.get("stragglers"))
+                   if isinstance(p, dict) and p.get("round") == i and p.get("ranks") == [ra, rb]]
+            times = [[float(t) for t in _list(p.get("iter_s"))
+                      if isinstance(t, (int, float)) and not isinstance(t, bool)][:int(plan["iters"])] for p in got]
+            times = [t for t in times if t]
+            if times:
+                entry.update(ok=True, iter_s=[max(ts) for ts in zip(*times)])
+            else:
+                why = a.get("stragglers_error") or b.get("stragglers_error") or "no timing reported"
+                entry.update(ok=False, error=str(why)[:300])
+            pairs.append(entry)
+    spent = [float(r["stragglers_s"]) for r in ranks if isinstance(r.get("stragglers_s"), (int, float))]
+    return {"bytes": plan["bytes"], "iters": plan["iters"], "rounds": len(plan["rounds"]), "pairs": pairs,
+            "duration_s": max(spent) if spent else None}
 
 
 def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) -> List[Dict[str, Any]]:
@@ -454,17 +507,23 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     facts["backend"] = backend
     # 2. the all-reduce itself.
     max_bytes = int(cfg["gpu_max_bytes"] if backend == "nccl" else cfg["max_bytes"])
+    plan = _straggler_plan(hosts, cfg)
     rank_params = {"backend": backend, "sizes": sweep_sizes(int(cfg["min_bytes"]), max_bytes),
                    "iters": int(cfg["iters"]), "size_budget_s": float(cfg["size_budget_s"]),
                    "sweep_budget_s": float(cfg["sweep_budget_s"]), "init_timeout_s": float(cfg["init_timeout_s"]),
-                   "start_timeout_s": float(cfg["start_timeout_s"])}
-    # Joining ends by start + init (every rank's own deadline); init and the first collective get init each.
+                   "start_timeout_s": float(cfg["start_timeout_s"]), "stragglers": plan}
+    # Joining ends by start + init (every rank's own deadline); init and the first collective get init each; the
+    # straggler rounds get what supervisor._allowance gives them.
     rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["init_timeout_s"]) \
         + float(cfg["sweep_budget_s"]) + 2 * float(cfg["size_budget_s"]) + 15
+    if plan is not None:
+        rank_timeout += len(plan["rounds"]) * (float(cfg["size_budget_s"]) + float(cfg["init_timeout_s"])) \
+            + float(cfg["init_timeout_s"]) + 10
     common = {"rank_params": rank_params, "rank_timeout_s": rank_timeout, "grace_s": float(cfg["grace_s"]),
               "ifnames": ifnames, "port": port}
     jobs = _plan_jobs(hosts, master_addr, port)
-    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts" % (facts["world_size"], backend, len(hosts)))
+    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts%s" % (
+        facts["world_size"], backend, len(hosts), ", then %d straggler rounds" % len(plan["rounds"]) if plan else ""))
     results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
     ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
     layout = [{"rank": r.get("rank"), "local_rank": r.get("local_rank"), "host": r.get("host"), "pid": r.get("pid"),
@@ -495,10 +554,16 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
             _merge(localization["suspects"], iperf_suspects)
         facts["localization"] = localization
         return done(facts.get("status") or "failed")
+    if plan is not None:
+        facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
+    named = find_stragglers(facts.get("stragglers"), cfg)
     findings, _ = judge(facts, cfg)
     if any(f.status in (Status.WARN, Status.FAIL) for f in findings) and len(hosts) >= 2:
         _merge(localization["suspects"], iperf_suspects)
-        if cfg["pairwise"] and len(hosts) >= 3:
+        _merge(localization["suspects"], [{"host": h, "reason": describe_straggler(h, s, facts["stragglers"], cfg),
+                                           "source": "stragglers", "kind": "slow"} for h, s in named.items()])
+        # The straggler rounds measured every ring pair already: the pairwise runs would measure them again.
+        if cfg["pairwise"] and len(hosts) >= 3 and len(host_rates(facts.get("stragglers") or {})) < 3:
             cluster.progress.note("allreduce: busbw low; pairwise runs to find the slow host")
             nbytes = min(int(sizes[-1]["bytes"]), int(cfg["pair_max_bytes"]))
             localization["pairwise"] = _pairwise(cluster, hosts, addr_of, common, cfg, "bandwidth", nbytes, owner)

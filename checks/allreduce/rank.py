@@ -4,7 +4,8 @@ Started by ``supervisor.run`` as ``agent.spawn_call("allreduce.rank.run", ...)``
 MASTER_ADDR and MASTER_PORT set. It prints phase markers for the supervisor (``@@ALLREDUCE-PHASE {"phase": "init"}``)
 and returns, e.g.::
 
-    {"rank": 1, "ok": true, "phase": "done", "sizes": [{"bytes": 1048576, "time_s": 0.058, "iters": 3}, ...]}
+    {"rank": 1, "ok": true, "phase": "done", "sizes": [{"bytes": 1048576, "time_s": 0.058, "iters": 3,
+                                                        "iter_s": [0.057, 0.059, 0.058]}, ...]}
     {"rank": 2, "ok": false, "phase": "rendezvous", "kind": "rendezvous", "target": "198.18.0.1",
      "error": "could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s (connection timed out: ...)"}
 """
@@ -136,21 +137,27 @@ def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) 
                           % (world, human_bytes(nbytes)))
         k = max(1, min(iters, int((budget - warm) / max(warm, 1e-6))))
         barrier()
+        # Each iteration is timed on its own: their spread is the measurement's noise, which the straggler
+        # detector (stragglers.py) needs to tell a slow host from a noisy one.
         if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(k):
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(k + 1)]
+            events[0].record()
+            for i in range(k):
                 dist.all_reduce(x)
-            end.record()
-            end.synchronize()
-            per_iter = begin.elapsed_time(end) / 1000.0 / k
+                events[i + 1].record()
+            events[-1].synchronize()
+            each = [events[i].elapsed_time(events[i + 1]) / 1000.0 for i in range(k)]
         else:
-            t0 = time.monotonic()
+            each = []
             for _ in range(k):
-                dist.all_reduce(x)
-            per_iter = (time.monotonic() - t0) / k
-        per_iter, spent = agree([per_iter, time.monotonic() - start])
-        rows.append({"bytes": int(nbytes), "time_s": per_iter, "iters": k, "warmup_s": round(warm, 6)})
+                t0 = time.monotonic()
+                dist.all_reduce(x)  # gloo on CPU tensors returns when the reduction is done
+                each.append(time.monotonic() - t0)
+        # The slowest rank's view of every iteration (all ranks agree on it, so all take the same decisions).
+        agreed = agree([sum(each) / k, time.monotonic() - start] + each)
+        per_iter, spent, each = agreed[0], agreed[1], agreed[2:]
+        rows.append({"bytes": int(nbytes), "time_s": per_iter, "iters": k, "warmup_s": round(warm, 6),
+                     "iter_s": [round(t, 6) for t in each]})
         del x
         total = warm + per_iter * k
         next_est = 2 * (warm + per_iter)  # the next size's warm-up plus one timed iteration
@@ -162,6 +169,55 @@ def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) 
             return rows, "%s would take ~%.1fs (size_budget_s %.0fs, sweep_budget_s %.0fs, %.1fs spent)" % (
                 human_bytes(nbytes * 2), next_est, budget, sweep_budget, spent)
     return rows, None
+
+
+def _straggler_rounds(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], rank: int) -> List[Dict[str, Any]]:
+    """After the sweep, in the same processes (no second torch start): the hosts paired around the ring, each pair
+    a 2-rank group of the hosts' first ranks, all pairs of a round at once, a global barrier between rounds. Each
+    pair times its iterations one by one (the pair's MAX of both ranks' views); a slow pair is cut to what fits in
+    size_budget_s, as in the sweep. Returns this rank's pairs: [{"round", "ranks", "iter_s"}]."""
+    plan = params["stragglers"]
+    cuda = dev.type == "cuda"
+    nbytes, iters, budget = int(plan["bytes"]), max(1, int(plan["iters"])), float(params["size_budget_s"])
+    # Every rank creates every group, in the same order (torch.distributed requires it, members or not).
+    groups = [[(pair, dist.new_group(ranks=list(pair))) for pair in rnd] for rnd in plan["rounds"]]
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def barrier() -> None:
+        if cuda:
+            dist.barrier(device_ids=[dev.index])
+        else:
+            dist.barrier()
+
+    mine: List[Dict[str, Any]] = []
+    for i, rnd in enumerate(groups):
+        barrier()
+        for pair, group in rnd:
+            if rank not in pair:
+                continue
+            x = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
+            t0 = time.monotonic()
+            dist.all_reduce(x, group=group)  # also connects the pair
+            sync()
+            warm = torch.tensor([time.monotonic() - t0], dtype=torch.float64, device=dev)
+            dist.all_reduce(warm, op=dist.ReduceOp.MAX, group=group)
+            k = max(1, min(iters, int((budget - float(warm.item())) / max(float(warm.item()), 1e-6))))
+            each = []
+            for _ in range(k):
+                t0 = time.monotonic()
+                dist.all_reduce(x, group=group)
+                sync()
+                each.append(time.monotonic() - t0)
+            agreed = torch.tensor(each, dtype=torch.float64, device=dev)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+            mine.append({"round": i, "ranks": list(pair), "iter_s": [round(float(t), 6) for t in agreed.tolist()],
+                         "warmup_s": round(float(warm.item()), 6)})
+            del x
+    barrier()
+    return mine
 
 
 def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
@@ -222,6 +278,15 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
         info["sizes"], info["stopped_early"] = _sweep(torch, dist, dev, params, info["world_size"])
         info["backend"] = backend
         info["ok"] = True
+        if params.get("stragglers"):
+            phase("stragglers")
+            t0 = time.monotonic()
+            try:
+                info["stragglers"] = _straggler_rounds(torch, dist, dev, params, info["rank"])
+            except Exception as exc:  # the sweep's result stands; the rounds only add evidence
+                info["stragglers_error"] = "%s: %s" % (type(exc).__name__, str(exc).strip()[:300])
+                initialized = False  # a communicator broken mid-collective can hang in destroy_process_group
+            info["stragglers_s"] = round(time.monotonic() - t0, 3)
         phase("done")
     except agent.Abort as exc:
         info.update(kind="aborted", error="aborted (%s) in phase %s after %.0fs"

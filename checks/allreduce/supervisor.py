@@ -204,6 +204,9 @@ def _allowance(phase: str, params: Dict[str, Any]) -> float:
     return {"start": float(params["start_timeout_s"]), "import": float(params["start_timeout_s"]),
             "rendezvous": starting, "join": starting, "init": init + 10, "connect": init + 10,
             "sweep": float(params["sweep_budget_s"]) + 2 * float(params["size_budget_s"]) + init + 10,
+            # each round: creating the groups and the barrier (init each at most), its pairs' size_budget_s
+            "stragglers": len((params.get("stragglers") or {}).get("rounds") or [])
+            * (float(params["size_budget_s"]) + init) + init + 10,
             }.get(phase, 30.0)
 
 

@@ -2,7 +2,8 @@
 
 Reads the facts ``coordinator.coordinate`` returns, e.g. ``{"status": "ok", "world_size": 3, "sizes": [{"bytes":
 8388608, "time_s": 0.48}], ...}``, and judges busbw against ``--min-busbw``, the published single-node baselines and
-the iperf3 measurement. Thresholds: the ``[allreduce]`` section of preflight/defaults.toml.
+the iperf3 measurement, and each host by the straggler rounds (``stragglers.py``). Thresholds: the ``[allreduce]``
+section of preflight/defaults.toml.
 """
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..base import Finding, Outcome, Status, combine, error, limits, skip
 from ..fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
+from .stragglers import describe as describe_straggler
+from .stragglers import find as find_stragglers
+from .stragglers import host_rates
 
 def _gpu_baseline(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Optional[Tuple[str, float]]:
     names = [n for ns in (facts.get("gpu_names") or {}).values() for n in ns]
@@ -187,6 +191,18 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
     if flagged and suspects:
         findings.append(Finding(flagged[0].status, "suspect: " + "; ".join(
             "%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4])))
+    rounds = facts.get("stragglers")
+    named = find_stragglers(rounds, cfg)
+    slow_fix = "check the named host's link: ethtool (speed), ip -s link (errors, drops), the cable and switch " \
+               "port; compare with the iperf3 check"
+    if isinstance(rounds, dict):
+        # The raw rounds (each pair's iteration times) as well: the detector can be rerun on a report.
+        metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named)
+        if named:
+            findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
+                                    "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
+                                        "%s at %.0f%% of the others (z %.1f)" % (h, 100 * s["ratio"], s["z"])
+                                        for h, s in list(named.items())[:4])), slow_fix))
     out = combine(findings, summary, metrics)
     if out.status != Status.PASS:
         out.message = summary + ": " + out.message
@@ -195,4 +211,12 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
         for s in suspects:
             result[s["host"]] = Outcome(max((f.status for f in flagged), key=lambda st: st.rank),
                                         "all-reduce: %s" % s["reason"], _host_fix(s, facts, flagged[0].fix))
+    for h, s in named.items():
+        status = Status.FAIL if s["status"] == "fail" else Status.WARN
+        prev = result.get(h)
+        if prev is not None:  # already a suspect of the flagged busbw: its reason includes this (coordinator)
+            result[h] = Outcome(max((prev.status, status), key=lambda st: st.rank), prev.message, prev.fix)
+        else:
+            result[h] = Outcome(status, "all-reduce: %s" % describe_straggler(h, s, rounds or {}, cfg),
+                                _host_fix({"host": h, "kind": "slow"}, facts, slow_fix))
     return result
