@@ -7,12 +7,10 @@ remote shell. ``transport.start(...)`` returns a RunningCommand for long-lived h
 from __future__ import annotations
 
 import base64
-import errno
 import fnmatch
 import hashlib
 import hmac
 import logging
-import math
 import os
 import resource
 import select
@@ -386,7 +384,6 @@ class _SSHCommand(RunningCommand):
         # The channel's fileno() becomes readable on stdout or stderr data, on EOF and on close.
         poller.register(chan.fileno(), select.POLLIN)
         quiet_since: Optional[float] = None
-        rc = -1
         try:
             while True:
                 got = self._drain()
@@ -413,11 +410,6 @@ class _SSHCommand(RunningCommand):
         except Exception:  # the connection dropped under us: report it as a failed command
             rc = -1
         finally:
-            # paramiko's exit status is -1 when the channel closed without one (the connection dropped).
-            if self._owner is not None and rc == -1:
-                lost = self._owner._connection_lost()
-                if lost:
-                    self._note_error(lost)
             if self._owner is not None:
                 self._owner._forget(self)
             # Closing frees the channel's wake-up pipe now; left to paramiko it waits for the garbage collector.
@@ -466,9 +458,6 @@ class SSHTransport(Transport):
         self._last_probe = 0.0
         self._probing = False
         self.dead = ""  # why the connection was declared dead ("" while alive)
-        # (idle, interval, count) of the kernel's TCP keepalives on a direct connection; None when the
-        # connection runs over a jump host's channel or a ProxyCommand (SSH keepalives watch those).
-        self._tcp_keepalive: Optional[Tuple[int, int, int]] = None
         self._proxy: Optional[_ProxySocket] = None  # the ProxyCommand this connection runs over
         self.via = ""  # "jump host bastion", "ProxyCommand": how the connection is made, when not direct
         self._jump: Optional[_Jump] = None  # the jump host connection it runs over (shared, ref-counted)
@@ -532,18 +521,13 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         # paramiko's reader thread wakes every 0.1 s by default; an idle connection should cost nothing.
         # Closing still stops it at once (close() shuts the socket down), and dead peers are found by the
-        # keepalives, not by this timeout.
+        # keepalives below, not by this timeout.
         try:
             transport.sock.settimeout(_TRANSPORT_WAKE_S)
         except OSError:
             pass
         self._client = client
-        if jump is None and proxy is None:
-            # Our own TCP socket: the kernel's keepalives (set in _tcp_connect) find a dead peer, and the
-            # reader thread, asleep in recv(), wakes with ETIMEDOUT. No Python runs per host until then.
-            self._tcp_keepalive = _keepalive_timing(self.options.connect_timeout)
-        else:
-            self._watch(transport)
+        self._watch(transport)
         self.connect_seconds = time.monotonic() - start
 
     def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
@@ -620,6 +604,16 @@ class SSHTransport(Transport):
             return None
         return info if len(info) >= 76 else None
 
+    def _kernel_silence_s(self) -> Optional[float]:
+        """Seconds since the kernel last received data or an ACK from the server (TCP_INFO), or None."""
+        info = self._tcp_info()
+        if info is None:
+            return None
+        # struct tcp_info: tcpi_last_data_recv at 52, tcpi_last_ack_recv at 56 (milliseconds ago).
+        data = int.from_bytes(info[52:56], sys.byteorder)
+        ack = int.from_bytes(info[56:60], sys.byteorder)
+        return min(data, ack) / 1000.0
+
     def _forget(self, cmd: "_SSHCommand") -> None:
         with self._lock:
             self._commands.pop(id(cmd), None)
@@ -651,6 +645,12 @@ class SSHTransport(Transport):
         silent = now - self._last_rx
         limit = interval * (KEEPALIVE_COUNT_MAX + 1)  # ~2x the connect timeout with the defaults below
         if silent >= limit:
+            # Nothing parsed from the server for that long. Before declaring it dead, ask the kernel: a
+            # coordinator thread starved by hundreds of busy connections parses late, but the kernel saw the
+            # server's ACKs and data arrive. A cut cable or a dead host leaves both silent.
+            kernel = self._kernel_silence_s()
+            if kernel is not None and kernel < limit:
+                return max(0.25, limit - kernel)
             self._declare_dead(f"the host stopped answering: no reply to {KEEPALIVE_COUNT_MAX} SSH keepalives "
                                f"in {silent:.0f}s (host down, network cut, or sshd hung)")
             return 3600.0
@@ -678,30 +678,6 @@ class SSHTransport(Transport):
             pass
         finally:
             self._probing = False
-
-    def _connection_lost(self) -> str:
-        """Why the connection ended under a running command, when the kernel gave it up ("" otherwise).
-
-        On a direct connection the kernel's keepalives (or TCP_USER_TIMEOUT, for data never acknowledged) end
-        it with ETIMEDOUT, which our socket keeps (_TCPSocket): paramiko takes it for its own socket timeout
-        and only sees the EOF that follows.
-        """
-        if self.dead:
-            return self.dead
-        client = self._client
-        transport = client.get_transport() if client is not None else None
-        if transport is None or transport.is_active():
-            return ""
-        exc = getattr(transport.sock, "lost", None)
-        if not isinstance(exc, OSError):
-            return ""
-        if exc.errno == errno.ETIMEDOUT and self._tcp_keepalive is not None:
-            idle, interval, count = self._tcp_keepalive
-            self.dead = (f"the host stopped answering: no reply to {count} TCP keepalives in "
-                         f"{idle + interval * count}s (host down or network cut)")
-        else:
-            self.dead = f"the connection to the host was lost: {exc.strerror or exc}"
-        return self.dead
 
     def _declare_dead(self, reason: str) -> None:
         self.dead = reason
@@ -787,54 +763,6 @@ def _check_keys(hop: "Hop") -> None:
                                  "in the ssh config)", "error")
 
 
-class _TCPSocket(socket.socket):
-    """A socket that remembers the error that ended the connection (``lost``).
-
-    Since Python 3.10 ETIMEDOUT is raised as TimeoutError, which is socket.timeout: paramiko's reader takes
-    the kernel's "the peer is dead" for its own recv timeout, reads again and reports a bare EOF.
-    """
-
-    __slots__ = ("lost",)
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        try:
-            return super().recv(bufsize, flags)
-        except OSError as exc:
-            if exc.errno is not None:  # a settimeout() expiry has none
-                self.lost = exc
-            raise
-
-    def send(self, data, flags: int = 0) -> int:  # type: ignore[override]
-        try:
-            return super().send(data, flags)
-        except OSError as exc:
-            if exc.errno is not None:
-                self.lost = exc
-            raise
-
-
-def _keepalive_timing(connect_timeout: float) -> Tuple[int, int, int]:
-    """(TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT) in whole seconds: silent for connect_timeout /
-    KEEPALIVE_COUNT_MAX, then that many unanswered probes, as the SSH keepalives of a proxied connection."""
-    interval = max(1, math.ceil(connect_timeout / KEEPALIVE_COUNT_MAX))
-    return interval, interval, KEEPALIVE_COUNT_MAX
-
-
-def _set_tcp_keepalive(sock: socket.socket, connect_timeout: float) -> None:
-    """Let the kernel find a dead peer (OpenSSH's TCPKeepAlive, with ServerAliveInterval's timing): no thread
-    of ours wakes per host. TCP_USER_TIMEOUT bounds data that is never acknowledged (a send to a host whose
-    cable was cut), which keepalives do not cover: the same total silence."""
-    idle, interval, count = _keepalive_timing(connect_timeout)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, (idle + interval * count) * 1000)
-    except (AttributeError, OSError):
-        pass  # not Linux: the connection still works, without dead-peer detection
-
-
 def _tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
     host, port = hop.hostname, hop.port
     try:
@@ -844,7 +772,7 @@ def _tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
                              "check the hostfile name, /etc/hosts or DNS "
                              "(or set HostName in ~/.ssh/config)") from None
     family, _, _, _, sockaddr = infos[0]
-    sock = _TCPSocket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(sockaddr)
@@ -862,7 +790,6 @@ def _tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
         raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
                              "check the network path to the host (a ProxyJump in the ssh config if it is only "
                              "reachable through a jump host)") from None
-    _set_tcp_keepalive(sock, timeout)
     return sock
 
 
@@ -1399,9 +1326,7 @@ def _file_signature(path: Path) -> Tuple[int, int, int]:
 
 # ServerAliveCountMax: unanswered keepalives before a host is declared dead. With the interval at
 # connect_timeout / KEEPALIVE_COUNT_MAX, a silent host is dead after ~(1 + 1/3) x the connect timeout of
-# silence, and found within ~2x (OpenSSH's default count is 3 too). A direct connection has the kernel's TCP
-# keepalives with the same timing (_set_tcp_keepalive); the SSH keepalives below are for connections over a
-# jump host's channel or a ProxyCommand, which have no TCP socket of ours.
+# silence, and found within ~2x (OpenSSH's default count is 3 too).
 KEEPALIVE_COUNT_MAX = 3
 # A prober thread busy this long on one send is presumed stuck; the next keepalive starts another.
 _PROBE_STUCK_S = 0.25
@@ -1413,8 +1338,7 @@ _TRANSPORT_WAKE_S = 30.0
 
 
 class _Liveness:
-    """One thread that keeps an eye on every SSH connection through a jump host or a ProxyCommand, instead of
-    a timer per host (direct connections are the kernel's: TCP keepalives)."""
+    """One thread that keeps an eye on every open SSH connection, instead of a timer per host."""
 
     def __init__(self) -> None:
         self._conns: Dict[int, SSHTransport] = {}

@@ -3,8 +3,8 @@
 An in-process run over a namespace cluster of real sshd hosts counts the coordinator's threads while it works
 (each host's connection has paramiko's reader and the agent channel's reader; nothing else per host may wait
 in a thread of its own), the host checks request sent to each host must not carry every host's address
-(O(N^2) bytes over a run), and a direct connection leaves dead-peer detection to the kernel's TCP
-keepalives, so no Python thread wakes per host. Sample of what the thread test prints (-s):
+(O(N^2) bytes over a run), and connections are watched by SSH keepalives sent from a few shared prober
+threads, not a thread per host. Sample of what the thread test prints (-s):
 
     16 hosts: 2.06 threads/host at the peak (baseline 3, peak 36), 2.00 in the host checks
 """
@@ -23,7 +23,7 @@ from preflight.checks.base import parallel_map
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import Progress, RunOptions, Runner
-from preflight.transport import _LIVENESS, KEEPALIVE_COUNT_MAX, SSHOptions, SSHTransport, _SSHCommand
+from preflight.transport import _LIVENESS, SSHOptions, SSHTransport, _SSHCommand
 from tests.netcluster import NetCluster
 
 N = 16
@@ -125,7 +125,12 @@ def test_host_checks_request_does_not_grow_with_the_number_of_hosts(cluster, mon
     assert params_bytes(1000) == params_bytes(2)
 
 
-def test_direct_connections_use_kernel_keepalives(cluster):
+def test_direct_connections_are_watched_by_ssh_keepalives_not_the_kernels(cluster):
+    # Kernel TCP keepalives (one probe each, never retransmitted, plus TCP_USER_TIMEOUT) were tried for direct
+    # connections: at 1,000 namespace hosts on this overloaded 2-core machine one run lost 124 healthy hosts'
+    # connections ("no reply to 3 TCP keepalives in 16s", bench/results/scale-flat.txt). SSH keepalives are data
+    # that TCP retransmits, judged against the kernel's last receive time, so they stay for every connection until
+    # that is understood; they cost the coordinator ~1 ms/host at 256 hosts (bench/results/scale-flat-ab256.txt).
     conn = SSHTransport(cluster.hosts[0].name, SSHOptions(config_path=str(cluster.ssh_config),
                                                           key=str(cluster.user_key),
                                                           known_hosts=str(cluster.known_hosts),
@@ -133,15 +138,9 @@ def test_direct_connections_use_kernel_keepalives(cluster):
     conn.connect()
     try:
         sock = conn._client.get_transport().sock
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        # connect_timeout / KEEPALIVE_COUNT_MAX between probes, KEEPALIVE_COUNT_MAX of them: a dead host is
-        # found after 8 s of silence, as the SSH keepalives of a proxied connection find it.
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 2
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == KEEPALIVE_COUNT_MAX
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 8000
-        with _LIVENESS._lock:  # no SSH keepalives from Python for it
-            assert id(conn) not in _LIVENESS._conns
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+        with _LIVENESS._lock:
+            assert id(conn) in _LIVENESS._conns
         assert conn.run(["true"], timeout=20).rc == 0
     finally:
         conn.close()
