@@ -622,14 +622,19 @@ def _wait_no_survivors(cluster, seconds: float = 5.0) -> dict:
         time.sleep(0.5)
 
 
-def test_equal_links_busbw_matches_the_shaped_rate(cluster3, tmp_path):
-    for h in cluster3.hosts:
-        cluster3.shape(h, RATE_MBIT)
+def run_cli_shaped(cluster, tmp_path: Path, rates: dict, **kwargs) -> tuple:
+    """run_cli with every host's link shaped to rates.get(name, RATE_MBIT) Mbit/s, unshaped afterwards."""
+    for h in cluster.hosts:
+        cluster.shape(h, rates.get(h.name, RATE_MBIT))
     try:
-        proc, cells, elapsed = run_cli(cluster3, tmp_path)
+        return run_cli(cluster, tmp_path, **kwargs)
     finally:
-        for h in cluster3.hosts:
-            cluster3.unshape(h)
+        for h in cluster.hosts:
+            cluster.unshape(h)
+
+
+def test_equal_links_busbw_matches_the_shaped_rate(cluster3, tmp_path):
+    proc, cells, elapsed = run_cli_shaped(cluster3, tmp_path, {})
     star = cells["*"]
     assert star["status"] == "pass", f"{star['message']}\n{proc.stdout}\n{proc.stderr}"
     assert set(cells) == {"*"}, "nothing may be flagged on equal links"
@@ -700,16 +705,12 @@ def test_host_that_ports_found_firewalled_is_left_out_and_the_rest_still_runs(cl
 
 
 def test_a_slow_host_is_named_when_busbw_is_below_min_busbw(cluster3, tmp_path):
-    for h in cluster3.hosts:
-        cluster3.shape(h, RATE_MBIT if h.name != "node02" else RATE_MBIT / 4)
-    try:
-        # 0.02 GB/s: what equal links give (see above); node02 at a quarter of the rate drags the ring down.
-        # Up to 2 MiB only: at a quarter of the rate every size takes 4x longer, and so do the pairwise runs.
-        proc, cells, elapsed = run_cli(cluster3, tmp_path, extra=["--min-busbw", "0.02"],
-                                       config_text=TEST_CONFIG.replace("max_bytes = 8388608", "max_bytes = 2097152"))
-    finally:
-        for h in cluster3.hosts:
-            cluster3.unshape(h)
+    # 0.02 GB/s: what equal links give (see above); node02 at a quarter of the rate drags the ring down.
+    # Up to 2 MiB only: at a quarter of the rate every size takes 4x longer, and so do the pairwise runs.
+    proc, cells, elapsed = run_cli_shaped(cluster3, tmp_path, {"node02": RATE_MBIT / 4},
+                                          extra=["--min-busbw", "0.02"],
+                                          config_text=TEST_CONFIG.replace("max_bytes = 8388608",
+                                                                          "max_bytes = 2097152"))
     star = cells["*"]
     assert star["status"] == "fail", star["message"]
     assert "--min-busbw 0.02" in star["message"]
@@ -720,15 +721,9 @@ def test_a_slow_host_is_named_when_busbw_is_below_min_busbw(cluster3, tmp_path):
 
 
 def test_a_host_shaped_to_80_percent_is_named_by_the_straggler_rounds(cluster3, tmp_path):
-    for h in cluster3.hosts:
-        cluster3.shape(h, RATE_MBIT if h.name != "node03" else 0.8 * RATE_MBIT)
-    try:
-        # No --min-busbw: busbw itself is not judged, only the rounds can name node03 (80%: above the 75% floor,
-        # so it takes the statistics).
-        proc, cells, elapsed = run_cli(cluster3, tmp_path)
-    finally:
-        for h in cluster3.hosts:
-            cluster3.unshape(h)
+    # No --min-busbw: busbw itself is not judged, only the rounds can name node03 (80%: above the 75% floor,
+    # so it takes the statistics).
+    proc, cells, elapsed = run_cli_shaped(cluster3, tmp_path, {"node03": 0.8 * RATE_MBIT})
     star = cells["*"]
     rounds = star["metrics"].get("stragglers") or {}
     detail = f"{star['message']}\n{json.dumps(rounds.get('hosts'))}\n{proc.stderr[-2000:]}"
