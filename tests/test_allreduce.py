@@ -497,7 +497,7 @@ def test_two_hosts_one_unreachable_fails_without_running_anything():
     assert out["*"].status == Status.FAIL and "no all-reduce among the other 1 host" in out["*"].message
 
 
-# --- host side, on this machine (no SSH, no root) ----------------------------------------------------------------------
+# --- host side, on this machine (no SSH, no root) ---------------------------------------------------------------------
 
 def _free_port() -> int:
     import socket
