@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import Status, limits
 from ..fmt import gbps
+from ..robust import MAD_TO_SIGMA
 from .common import KIND_ORDER, NAME, addresses_in, bandwidth_table, classify, names, rank_list, sweep_sizes
 from .stragglers import describe as describe_straggler
 from .stragglers import find as find_stragglers
@@ -282,7 +283,7 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
             median = statistics.median(best.values())
             # The same rule as the iperf3 map: below the fraction, or a statistically clear deficit (robust z
             # against the hosts' spread, 1.4826 x MAD, at least noise_floor) that is also larger than min_deficit.
-            spread = 1.4826 * statistics.median([abs(b - median) for b in best.values()])
+            spread = MAD_TO_SIGMA * statistics.median([abs(b - median) for b in best.values()])
             sigma = max(spread, float((stats or {}).get("noise_floor", 1.0)) * median, 1e-12)
             for h, b in best.items():
                 z = (b - median) / sigma
