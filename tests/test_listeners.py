@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -41,11 +42,12 @@ _SCRIPT = textwrap.dedent('''
     during = listening()
     stop.set(); t.join(10)
     print(json.dumps({"during": during, "after": listening(), "ports": sorted(mine)}))
-''') % {"root": str(ROOT)}
+''')
 
 
 def run_in(cluster, host, which, params):
-    out = cluster.exec(host, [sys.executable, "-c", _SCRIPT, which, json.dumps(params)], timeout=60)
+    out = cluster.exec(host, [sys.executable, "-c", _SCRIPT % {"root": cluster.test_code}, which,
+                              json.dumps(params)], timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,8 +57,18 @@ def two_net(request):
     from tests.conftest import _skip_without_netcluster
     from tests.netcluster import NetCluster
     _skip_without_netcluster()
-    with NetCluster(1, networks=2, names=["node01"]) as cluster:
-        yield cluster
+    # The host has a private /tmp, so a checkout under /tmp is not visible in it: the host imports a copy of
+    # checks/ (as preflight.checks) from /run, which it shares.
+    code = Path(tempfile.mkdtemp(prefix="pf-listeners-", dir="/run"))
+    try:
+        (code / "preflight").mkdir()
+        (code / "preflight" / "__init__.py").write_text("")
+        shutil.copytree(ROOT / "checks", code / "preflight" / "checks")
+        with NetCluster(1, networks=2, names=["node01"]) as cluster:
+            cluster.test_code = str(code)
+            yield cluster
+    finally:
+        shutil.rmtree(code, ignore_errors=True)
 
 
 def test_ports_listeners_bind_only_the_probed_address(two_net):
