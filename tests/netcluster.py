@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import pwd
@@ -14,10 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Iterable, Iterator, Mapping, Sequence, Union
 
 __all__ = ["NetCluster", "NetClusterError", "Host"]
 
@@ -88,6 +90,26 @@ class Host:
 
 
 # ---------------------------------------------------------------- processes
+
+
+@contextlib.contextmanager
+def code_in_run(coordinator: bool = False) -> Iterator[Path]:
+    """A copy of the code under /run for a namespace host to import (put it on PYTHONPATH): checks/ as
+    preflight.checks and, with coordinator=True, the preflight package itself. A host mounts a private /tmp, so
+    a checkout under /tmp (as in `git clone . /tmp/fresh`) is invisible inside it; /run is shared."""
+    root = Path(__file__).resolve().parent.parent
+    code = Path(tempfile.mkdtemp(prefix="pf-code-", dir="/run"))
+    try:
+        if coordinator:
+            shutil.copytree(root / "preflight", code / "preflight",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (code / "preflight").mkdir()
+            (code / "preflight" / "__init__.py").write_text("")
+        shutil.copytree(root / "checks", code / "preflight" / "checks", ignore=shutil.ignore_patterns("__pycache__"))
+        yield code
+    finally:
+        shutil.rmtree(code, ignore_errors=True)
 
 
 def _search_path() -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -55,20 +54,11 @@ def run_in(cluster, host, which, params):
 @pytest.fixture(scope="module")
 def two_net(request):
     from tests.conftest import _skip_without_netcluster
-    from tests.netcluster import NetCluster
+    from tests.netcluster import NetCluster, code_in_run
     _skip_without_netcluster()
-    # The host has a private /tmp, so a checkout under /tmp is not visible in it: the host imports a copy of
-    # checks/ (as preflight.checks) from /run, which it shares.
-    code = Path(tempfile.mkdtemp(prefix="pf-listeners-", dir="/run"))
-    try:
-        (code / "preflight").mkdir()
-        (code / "preflight" / "__init__.py").write_text("")
-        shutil.copytree(ROOT / "checks", code / "preflight" / "checks")
-        with NetCluster(1, networks=2, names=["node01"]) as cluster:
-            cluster.test_code = str(code)
-            yield cluster
-    finally:
-        shutil.rmtree(code, ignore_errors=True)
+    with code_in_run() as code, NetCluster(1, networks=2, names=["node01"]) as cluster:
+        cluster.test_code = str(code)
+        yield cluster
 
 
 def test_ports_listeners_bind_only_the_probed_address(two_net):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from .netcluster import code_in_run
 from .slurmcluster import SlurmCluster, slurm_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,9 +65,16 @@ def test_testbed_runs_one_step_per_node_under_its_own_hostname_and_leaves_nothin
     assert cluster._munged is not None and cluster._munged.poll() is not None
 
 
-def _node_check(cluster: SlurmCluster, node: str, *args: str):
+@pytest.fixture(scope="module")
+def node_code():
+    """preflight as a node imports it: a copy under /run (a node's /tmp is private, and may hide the checkout)."""
+    with code_in_run(coordinator=True) as code:
+        yield code
+
+
+def _node_check(cluster: SlurmCluster, node: str, code: Path, *args: str):
     proc = cluster.node_exec(node, [sys.executable, "-m", "preflight", "node-check", "--python", sys.executable,
-                                    *args], timeout=120)
+                                    *args], timeout=120, env={"PYTHONPATH": str(code)})
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
 
@@ -203,9 +211,9 @@ def test_srun_run_names_the_node_whose_libaio_cannot_be_loaded(broken3, tmp_path
     assert "slm2::libaio FAILED" in proc.stdout
 
 
-def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(broken3):
+def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(broken3, node_code):
     cluster = broken3
-    procs = {n: _node_check(cluster, n, "--drain", "--checks", "libaio") for n in cluster.names}
+    procs = {n: _node_check(cluster, n, node_code, "--drain", "--checks", "libaio") for n in cluster.names}
     assert {n: p.returncode for n, p in procs.items()} == {"slm1": 0, "slm2": 1, "slm3": 0}, \
         {n: p.stdout + p.stderr for n, p in procs.items()}
     line = procs["slm2"].stdout.strip().splitlines()[-1]
@@ -217,12 +225,12 @@ def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_ow
     try:
         # A node an admin drained for another reason stays drained when it passes.
         cluster.client(["scontrol", "update", "nodename=slm1", "state=drain", "reason=admin: fan noise"])
-        proc = _node_check(cluster, "slm1", "--drain", "--checks", "libaio")
+        proc = _node_check(cluster, "slm1", node_code, "--drain", "--checks", "libaio")
         assert proc.returncode == 0 and "not drained by preflight" in proc.stderr
         assert cluster.drain_reasons()["slm1"] == "admin: fan noise"
         # Once repaired, the node preflight drained is resumed by the next passing health check.
         cluster.net.exec("slm2", ["umount", cluster.libaio], check=True)
-        proc = _node_check(cluster, "slm2", "--drain", "--checks", "libaio")
+        proc = _node_check(cluster, "slm2", node_code, "--drain", "--checks", "libaio")
         assert proc.returncode == 0 and "resumed" in proc.stderr, proc.stdout + proc.stderr
         assert set(cluster.drain_reasons()) == {"slm1"}
     finally:
