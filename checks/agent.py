@@ -268,7 +268,7 @@ def main(argv, code=None) -> int:
     request = json.loads(stdin.readline().decode())
     base.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
     if request.get("op") == "serve":
-        return serve(os.environ.get(RUN_ENV, ""))
+        return serve(os.environ.get(RUN_ENV, ""), bool(request.get("step")))
     return _run_one(request, stdin)
 
 
@@ -328,8 +328,25 @@ def _write_all(data: bytes) -> None:
         view = view[n:]
 
 
+# In a shared step (serve(step=True)) the agent's stdout reaches the coordinator through `srun --label`, which
+# labels whatever chunk it forwards and ends it with a newline: a length-prefixed frame would not survive. There
+# every frame is one line of base64 (no newline, no '.') ended by a '.', so the coordinator can join the pieces
+# of a split line per label and knows where a frame ends.
+LINE_FRAME = b"@@PL"
+_LINE_CHUNK = 768  # bytes of payload per line: 1,024 base64 characters, well inside any line buffer
+_line_frames = [False]
+
+
 def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
-    _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
+    if not _line_frames[0]:
+        _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
+        return
+    import base64
+    lines = []
+    for start in range(0, max(1, len(data)), _LINE_CHUNK if kind in (b"o", b"e") else max(1, len(data))):
+        chunk = base64.b64encode(data[start:start + _LINE_CHUNK] if kind in (b"o", b"e") else data)
+        lines.append(b"%s %d %s %s.\n" % (LINE_FRAME, rid, kind, chunk))
+    _write_all(b"".join(lines))
 
 
 def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
@@ -408,14 +425,27 @@ def _preload(names) -> int:
         signal.signal(signal.SIGALRM, previous)
 
 
-def serve(token: str) -> int:
+def serve(token: str, step: bool = False) -> int:
     """The persistent agent: one process per host for the whole run, a forked worker per request.
 
     Single-threaded (a select loop), so forking is safe. Its stdin is the run's lifeline: when it closes
     (coordinator done, killed, or the connection dropped) every worker's lifeline closes, stragglers are
     killed, and everything of the run still alive on the host is reaped before it exits.
+
+    With step=True it is one task of a Slurm step over every node, whose stdin srun broadcasts to all tasks:
+    it takes only the lines addressed to its node ("@NODE {request}"), writes line frames, and ends with a "q"
+    frame when asked to exit ({"op": "exit"}), since its task's end is not reported per node.
     """
     import selectors
+
+    route = b""
+    if step:
+        node = os.environ.get("SLURMD_NODENAME", "")
+        if not node:
+            sys.stderr.write("preflight agent: a shared step needs SLURMD_NODENAME (set by slurmd)\n")
+            return 2
+        route = b"@" + node.encode() + b" "
+        _line_frames[0] = True
 
     def on_signal(signum, frame):
         raise _Shutdown()
@@ -444,12 +474,18 @@ def serve(token: str) -> int:
             _frame(rid, b"x", str(worker.rc).encode())
 
     def handle(line: bytes) -> None:
+        if route:
+            if not line.startswith(route):
+                return  # another node's request
+            line = line[len(route):]
         try:
             msg = json.loads(line.decode())
             rid = int(msg["id"])
             op = msg["op"]
         except (ValueError, KeyError, TypeError):
             return  # not ours: the coordinator only sends well-formed requests
+        if op == "exit":
+            raise _Shutdown()
         if op in ("stop", "kill"):
             if rid in workers:
                 _close_lifeline(workers[rid])
@@ -467,6 +503,8 @@ def serve(token: str) -> int:
 
     try:
         hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        if route:
+            hello["node"] = route[1:-1].decode()
         _frame(0, b"h", json.dumps(hello).encode())
         while stdin_open or workers:
             timeout = 1.0 if workers else None  # idle: sleep until the coordinator says something
@@ -533,5 +571,10 @@ def serve(token: str) -> int:
         try:
             reap({"token": token}, None)  # type: ignore[arg-type]  # grandchildren in their own sessions
         except Exception:
+            pass
+    if route:
+        try:
+            _frame(0, b"q")
+        except OSError:
             pass
     return 0

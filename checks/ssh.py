@@ -33,8 +33,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     rtt = facts.get("rtt_ms")
     if facts.get("via") == "srun":
         # A step launch goes through slurmctld and slurmd: its time is not a network round trip.
-        return Outcome(Status.PASS, "reached %s as a Slurm job step (srun), no SSH; step round trip %.0f ms"
-                       % (facts.get("hostname"), rtt or 0.0), metrics=metrics)
+        step = "one step shared by every node" if facts.get("step") == "shared" else "a job step of its own"
+        return Outcome(Status.PASS, "reached %s in %s (srun), no SSH; step launch %.0f ms"
+                       % (facts.get("hostname"), step, rtt or 0.0), metrics=metrics)
     via = facts.get("via")
     # Through a jump host or a ProxyCommand the round trip is timed at the SSH level (no TCP socket of ours).
     message = "connected to %s as %s in %.2fs%s, %s round trip %.1f ms" % (

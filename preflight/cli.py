@@ -254,7 +254,7 @@ def build_options(args: argparse.Namespace):
         "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
         "input_notes": notes, "info_notes": info,
         "checkpoint_dir": args.checkpoint_dir,
-        "transport": transport, "host_source": host_source,
+        "transport": transport, "host_source": host_source, "srun_steps": args.srun_steps,
     }
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
@@ -388,6 +388,9 @@ def _add_slurm_options(run: argparse.ArgumentParser) -> None:
     g.add_argument("--transport", choices=["ssh", "srun"], default=None,
                    help="how to reach the hosts: ssh (default with --hostfile) or srun job steps (default inside "
                         "a Slurm allocation without --hostfile; needs no SSH keys)")
+    g.add_argument("--srun-steps", choices=["shared", "per-node"], default="shared",
+                   help="with --transport srun: every node's agent in one step (shared, the default: faster to "
+                        "launch, one step for slurmctld) or a step per node")
     g.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
                    help="slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)")
 

@@ -145,7 +145,7 @@ class _Session:
 
     _HEADER_MAX = 200
 
-    def __init__(self, transport: Transport, argv: Sequence[str]):
+    def __init__(self, transport: Transport, argv: Sequence[str], channel: Optional[RunningCommand] = None):
         self._lock = threading.Lock()
         self._pending: Dict[int, _Request] = {}
         self._queued: list = []  # requests sent before the agent said it is ready
@@ -158,8 +158,12 @@ class _Session:
         self._ready_event = threading.Event()
         self.hello: Dict[str, Any] = {}
         self.dead = False
-        code = agent_code()
-        self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n', keep_stdin_open=True)
+        if channel is not None:  # an agent already started elsewhere (one of a shared srun step's tasks)
+            self._cmd = channel
+        else:
+            code = agent_code()
+            self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n',
+                                        keep_stdin_open=True)
         self._cmd.stream_to(self._on_data)
         self._cmd.add_done_callback(self._channel_ended)
 
@@ -318,13 +322,13 @@ class Agent:
         self._session: Optional[_Session] = None
         self._lock = threading.Lock()
 
-    def _argv(self) -> Sequence[str]:
+    def argv(self) -> Sequence[str]:
         return [self.python, "-c", BOOTSTRAP, self.token]
 
     def _start(self, request: Dict[str, Any]) -> RunningCommand:
         with self._lock:
             if self._session is None or self._session.dead:
-                self._session = _Session(self.transport, self._argv())
+                self._session = _Session(self.transport, self.argv())
             session = self._session
         return session.request(request, self.max_output)
 
@@ -335,12 +339,18 @@ class Agent:
         if session is not None:
             session.close()
 
+    def adopt(self, channel: RunningCommand) -> None:
+        """Talk to an agent started elsewhere (its task in a SharedStep) instead of starting one; once that one
+        is gone, the next request starts the host's own as usual."""
+        with self._lock:
+            self._session = _Session(self.transport, self.argv(), channel)
+
     def open(self, timeout: float) -> Optional[Dict[str, Any]]:
         """Start the host's agent now and wait for its hello; None when it is not up within timeout (it may
         still come up: later requests wait for it under their own deadlines)."""
         with self._lock:
             if self._session is None or self._session.dead:
-                self._session = _Session(self.transport, self._argv())
+                self._session = _Session(self.transport, self.argv())
             session = self._session
         return session.wait_ready(timeout)
 

@@ -18,10 +18,10 @@ from preflight import checks as registry
 from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
-from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget
+from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, agent_code, collect_budget
 from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
                                  TransportError, raise_fd_limit)
-from preflight.transport_srun import SrunTransport
+from preflight.transport_srun import SharedStep, SrunTransport
 
 
 @dataclass
@@ -134,6 +134,7 @@ class Runner:
         self.results: List[Result] = []
         self.facts: Dict[str, Dict[str, Any]] = {}
         self.nodes: List[Node] = []
+        self.step: Optional[SharedStep] = None
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
@@ -162,6 +163,12 @@ class Runner:
         # so that the ssh check stays about SSH and the python check reports the interpreter.
         started = time.monotonic()
         hello = node.agent.open(self.o.ssh.connect_timeout)
+        step = "shared" if self.step is not None and isinstance(transport, SrunTransport) else "own"
+        if hello is None and step == "shared":
+            # Its task in the shared step did not come up (or the step failed): a step of its own.
+            node.agent.close()
+            started, step = time.monotonic(), "own"
+            hello = node.agent.open(self.o.ssh.connect_timeout)
         if hello is not None:
             probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
         else:
@@ -174,7 +181,7 @@ class Runner:
                           "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if isinstance(transport, SrunTransport):
-            node.ssh_facts["via"] = "srun"
+            node.ssh_facts.update(via="srun", step=step)
         elif transport.via:
             node.ssh_facts["via"] = transport.via
         if probe.rc != 0:
@@ -183,8 +190,24 @@ class Runner:
                                   fix="check the user's login shell and ForceCommand on the host",
                                   status="error")
 
+    def _start_shared_step(self) -> None:
+        """With srun, every node's agent starts at once as one step (SharedStep); each node's agent adopts
+        its task. A node whose task does not come up gets a step of its own in _connect."""
+        srun_nodes = [n for n in self.nodes if isinstance(n.transport, SrunTransport)]
+        if not srun_nodes or self.o.extra.get("srun_steps", "shared") != "shared":
+            return
+        code = agent_code()
+        first = srun_nodes[0]
+        assert isinstance(first.transport, SrunTransport)
+        self.step = SharedStep([n.name for n in srun_nodes], first.agent.argv(),
+                               b"%d\n" % len(code) + code + b'{"op": "serve", "step": true}\n',
+                               first.transport.job_id)
+        for node in srun_nodes:
+            node.agent.adopt(self.step.channels[node.name])
+
     def _connect_all(self) -> None:
         self.progress.phase("connecting", len(self.nodes))
+        self._start_shared_step()
 
         def one(node: Node) -> None:
             self._connect(node)
@@ -333,6 +356,8 @@ class Runner:
 
         # Closing does not wait on the hosts; --parallel at a time is plenty.
         parallel_map(close, self.nodes, max(1, self.o.parallel), max(5.0, started + 30 - time.monotonic()))
+        if self.step is not None:
+            self.step.close()
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:

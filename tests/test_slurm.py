@@ -203,12 +203,26 @@ def _sruns_of(job: str) -> list:
     return found
 
 
-def test_srun_run_names_the_node_whose_libaio_cannot_be_loaded(broken3, tmp_path):
-    proc, cells = _salloc_run(broken3, tmp_path, "--checks", "libaio")
+def _step_launches(cluster: SlurmCluster) -> dict[str, list[str]]:
+    """{node: [StepId of every task launch, in order]} from each node's slurmd.log."""
+    return {n: re.findall(r"launch task StepId=(\S+)", (cluster.dir / "nodes" / n / "slurmd.log").read_text())
+            for n in cluster.names}
+
+
+@pytest.mark.parametrize("steps", ["shared", "per-node"])
+def test_srun_run_names_the_node_whose_libaio_cannot_be_loaded(broken3, tmp_path, steps):
+    before = _step_launches(broken3)
+    proc, cells = _salloc_run(broken3, tmp_path, "--checks", "libaio", "--srun-steps", steps)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert cells[("slm2", "libaio")]["status"] == "fail" and "load" in cells[("slm2", "libaio")]["message"]
     assert cells[("slm1", "libaio")]["status"] == "pass" and cells[("slm3", "libaio")]["status"] == "pass"
     assert "slm2::libaio FAILED" in proc.stdout
+    # The agents ran as one step over the three nodes, or as a step per node; no other step was launched.
+    launched = {n: ids[len(before[n]):] for n, ids in _step_launches(broken3).items()}
+    assert all(len(ids) == 1 for ids in launched.values()), launched
+    assert len({ids[0] for ids in launched.values()}) == (1 if steps == "shared" else 3), launched
+    wanted = "one step shared by every node" if steps == "shared" else "a job step of its own"
+    assert all(wanted in cells[(n, "ssh")]["message"] for n in broken3.names), cells
 
 
 def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(broken3, node_code):
