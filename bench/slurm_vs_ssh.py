@@ -4,16 +4,17 @@ Each size builds one Slurm test bed (tests/slurmcluster.py: a real slurmctld, on
 namespace node, a shared munged; every node's ~/.bashrc is /dev/null, as in bench/scale.py, so that SSH's
 login shell does not pay root's pyenv init, which srun's directly exec'd tasks never run) and allocates all its
 nodes once (`salloc --no-shell -N n`, outside the timing). Then `preflight run --checks interfaces,memlock`
-runs over each transport, interleaved (ssh, srun, ssh, srun, ...; a slow minute on this shared machine hits
-both alike), and the medians of --reps are reported:
+runs over each transport, interleaved (ssh, srun, srun-per-node, ssh, ...; a slow minute on this shared machine
+hits all alike), and the medians of --reps are reported. The transports: ssh (a hostfile), srun (every node's
+agent in one shared step, the default) and srun-per-node (`--srun-steps per-node`: a step per node):
 
 - wall_s: the CLI's wall time, timed from the outside;
 - coord_ms_per_host: CPU of the coordinator's Python process itself, per host;
 - submit_ms_per_host: CPU of the whole submit host side per host: the coordinator plus the srun clients it
   starts (one per node; SSH has none), i.e. what the machine running preflight pays;
 - first_host_s: when the first host was connected (its agent said hello), from the progress lines;
-- ctld_ms_per_step: slurmctld's CPU (from /proc, its pid file) per job step the run created (srun: one per node);
-- ratio: srun over ssh for wall time and CPU.
+- ctld_cpu_s: slurmctld's CPU (from /proc, its pid file) during the run;
+- ratio: each srun mode over ssh for wall time and CPU; vs_per_node: the shared step over a step per node.
 
 Then the per-host check phase alone, both ways, side by side (interleaved, medians of --reps), twice: with
 `true` (launch only) and with the real agent running the same collect request (the agent code on stdin, kept
@@ -180,6 +181,8 @@ def _run(cluster: SlurmCluster, transport: str, workdir: Path, env: Dict[str, st
         f.unlink(missing_ok=True)
     py = sys.executable
     args = ["run", "--python", py, "--checks", CHECKS, "--json", str(report), "--parallel", "64"]
+    if transport != "ssh":
+        args += ["--srun-steps", "per-node" if transport == "srun-per-node" else "shared"]
     if transport == "ssh":
         hostfile = cluster.net.hostfile(workdir / "hostfile", names=cluster.names)
         args += ["--hostfile", str(hostfile), "--transport", "ssh", "--ssh-config", str(cluster.net.ssh_config),
@@ -337,7 +340,11 @@ def _check_phase(cluster: SlurmCluster, job: str, reps: int) -> Dict[str, Any]:
     return out
 
 
-def measure(n: int, reps: int, workdir: Path) -> List[Dict[str, Any]]:
+TRANSPORTS = ("ssh", "srun", "srun-per-node")
+
+
+def measure(n: int, reps: int, workdir: Path, transports: Sequence[str] = TRANSPORTS,
+            phase: bool = True) -> List[Dict[str, Any]]:
     machine0 = _machine()
     built = time.monotonic()
     setup = {}
@@ -357,17 +364,17 @@ def measure(n: int, reps: int, workdir: Path) -> List[Dict[str, Any]]:
         ssh_env = dict(cluster.env)
         srun_env = dict(cluster.env, SLURM_JOB_ID=job[1], SLURM_JOB_NODELIST=nodelist,
                         SLURM_TASKS_PER_NODE=f"1(x{n})")
-        samples: Dict[str, list] = {"ssh": [], "srun": []}
+        samples: Dict[str, list] = {t: [] for t in transports}
         for rep in range(reps):
-            for transport, env in (("ssh", ssh_env), ("srun", srun_env)):  # interleaved
-                s = _run(cluster, transport, workdir, env)
+            for transport in transports:  # interleaved
+                s = _run(cluster, transport, workdir, ssh_env if transport == "ssh" else srun_env)
                 samples[transport].append(s)
                 print(f"{n} nodes {transport} rep {rep}: {s['wall_s']:.1f} s, coordinator {s['coord_cpu_s']:.2f} "
                       f"CPU-s, submit host {s['submit_cpu_s']:.2f} CPU-s, slurmctld {s['ctld_cpu_s']:.2f} CPU-s, "
                       f"exit {s['exit']}, load {s['load']:.1f} {s['summary']} {s['problems'][:2]}{s['stderr_tail']} "
                       f"slurmctld errors {s['ctld_errors']}",
                       file=sys.stderr, flush=True)
-        steps = _check_phase(cluster, job[1], reps)
+        steps = _check_phase(cluster, job[1], reps) if phase else {}
         ctld_rss = _rss_mib(ctld_pid)
         cluster.client(["scancel", job[1]], check=False)
     bed = {"bed_build_s": round(build_s, 1), "neighbour_thresholds": neigh,
@@ -382,15 +389,21 @@ def measure(n: int, reps: int, workdir: Path) -> List[Dict[str, Any]]:
         rows.append({"hosts": n, "transport": transport, **med,
                      "coord_ms_per_host": round(1000 * med["coord_cpu_s"] / n, 1),
                      "submit_ms_per_host": round(1000 * med["submit_cpu_s"] / n, 1),
-                     # srun: one step per node (the agent); ssh creates none (its ctld CPU is the idle baseline)
-                     "ctld_ms_per_step": round(1000 * med["ctld_cpu_s"] / n, 2) if transport == "srun" else None,
                      "exit": max(r["exit"] for r in runs), **bed, "runs": runs})
-    ssh, srun = rows
-    srun["check_phase"] = steps
-    srun["wall_ratio"] = round(srun["wall_s"] / ssh["wall_s"], 2)
-    srun["submit_cpu_ratio"] = round(srun["submit_cpu_s"] / ssh["submit_cpu_s"], 2)
-    srun["coord_cpu_ratio"] = round(srun["coord_cpu_s"] / ssh["coord_cpu_s"], 2)
-    srun["first_host_ratio"] = round(srun["first_host_s"] / ssh["first_host_s"], 2) if ssh["first_host_s"] else None
+    by = {r["transport"]: r for r in rows}
+    srun_rows = [r for r in rows if r["transport"] != "ssh"]
+    if srun_rows and steps:
+        srun_rows[0]["check_phase"] = steps
+    for name, row in by.items():
+        if name == "ssh":
+            continue
+        for base, prefix in (("ssh", ""), ("srun-per-node", "vs_per_node_")):
+            other = by.get(base)
+            if other is None or other is row:
+                continue
+            for key, label in (("wall_s", "wall_ratio"), ("submit_cpu_s", "submit_cpu_ratio"),
+                               ("coord_cpu_s", "coord_cpu_ratio"), ("first_host_s", "first_host_ratio")):
+                row[prefix + label] = round(row[key] / other[key], 2) if other[key] else None
     return rows
 
 
@@ -421,11 +434,13 @@ def extrapolate(rows: List[Dict[str, Any]], targets=(1000, 4000)) -> List[Dict[s
 
 
 def print_tables(rows: List[Dict[str, Any]]) -> None:
-    print(table(["hosts", "transport", "wall_s", "coord_ms/host", "submit_ms/host", "first_host_s", "ctld_ms/step",
-                 "exit", "load", "wall_ratio", "coord_ratio", "submit_ratio", "first_ratio"],
+    print(table(["hosts", "transport", "wall_s", "coord_ms/host", "submit_ms/host", "first_host_s", "ctld_cpu_s",
+                 "exit", "load", "wall_ratio", "coord_ratio", "submit_ratio", "first_ratio", "wall_vs_per_node",
+                 "submit_vs_per_node"],
                 [[r["hosts"], r["transport"], r["wall_s"], r["coord_ms_per_host"], r["submit_ms_per_host"],
-                  r["first_host_s"], r.get("ctld_ms_per_step") or "", r["exit"], r["load"], r.get("wall_ratio", ""),
-                  r.get("coord_cpu_ratio", ""), r.get("submit_cpu_ratio", ""), r.get("first_host_ratio", "")]
+                  r["first_host_s"], r.get("ctld_cpu_s", ""), r["exit"], r["load"], r.get("wall_ratio", ""),
+                  r.get("coord_cpu_ratio", ""), r.get("submit_cpu_ratio", ""), r.get("first_host_ratio", ""),
+                  r.get("vs_per_node_wall_ratio", ""), r.get("vs_per_node_submit_cpu_ratio", "")]
                  for r in rows]))
     print()
     phase_rows = []
@@ -460,13 +475,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
+    parser.add_argument("--no-phase", action="store_true", help="skip the raw per-host check phase comparison")
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/slurm_vs_ssh.json)")
     parser.add_argument("--report", nargs="+", metavar="JSON", help="print the tables and the model of earlier "
                         "results files together (no run)")
     args = parser.parse_args(argv)
     if args.report:
         merged = [r for f in args.report for r in json.loads(Path(f).read_text())["rows"]]
-        print_tables(sorted(merged, key=lambda r: (r["hosts"], r["transport"] != "ssh")))
+        print_tables(sorted(merged, key=lambda r: (r["hosts"], TRANSPORTS.index(r["transport"])
+                                                   if r["transport"] in TRANSPORTS else 9)))
         return 0
     if bad := [n for n in args.sizes if not 1 <= n <= 252]:
         sys.exit(f"--sizes: {bad[0]} is outside 1..252 (one /24 holds the controller and 252 nodes)")
@@ -475,7 +493,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pf-slurm-bench-") as tmp:
         for n in args.sizes:
-            rows += measure(n, args.reps, Path(tmp))
+            rows += measure(n, args.reps, Path(tmp), args.transports, not args.no_phase)
             write_json("slurm_vs_ssh", {"checks": CHECKS, "reps": args.reps, "cores": os.cpu_count(), "rows": rows,
                                         "extrapolation": extrapolate(rows)}, args.out)
     print_tables(rows)
