@@ -226,6 +226,111 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
     return Cmd(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - start)
 
 
+class _Forked:
+    """A forked child seen as much of a Popen as stop() and LIVE need (pid, poll, wait)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def fork_python(script: str, timeout: float = 10.0) -> Cmd:
+    """Run a Python script in a forked child of this process, like ``sh([sys.executable, "-c", script])``
+    but inheriting what this process already imported: after the python check imported torch in the same
+    worker, ds_report's DeepSpeed probe skips a second torch import (1.5-3 s a host). Own process group,
+    a deadline, stdout/stderr read concurrently, tracked in LIVE like a spawned child."""
+    import selectors
+    import signal
+    import sys
+    start = time.monotonic()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        rc = 1
+        try:
+            os.setpgid(0, 0)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (null, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+            exec(compile(script, "<forked>", "exec"), {"__name__": "__main__"})
+            rc = 0
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    os.close(out_w)
+    os.close(err_w)
+    child = _Forked(pid)
+    LIVE.add(child)  # type: ignore[arg-type]  # stop() and kill_all() need only pid, poll and wait
+    chunks: Dict[int, List[bytes]] = {out_r: [], err_r: []}
+    sel = selectors.DefaultSelector()
+    for fd in chunks:
+        sel.register(fd, selectors.EVENT_READ)
+    code: Optional[int] = None
+    try:
+        deadline = start + timeout
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in sel.select(min(left, 1.0)):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+        if not sel.get_map():
+            try:
+                code = child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+    finally:
+        if code is None or child.poll() is None:
+            stop(child, grace=0)  # type: ignore[arg-type]
+        LIVE.discard(child)  # type: ignore[arg-type]
+        sel.close()
+        os.close(out_r)
+        os.close(err_r)
+    err = b"".join(chunks[err_r])
+    if code is None:
+        code = 124
+        err += b"\nforked python: timed out after %.0fs" % timeout
+    return Cmd(code, b"".join(chunks[out_r]).decode(errors="replace"), err.decode(errors="replace"),
+               time.monotonic() - start)
+
+
 class NVMLUnavailable(Exception):
     """NVML could not be opened; the message is the fact to record, ``module`` the nvidia-ml-py version if any."""
 

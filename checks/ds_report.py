@@ -24,7 +24,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional
 
-from .base import Finding, HostContext, Outcome, Status, combine, error, limits, sh
+from .base import Finding, HostContext, Outcome, Status, combine, error, fork_python, limits, sh
 
 NAME = "ds_report"
 DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"
@@ -189,7 +189,12 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         "tool_timeout": None, "required_ops": list(ctx.params.get("required_ops") or []),
     }
     script = _API_SCRIPT.replace("MARK", repr(_MARK))
-    res = sh([sys.executable, "-c", script], timeout=ctx.remaining(240))
+    if "torch" in sys.modules and hasattr(os, "fork"):
+        # The python check imported torch in this process: a forked child has it already, and imports only
+        # DeepSpeed. Otherwise (no torch here, or it failed) a fresh interpreter, as ds_report itself runs.
+        res = fork_python(script, timeout=ctx.remaining(240))
+    else:
+        res = sh([sys.executable, "-c", script], timeout=ctx.remaining(240))
     api = parse_api_output(res.out)
     if api is None:
         facts["api_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()[-500:]))

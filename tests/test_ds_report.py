@@ -228,3 +228,44 @@ def test_collect_falls_back_to_ds_report_on_path(tmp_path, monkeypatch, threshol
     assert len(facts["ops"]) == 23 and facts["ninja_module"] is True
     out = dr.evaluate(facts, thresholds)
     assert out.status in (Status.WARN, Status.FAIL) and "op async_io is not compatible" in out.message
+
+
+# --- the DeepSpeed probe in a forked child (torch already imported by the python check) ------------------------
+
+def test_fork_python_inherits_this_processs_imports_and_is_bounded(tmp_path):
+    import subprocess
+    import sys
+    from preflight.checks.base import LIVE, fork_python
+    import colorsys  # noqa: F401 - a module nothing else imports: only a forked child can have it already
+    res = fork_python("import sys; print('colorsys' in sys.modules); sys.exit(3)", timeout=30)
+    assert (res.rc, res.out.strip()) == (3, "True")
+    fresh = dr.sh([sys.executable, "-c", "import sys; print('colorsys' in sys.modules)"], timeout=30)
+    assert fresh.out.strip() == "False"
+    # A child that outlives its deadline is killed with everything in its process group, and forgotten.
+    pidfile = tmp_path / "grandchild.pid"
+    script = ("import subprocess, time; p = subprocess.Popen(['sleep', '60']); open(%r, 'w').write(str(p.pid)); "
+              "print('started', flush=True); time.sleep(60)" % str(pidfile))
+    res = fork_python(script, timeout=2)
+    assert res.rc == 124 and "started" in res.out and "timed out" in res.err and res.duration < 10
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.2)
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True, text=True).stdout
+    assert state.strip()[:1] in ("", "Z"), state  # gone, or dead and not yet reaped by its new parent
+    assert not LIVE
+    res = fork_python("raise ValueError('boom')", timeout=30)
+    assert res.rc == 1 and "ValueError: boom" in res.err
+
+
+def test_collect_in_a_forked_child_reports_what_a_fresh_interpreter_reports(monkeypatch):
+    import sys
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed is not installed on this machine")
+    calls, real = [], dr.fork_python
+    monkeypatch.setattr(dr, "fork_python", lambda script, timeout: calls.append(timeout) or real(script, timeout))
+    forked = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
+    assert calls  # torch is imported here, so the probe was forked
+    monkeypatch.setattr(dr, "fork_python", lambda script, timeout: dr.sh([sys.executable, "-c", script], timeout))
+    fresh = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
+    assert forked["source"] == "api" and forked["deepspeed"] and forked["ops"]
+    assert forked == fresh
