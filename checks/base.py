@@ -274,6 +274,9 @@ def fork_python(script: str, timeout: float = 10.0) -> Cmd:
                 os.close(fd)
             for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
+            # The old stream objects stay referenced until os._exit: freeing one would close it, and its lock
+            # may be held by a thread that did not survive the fork (the agent's lifeline, blocked in read).
+            held = (sys.stdin, sys.stdout, sys.stderr)  # noqa: F841
             sys.stdin = open(0, "r", closefd=False)
             sys.stdout = open(1, "w", closefd=False)
             sys.stderr = open(2, "w", closefd=False)

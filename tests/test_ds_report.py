@@ -269,3 +269,22 @@ def test_collect_in_a_forked_child_reports_what_a_fresh_interpreter_reports(monk
     fresh = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
     assert forked["source"] == "api" and forked["deepspeed"] and forked["ops"]
     assert forked == fresh
+
+
+def test_the_forked_probe_finishes_inside_an_agent_worker():
+    """In a worker the lifeline thread holds stdin's lock while it blocks in read(); a forked child that freed
+    that stream hung on the lock until the check's deadline (seen: 120 s on every host of the default gate)."""
+    import sys
+    from preflight.remote import Agent
+    from preflight.transport import LocalTransport
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed is not installed on this machine")
+    agent = Agent(LocalTransport(), sys.executable, "pf-test-forked-probe")
+    try:
+        out = agent.collect(["python", "ds_report"], {}, 60)
+    finally:
+        agent.close()
+    assert out["python"]["facts"]["torch"], out["python"]
+    assert "error" not in out["ds_report"], out["ds_report"]
+    assert out["ds_report"]["facts"]["source"] == "api" and out["ds_report"]["facts"]["api_error"] is None
