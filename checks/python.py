@@ -33,6 +33,10 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     facts: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable,
                              "torch": None, "torch_cuda": None, "nccl": None, "torch_error": None,
                              "deepspeed": _version_of("deepspeed"), "nvidia_ml_py": _version_of("nvidia-ml-py")}
+    from .allreduce.supervisor import torch_view
+    # What a rank will see (CUDA, device count, GPU names): the all-reduce reads it from these facts instead of
+    # importing torch again on every host to probe.
+    facts["rank_view"] = torch_view()
     try:
         import torch
         facts["torch"] = torch.__version__

@@ -650,6 +650,16 @@ def test_equal_links_busbw_matches_the_shaped_rate(cluster3, tmp_path):
     assert not _wait_no_survivors(cluster3)
 
 
+def test_after_the_python_check_the_allreduce_probes_no_torch_of_its_own(cluster3, tmp_path):
+    proc, cells, _ = run_cli(cluster3, tmp_path, checks="python,allreduce")
+    star = cells["*"]
+    assert star["status"] == "pass", f"{star['message']}\n{proc.stderr}"
+    assert star["metrics"]["interfaces"] == {h.name: "eth0" for h in cluster3.hosts}
+    # The python check's worker recorded what a rank sees; the hosts were only asked for their interface.
+    assert "allreduce: choosing interfaces on 3 hosts" in proc.stderr and "probing torch" not in proc.stderr
+    assert not _wait_no_survivors(cluster3)
+
+
 def test_two_slots_on_a_host_get_local_ranks_and_their_own_processes(cluster3, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node01 slots=2\nnode02 slots=1\nnode03 slots=1\n")
@@ -755,7 +765,8 @@ def _python_without_torch():
     return None
 
 
-def test_hosts_without_torch_fail_with_the_reason_and_nothing_runs(cluster3, tmp_path):
+@pytest.mark.parametrize("checks", ["allreduce", "python,allreduce"])  # probed, or seen by the python check
+def test_hosts_without_torch_fail_with_the_reason_and_nothing_runs(cluster3, tmp_path, checks):
     python = _python_without_torch()
     if python is None:
         pytest.skip("no interpreter without torch on this machine")
@@ -764,7 +775,7 @@ def test_hosts_without_torch_fail_with_the_reason_and_nothing_runs(cluster3, tmp
     out = tmp_path / "out.json"
     argv = _cli_argv() + ["run", "--hostfile", str(cluster3.hostfile()), "--python", python,
                           "--ssh-config", str(cluster3.ssh_config), "--ssh-key", str(cluster3.user_key),
-                          "--known-hosts", str(cluster3.known_hosts), "--checks", "allreduce",
+                          "--known-hosts", str(cluster3.known_hosts), "--checks", checks,
                           "--config", str(config), "--json", str(out)]
     subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLI_LIMIT_S)
     star = next(r for r in json.loads(out.read_text())["results"] if r["check"] == "allreduce")

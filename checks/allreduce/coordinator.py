@@ -457,10 +457,16 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
         return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
                                       "copy), so it measures no bandwidth" % facts["world_size"])
     # 1. probe: torch, GPUs and interface on every host, so that every rank gets the same backend.
-    cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
-    probes = cluster.call_all("allreduce.supervisor.probe", {h.name: {"master_addr": master_addr,
-                                                           "bind_address": chosen_addr.get(h.name)} for h in hosts},
-                              float(cfg["start_timeout_s"]))
+    where = {h.name: {"master_addr": master_addr, "bind_address": chosen_addr.get(h.name)} for h in hosts}
+    seen = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("rank_view") for h in hosts}
+    if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
+        cluster.progress.note("allreduce: choosing interfaces on %d hosts" % len(hosts))
+        ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
+        probes: Dict[str, Any] = {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
+                                  for h, iface in ifaces.items()}
+    else:
+        cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
+        probes = cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))
     broken = {h: str(v) for h, v in probes.items() if isinstance(v, BaseException)}
     if broken:
         return done("error", reason="could not probe torch on %s: %s" % (names(list(broken)),

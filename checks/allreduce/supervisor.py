@@ -81,9 +81,19 @@ def pick_interface(bind_address: Optional[str], master_addr: Optional[str]) -> D
 
 def probe(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """Can this host run a rank: torch importable, CUDA and enough GPUs, which interface to use."""
+    return dict(torch_view(), interface=interface(params, ctx))
+
+
+def interface(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
+    """The interface for this host's ranks (no torch import: the python check already gave torch_view)."""
+    return pick_interface(params.get("bind_address"), params.get("master_addr"))
+
+
+def torch_view() -> Dict[str, Any]:
+    """torch, CUDA, GPUs and NCCL as a rank on this host will see them. Imports torch: the python check calls it
+    in the worker where it imports torch anyway, so the all-reduce needs no import of its own to probe."""
     out: Dict[str, Any] = {"torch": None, "error": None, "cuda": False, "device_count": 0, "gpu_names": [],
                            "nccl": None, "python": sys.version.split()[0]}
-    out["interface"] = pick_interface(params.get("bind_address"), params.get("master_addr"))
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken install raising anything at import
