@@ -22,8 +22,10 @@ agent), and everything the workers print comes back framed, so any byte stream (
     @@PF 7 o 123\n<123 bytes>          stdout of request 7 (e for stderr)
     @@PF 7 x 1\n0                      request 7 ended with exit code 0
 
-torch is imported once per host: by the python check's worker (which also records what a rank will see, for the
-all-reduce; ds_report's DeepSpeed probe is forked from that worker), and then only by the all-reduce ranks.
+{"op": "preload", "modules": ["torch"], "id": N} imports torch into the agent itself (workers forked later
+inherit it: compute's rounds, the all-reduce's interface call); the coordinator sends it only to hosts whose
+python check imported torch cleanly. Before that, torch is imported once in the host checks' worker: by the
+python check, which also records what a rank will see, and ds_report's DeepSpeed probe is forked from it.
 """
 from __future__ import annotations
 
@@ -399,6 +401,32 @@ def _kill_worker(worker: _Worker) -> None:
         pass
 
 
+# Modules the persistent agent may import into itself, so that later workers inherit them instead of
+# importing them again. Only after a host check proved they import cleanly here (a crash would cost the
+# agent, which the coordinator then restarts), never anything that initializes a GPU at import.
+_PRELOADABLE = ("torch",)
+
+
+def _preload(names) -> int:
+    def on_alarm(signum, frame):
+        raise TimeoutError("preload took too long")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(120)
+    try:
+        for name in names:
+            if name in _PRELOADABLE:
+                importlib.import_module(name)
+        return 0
+    except _Shutdown:
+        raise
+    except BaseException:
+        return 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def serve(token: str, step: bool = False) -> int:
     """The persistent agent: one process per host for the whole run, a forked worker per request.
 
@@ -463,6 +491,9 @@ def serve(token: str, step: bool = False) -> int:
         if op in ("stop", "kill"):
             if rid in workers:
                 _close_lifeline(workers[rid])
+            return
+        if op == "preload":
+            _frame(rid, b"x", b"%d" % _preload(msg.get("modules") or []))
             return
         if rid in workers:
             return

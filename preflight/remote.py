@@ -354,6 +354,10 @@ class Agent:
             session = self._session
         return session.wait_ready(timeout)
 
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the host's agent import these modules once, for every later request (no answer awaited)."""
+        self._start({"op": "preload", "modules": list(modules)})
+
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         return self.collect_result(self.collect_start(checks, params, per_check), checks,
                                    collect_budget(checks, per_check))

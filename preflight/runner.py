@@ -297,6 +297,18 @@ class Runner:
         except Exception:
             pass
 
+    def _preload_torch(self) -> None:
+        """torch once per host: where the python check imported it cleanly, the host's agent imports it into
+        itself, and the all-reduce probe (a worker forked from it) finds it loaded. Ranks still start their
+        own interpreters."""
+        for node in self.nodes:
+            facts = self.facts.get(node.name, {}).get("python")
+            if node.reachable and isinstance(facts, dict) and facts.get("torch") and not facts.get("torch_error"):
+                try:
+                    node.agent.preload(["torch"])
+                except Exception:
+                    pass  # an optimization only
+
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
         for module in modules:
@@ -360,6 +372,8 @@ class Runner:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
             self._host_checks([m for m in modules if m.SCOPE == "host"])
+            if any(m.NAME == "allreduce" for m in modules):
+                self._preload_torch()
             cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
             from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)

@@ -51,13 +51,17 @@ def test_agent_collects_facts_and_reports_check_errors_per_check():
     assert agent.hostinfo["hostname"]
 
 
-def test_one_persistent_agent_serves_every_request_from_forked_workers():
+def test_one_persistent_agent_serves_every_request_and_preloads_torch():
+    pytest.importorskip("torch")
     agent = Agent(LocalTransport(), sys.executable, "tok")
     try:
-        first = agent.call("agent.loaded", {"names": ["json"]}, 30)
-        second = agent.call("agent.loaded", {"names": ["json"]}, 30)
+        first = agent.call("agent.loaded", {"names": ["torch"]}, 30)
+        assert first["modules"] == {"torch": False}  # a fresh worker imports only the agent
+        agent.preload(["torch"])
+        second = agent.call("agent.loaded", {"names": ["torch"]}, 120)
+        assert second["modules"] == {"torch": True}  # forked after the preload: inherited, not imported
         assert second["agent"] == first["agent"]  # the same agent process answered both
         out = agent.collect(["python"], {}, 60)
-        assert out["python"]["facts"]["python"] and agent.hostinfo["pid"] != first["agent"]  # in a worker
+        assert out["python"]["facts"]["torch"] and agent.hostinfo["pid"] != first["agent"]
     finally:
         agent.close()
