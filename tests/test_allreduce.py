@@ -530,9 +530,11 @@ def _group_params(world: int, ranks: int, init_timeout: float = 20.0, start_time
 
 
 def test_supervisor_runs_one_process_per_slot(local_agent):
+    import torch  # noqa: F401 - as the agent's preload does: the forked ranks must find it imported
     out = supervisor.run(_group_params(2, 2), None)
     ranks = sorted(out["ranks"], key=lambda r: r["rank"])
     assert all(r["ok"] for r in ranks), ranks
+    assert all(r["torch_preloaded"] for r in ranks), ranks  # forked, not a new interpreter
     assert [(r["rank"], r["local_rank"], r["world_size"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]
     assert ranks[0]["pid"] != ranks[1]["pid"]
     assert [row["bytes"] for row in ranks[0]["sizes"]] == [1 << 20, 2 << 20]

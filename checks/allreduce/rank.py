@@ -1,6 +1,6 @@
 """Inside one torch rank process on a host: rendezvous, init_process_group, and the timed all-reduce sweep.
 
-Started by ``supervisor.run`` as ``agent.spawn_call("allreduce.rank.run", ...)`` with RANK, WORLD_SIZE, LOCAL_RANK,
+Started by ``supervisor.run`` as ``agent.fork_call("allreduce.rank.run", ...)`` with RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT set. It prints phase markers for the supervisor (``@@ALLREDUCE-PHASE {"phase": "init"}``)
 and returns, e.g.::
 
@@ -227,7 +227,9 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     info: Dict[str, Any] = {"tag": job["tag"], "rank": int(os.environ.get("RANK", "-1")),
                             "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
                             "world_size": int(os.environ.get("WORLD_SIZE", "0")), "host": params["host"],
-                            "pid": os.getpid(), "ok": False, "phase": "import"}
+                            "pid": os.getpid(), "ok": False, "phase": "import",
+                            # forked from an agent that preloaded torch: no import of its own (agent.fork_call)
+                            "torch_preloaded": "torch" in sys.modules}
     start = time.monotonic()
     dist: Any = None
     initialized = False

@@ -243,7 +243,7 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
                 env["GLOO_SOCKET_IFNAME"] = ifname
                 env["NCCL_SOCKET_IFNAME"] = "=" + ifname  # '=': exactly this name, not every eth1* prefix match
             spec = dict(spec, host=params["host"])
-            proc = agent.spawn_call("allreduce.rank.run", dict(params["rank_params"], job=spec, host=params["host"]),
+            proc = agent.fork_call("allreduce.rank.run", dict(params["rank_params"], job=spec, host=params["host"]),
                                     float(params["rank_timeout_s"]), env=env)
             job = _Job(spec, proc)
             for target in (job.read_out, job.read_err):
