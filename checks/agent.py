@@ -22,10 +22,12 @@ agent), and everything the workers print comes back framed, so any byte stream (
     @@PF 7 o 123\n<123 bytes>          stdout of request 7 (e for stderr)
     @@PF 7 x 1\n0                      request 7 ended with exit code 0
 
-{"op": "preload", "modules": ["torch"], "id": N} imports torch into the agent itself (workers forked later
-inherit it: compute's rounds, the all-reduce's interface call); the coordinator sends it only to hosts whose
-python check imported torch cleanly. Before that, torch is imported once in the host checks' worker: by the
-python check, which also records what a rank will see, and ds_report's DeepSpeed probe is forked from it.
+{"op": "preload", "modules": ["torch"], "timeout": s, "id": N} imports torch into the agent itself, so that
+every worker forked later has it: the coordinator sends it before the host checks when a selected check uses
+torch, and the python check, ds_report's DeepSpeed probe (forked from the worker), compute's rounds and the
+all-reduce ranks (forked from the supervisor's worker) import nothing again. A failed import leaves torch out
+(the python check then reports it); an import that crashes the interpreter would crash the python check's worker
+too, and the next request starts a new agent.
 """
 from __future__ import annotations
 
@@ -445,12 +447,12 @@ def _kill_worker(worker: _Worker) -> None:
 _PRELOADABLE = ("torch",)
 
 
-def _preload(names) -> int:
+def _preload(names, timeout: float = 120.0) -> int:
     def on_alarm(signum, frame):
         raise TimeoutError("preload took too long")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(120)
+    signal.alarm(max(1, int(timeout)))
     try:
         for name in names:
             if name in _PRELOADABLE:
@@ -531,7 +533,7 @@ def serve(token: str, step: bool = False) -> int:
                 _close_lifeline(workers[rid])
             return
         if op == "preload":
-            _frame(rid, b"x", b"%d" % _preload(msg.get("modules") or []))
+            _frame(rid, b"x", b"%d" % _preload(msg.get("modules") or [], float(msg.get("timeout") or 120.0)))
             return
         if rid in workers:
             return

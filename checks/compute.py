@@ -32,6 +32,8 @@ NAME = "compute"
 DESCRIPTION = "GEMM TFLOPS and memory bandwidth per GPU (bf16, HBM, pinned H2D/D2H) or CPU; names slow devices"
 SCOPE = "cluster"
 DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
 
 CLUSTER = "*"
 # (fact key, unit, label) of each metric, GPU then CPU.

@@ -30,6 +30,8 @@ NAME = "ds_report"
 DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"
 SCOPE = "host"
 DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
 
 # Mirrors [ds_report] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 

@@ -19,6 +19,8 @@ NAME = "python"
 DESCRIPTION = "interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable"
 SCOPE = "host"
 DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
 
 
 def _version_of(dist: str) -> Any:

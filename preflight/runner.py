@@ -239,33 +239,10 @@ class Runner:
         params.update(self.o.extra.get("host_params", {}))
         return params
 
-    def _host_checks(self, modules: List[ModuleType]) -> None:
-        names = [m.NAME for m in modules]
+    def _host_checks(self, modules: List[ModuleType], preload: bool = False) -> None:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
-        # Every host at once (--parallel limits connection set-up, not waiting), and no thread per host: the
-        # requests all go out, each answer arrives on its connection's reader, and the progress advances then.
-        budget = collect_budget(names, self.o.timeout)
-        sent: List[Tuple[Node, Any, float]] = []
-        for node in reachable:
-            try:
-                request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
-            except Exception as exc:  # that host's ERROR, below
-                sent.append((node, exc, 0.0))
-                self.progress.advance(node.name)
-                continue
-            request.add_done_callback(functools.partial(self._advance_quietly, node.name))
-            sent.append((node, request, time.monotonic()))
-        by_host: Dict[str, Any] = {}
-        for node, request, started in sent:
-            if isinstance(request, BaseException):
-                by_host[node.name] = request
-                continue
-            try:  # each request has its own budget from when it went out
-                by_host[node.name] = node.agent.collect_result(request, names,
-                                                               started + budget - time.monotonic())
-            except Exception as exc:
-                by_host[node.name] = exc
+        by_host = self._collect(reachable, modules, preload)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
@@ -290,24 +267,43 @@ class Runner:
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
 
+    def _collect(self, nodes: List[Node], modules: List[ModuleType], preload: bool) -> Dict[str, Any]:
+        """Every host's collect at once (--parallel limits connection set-up, not waiting), and no thread per
+        host: the requests all go out, each answer arrives on its connection's reader, and the progress advances
+        then. {host: collect value, or the exception}."""
+        names = [m.NAME for m in modules]
+        budget = collect_budget(names, self.o.timeout) + (self.o.timeout if preload else 0.0)
+        sent: List[Tuple[Node, Any, float]] = []
+        for node in nodes:
+            try:
+                if preload:
+                    # torch once per host, first: every worker the agent forks from now on has it (see agent.py)
+                    node.agent.preload(["torch"], self.o.timeout)
+                request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
+            except Exception as exc:  # that host's ERROR, below
+                sent.append((node, exc, 0.0))
+                self.progress.advance(node.name)
+                continue
+            request.add_done_callback(functools.partial(self._advance_quietly, node.name))
+            sent.append((node, request, time.monotonic()))
+        by_host: Dict[str, Any] = {}
+        for node, request, started in sent:
+            if isinstance(request, BaseException):
+                by_host[node.name] = request
+                continue
+            try:  # each request has its own budget from when it went out
+                by_host[node.name] = node.agent.collect_result(request, names,
+                                                               started + budget - time.monotonic())
+            except Exception as exc:
+                by_host[node.name] = exc
+        return by_host
+
     def _advance_quietly(self, name: str) -> None:
         """progress.advance from a connection's reader thread: whatever the terminal does, never raise there."""
         try:
             self.progress.advance(name)
         except Exception:
             pass
-
-    def _preload_torch(self) -> None:
-        """torch once per host: where the python check imported it cleanly, the host's agent imports it into
-        itself, and the all-reduce probe (a worker forked from it) finds it loaded. Ranks still start their
-        own interpreters."""
-        for node in self.nodes:
-            facts = self.facts.get(node.name, {}).get("python")
-            if node.reachable and isinstance(facts, dict) and facts.get("torch") and not facts.get("torch_error"):
-                try:
-                    node.agent.preload(["torch"])
-                except Exception:
-                    pass  # an optimization only
 
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
@@ -371,9 +367,8 @@ class Runner:
             for node in self.nodes:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
-            self._host_checks([m for m in modules if m.SCOPE == "host"])
-            if any(m.NAME == "allreduce" for m in modules):
-                self._preload_torch()
+            self._host_checks([m for m in modules if m.SCOPE == "host"],
+                              preload=any(getattr(m, "USES_TORCH", False) for m in modules))
             cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
             from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)

@@ -20,5 +20,7 @@ from .verdict import evaluate
 DESCRIPTION = "torch.distributed all-reduce across all hosts, one process per slot: busbw per message size"
 SCOPE = "cluster"
 DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
 
 __all__ = ["NAME", "DESCRIPTION", "SCOPE", "DEFAULT", "coordinate", "evaluate"]

@@ -534,7 +534,8 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
     ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
     layout = [{"rank": r.get("rank"), "local_rank": r.get("local_rank"), "host": r.get("host"), "pid": r.get("pid"),
-               "device": r.get("device")} for r in sorted(ranks, key=lambda r: r.get("rank") or 0)]
+               "device": r.get("device"), "torch_preloaded": r.get("torch_preloaded")}
+              for r in sorted(ranks, key=lambda r: r.get("rank") or 0)]
     facts["ranks"] = layout[:MAX_RANKS_IN_METRICS]
     agent_errors = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
     errors = _rank_errors(ranks, owner, float(cfg["init_timeout_s"]))
