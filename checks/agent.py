@@ -198,43 +198,10 @@ def fork_call(func: str, params: Dict[str, Any], timeout: float, env: Optional[D
     runs in its own session with env added, its stdin is its lifeline (closing proc.stdin, or this process
     dying, stops it), and it holds none of this process's other descriptors (another rank's lifeline among
     them)."""
-    pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
-    pid = os.fork()
-    if pid == 0:
-        rc = 70
-        try:
-            os.setsid()
-            os.dup2(pipes[0][0], 0)
-            os.dup2(pipes[1][1], 1)
-            os.dup2(pipes[2][1], 2)
-            os.closerange(3, 65536)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            os.environ.update({"LC_ALL": "C", "LANG": "C"}, **(env or {}))
-            # This process's state belongs to the request it serves: the child starts afresh. The old stream
-            # objects stay referenced (a thread that did not survive the fork may hold their locks).
-            global _stop, _finished, _write_lock
-            held = (sys.stdin, sys.stdout, sys.stderr)  # noqa: F841
-            _stop, _finished, _write_lock = threading.Event(), threading.Event(), threading.Lock()
-            _aborting[0], _abort_reason[0] = False, "deadline"
-            base.LIVE.clear()  # the other ranks: not this child's to stop
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False)
-            rc = _run_one({"op": "call", "func": func, "params": params, "timeout": timeout}, sys.stdin.buffer)
-            sys.stdout.flush()
-        except BaseException:
-            try:
-                traceback.print_exc()
-                sys.stderr.flush()
-            except Exception:
-                pass
-        os._exit(rc)
-    os.close(pipes[0][0])
-    os.close(pipes[1][1])
-    os.close(pipes[2][1])
-    proc = _ForkedCall(pid, os.fdopen(pipes[0][1], "wb"), os.fdopen(pipes[1][0], "rb"), os.fdopen(pipes[2][0], "rb"))
+    env = dict({"LC_ALL": "C", "LANG": "C"}, **(env or {}))  # as base.spawn gives its children
+    pid, life_w, out_r, err_r = _fork_one({"op": "call", "func": func, "params": params, "timeout": timeout},
+                                          env=env, session=True)
+    proc = _ForkedCall(pid, os.fdopen(life_w, "wb"), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
     base.LIVE.add(proc)  # type: ignore[arg-type]  # stop() and kill_all() need only pid, poll and wait
     return proc
 
@@ -392,20 +359,41 @@ def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
 
 
 def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
+    pid, life_w, out_r, err_r = _fork_one(request)
+    return _Worker(pid, out_r, err_r, life_w)
+
+
+def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None, session: bool = False):
+    """Fork a one-request agent serving request: its stdin is a lifeline pipe, its stdout and stderr pipes; it
+    holds none of this process's other descriptors (the agent's channel, the other workers' or ranks' pipes).
+    Its own process group (session=True: its own session), env added. Returns (pid, lifeline write end,
+    stdout read end, stderr read end)."""
+    global _stop, _finished, _write_lock
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     life_r, life_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the worker: a one-request agent whose stdin is the lifeline pipe
+    if pid == 0:
         rc = 70
         try:
-            os.setpgid(0, 0)
+            if session:
+                os.setsid()
+            else:
+                os.setpgid(0, 0)
             os.dup2(life_r, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            os.closerange(3, 65536)  # the agent's channel and the other workers' pipes are not ours
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            os.closerange(3, 65536)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
                 signal.signal(sig, signal.SIG_DFL)
+            os.environ.update(env or {})
+            # The parent's state belongs to the request it serves (a supervisor forking ranks is one): the child
+            # starts afresh. The old stream objects stay referenced until _exit, since freeing one takes its lock,
+            # which a thread that did not survive the fork may hold (the parent's lifeline, blocked in read).
+            held = (sys.stdin, sys.stdout, sys.stderr)  # noqa: F841
+            _stop, _finished, _write_lock = threading.Event(), threading.Event(), threading.Lock()
+            _aborting[0], _abort_reason[0] = False, "deadline"
+            base.LIVE.clear()  # the parent's children are not this child's to stop
             sys.stdin = open(0, "r", closefd=False)
             sys.stdout = open(1, "w", closefd=False)
             sys.stderr = open(2, "w", closefd=False)
@@ -420,7 +408,7 @@ def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
         os._exit(rc)
     for fd in (out_w, err_w, life_r):
         os.close(fd)
-    return _Worker(pid, out_r, err_r, life_w)
+    return pid, life_w, out_r, err_r
 
 
 def _close_lifeline(worker: _Worker) -> None:

@@ -321,6 +321,7 @@ class Agent:
         self.hostinfo: Dict[str, Any] = {}
         self._session: Optional[_Session] = None
         self._lock = threading.Lock()
+        self.adopted = False  # the current session is an agent started elsewhere (adopt), not by this Agent
 
     def argv(self) -> Sequence[str]:
         return [self.python, "-c", BOOTSTRAP, self.token]
@@ -329,6 +330,7 @@ class Agent:
         with self._lock:
             if self._session is None or self._session.dead:
                 self._session = _Session(self.transport, self.argv())
+                self.adopted = False
             session = self._session
         return session.request(request, self.max_output)
 
@@ -344,6 +346,7 @@ class Agent:
         is gone, the next request starts the host's own as usual."""
         with self._lock:
             self._session = _Session(self.transport, self.argv(), channel)
+            self.adopted = True
 
     def open(self, timeout: float) -> Optional[Dict[str, Any]]:
         """Start the host's agent now and wait for its hello; None when it is not up within timeout (it may
@@ -351,6 +354,7 @@ class Agent:
         with self._lock:
             if self._session is None or self._session.dead:
                 self._session = _Session(self.transport, self.argv())
+                self.adopted = False
             session = self._session
         return session.wait_ready(timeout)
 

@@ -163,12 +163,13 @@ class Runner:
         # so that the ssh check stays about SSH and the python check reports the interpreter.
         started = time.monotonic()
         hello = node.agent.open(self.o.ssh.connect_timeout)
-        step = "shared" if self.step is not None and isinstance(transport, SrunTransport) else "own"
-        if hello is None and step == "shared":
-            # Its task in the shared step did not come up (or the step failed): a step of its own.
+        if hello is None and node.agent.adopted:
+            # Its task in the shared step did not come up: a step of its own. (When the whole step failed
+            # before this, open() has already started one.)
             node.agent.close()
-            started, step = time.monotonic(), "own"
+            started = time.monotonic()
             hello = node.agent.open(self.o.ssh.connect_timeout)
+        step = "shared" if node.agent.adopted else "own"
         if hello is not None:
             probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
         else:
