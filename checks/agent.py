@@ -31,6 +31,7 @@ too, and the next request starts a new agent.
 """
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
@@ -350,12 +351,9 @@ def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
     if not _line_frames[0]:
         _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
         return
-    import base64
-    lines = []
-    for start in range(0, max(1, len(data)), _LINE_CHUNK if kind in (b"o", b"e") else max(1, len(data))):
-        chunk = base64.b64encode(data[start:start + _LINE_CHUNK] if kind in (b"o", b"e") else data)
-        lines.append(b"%s %d %s %s.\n" % (LINE_FRAME, rid, kind, chunk))
-    _write_all(b"".join(lines))
+    size = _LINE_CHUNK if kind in (b"o", b"e") else max(1, len(data))  # streams may be cut; hello, exit code not
+    _write_all(b"".join(b"%s %d %s %s.\n" % (LINE_FRAME, rid, kind, base64.b64encode(data[start:start + size]))
+                        for start in range(0, max(1, len(data)), size)))
 
 
 def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
@@ -376,27 +374,13 @@ def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None, ses
     if pid == 0:
         rc = 70
         try:
-            if session:
-                os.setsid()
-            else:
-                os.setpgid(0, 0)
-            os.dup2(life_r, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.closerange(3, 65536)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-                signal.signal(sig, signal.SIG_DFL)
+            held = base.forked_child_stdio(life_r, out_w, err_w, session)  # noqa: F841
             os.environ.update(env or {})
             # The parent's state belongs to the request it serves (a supervisor forking ranks is one): the child
-            # starts afresh. The old stream objects stay referenced until _exit, since freeing one takes its lock,
-            # which a thread that did not survive the fork may hold (the parent's lifeline, blocked in read).
-            held = (sys.stdin, sys.stdout, sys.stderr)  # noqa: F841
+            # starts afresh.
             _stop, _finished, _write_lock = threading.Event(), threading.Event(), threading.Lock()
             _aborting[0], _abort_reason[0] = False, "deadline"
             base.LIVE.clear()  # the parent's children are not this child's to stop
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False)
             rc = _run_one(request, sys.stdin.buffer)
             sys.stdout.flush()
         except BaseException:
@@ -433,9 +417,10 @@ def _kill_worker(worker: _Worker) -> None:
 # importing them again. Only after a host check proved they import cleanly here (a crash would cost the
 # agent, which the coordinator then restarts), never anything that initializes a GPU at import.
 _PRELOADABLE = ("torch",)
+_PRELOAD_TIMEOUT_S = 120.0  # when the request names none
 
 
-def _preload(names, timeout: float = 120.0) -> int:
+def _preload(names, timeout: float = _PRELOAD_TIMEOUT_S) -> int:
     def on_alarm(signum, frame):
         raise TimeoutError("preload took too long")
 
@@ -521,7 +506,8 @@ def serve(token: str, step: bool = False) -> int:
                 _close_lifeline(workers[rid])
             return
         if op == "preload":
-            _frame(rid, b"x", b"%d" % _preload(msg.get("modules") or [], float(msg.get("timeout") or 120.0)))
+            rc = _preload(msg.get("modules") or [], float(msg.get("timeout") or _PRELOAD_TIMEOUT_S))
+            _frame(rid, b"x", b"%d" % rc)
             return
         if rid in workers:
             return

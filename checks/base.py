@@ -250,13 +250,36 @@ class _Forked:
         return self.returncode
 
 
+def forked_child_stdio(stdin_fd: int, stdout_fd: int, stderr_fd: int, session: bool = False) -> tuple:
+    """In a child just forked: its own process group (session=True: its own session), these descriptors as its
+    0/1/2 and no other of the parent's, default handlers for the signals the agent catches, and new sys.std*
+    objects. Returns the old stream objects: the caller keeps them until os._exit, because freeing one takes its
+    lock, which a thread that did not survive the fork may hold (a worker's lifeline thread, blocked in read)."""
+    import signal
+    import sys
+    if session:
+        os.setsid()
+    else:
+        os.setpgid(0, 0)
+    os.dup2(stdin_fd, 0)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.closerange(3, 65536)  # the parent's channel, and its other children's pipes and lifelines
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    held = (sys.stdin, sys.stdout, sys.stderr)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    return held
+
+
 def fork_python(script: str, timeout: float = 10.0) -> Cmd:
     """Run a Python script in a forked child of this process, like ``sh([sys.executable, "-c", script])``
     but inheriting what this process already imported: after the python check imported torch in the same
     worker, ds_report's DeepSpeed probe skips a second torch import (1.5-3 s a host). Own process group,
     a deadline, stdout/stderr read concurrently, tracked in LIVE like a spawned child."""
     import selectors
-    import signal
     import sys
     start = time.monotonic()
     out_r, out_w = os.pipe()
@@ -265,21 +288,7 @@ def fork_python(script: str, timeout: float = 10.0) -> Cmd:
     if pid == 0:  # the child: never returns into the caller's code
         rc = 1
         try:
-            os.setpgid(0, 0)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            for fd in (null, out_r, out_w, err_r, err_w):
-                os.close(fd)
-            for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            # The old stream objects stay referenced until os._exit: freeing one would close it, and its lock
-            # may be held by a thread that did not survive the fork (the agent's lifeline, blocked in read).
-            held = (sys.stdin, sys.stdout, sys.stderr)  # noqa: F841
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False)
+            held = forked_child_stdio(os.open(os.devnull, os.O_RDONLY), out_w, err_w)  # noqa: F841
             exec(compile(script, "<forked>", "exec"), {"__name__": "__main__"})
             rc = 0
         except SystemExit as exc:

@@ -291,7 +291,8 @@ class SharedStep:
             if not channel.done:
                 if why:
                     channel._feed(("\n".join(why[-3:]) + "\n").encode(), True)
-                channel._note_error(f"the shared srun step ended (rc={rc})" if rc else "")
+                if rc:
+                    channel._note_error(f"the shared srun step ended (rc={rc})")
                 channel._finish(rc)
 
     def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
