@@ -107,8 +107,9 @@ def _read_frames(proc, want, timeout: float) -> list:
 
 def test_an_agent_in_a_shared_step_takes_only_its_nodes_requests_and_leaves_on_exit():
     code = agent_code()
+    # Unbuffered stdout: select() sees only the pipe, so a buffered reader could hold the answer's lines unseen.
     proc = subprocess.Popen([sys.executable, "-c", agent.BOOTSTRAP, "pf-step-test"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=dict(os.environ, SLURMD_NODENAME="n1"))
+                            stdout=subprocess.PIPE, bufsize=0, env=dict(os.environ, SLURMD_NODENAME="n1"))
     try:
         proc.stdin.write(b"%d\n" % len(code) + code + b'{"op": "serve", "step": true}\n')
         call = {"op": "call", "func": "agent.loaded", "params": {"names": []}, "timeout": 30}
