@@ -99,6 +99,7 @@ def _run_groups(cluster: Any, jobs: Dict[str, List[Dict[str, Any]]], common: Dic
     services: Dict[str, Any] = {}
     results: Dict[str, Any] = {}
     lock = threading.Lock()
+    arrived = threading.Event()  # a host's result came: the loop below looks at once, not at its next tick
 
     def waiter(host: str) -> None:
         try:
@@ -107,6 +108,7 @@ def _run_groups(cluster: Any, jobs: Dict[str, List[Dict[str, Any]]], common: Dic
             value = exc
         with lock:
             results.setdefault(host, value)
+        arrived.set()
 
     def stopper(host: str) -> None:
         try:
@@ -133,8 +135,9 @@ def _run_groups(cluster: Any, jobs: Dict[str, List[Dict[str, Any]]], common: Dic
                 threads.append(t)
             deadline = time.monotonic() + timeout + 20
             failed_at: Optional[float] = None
-            while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-                time.sleep(0.2)
+            while len(results) < len(services) and time.monotonic() < deadline:
+                arrived.wait(0.2)
+                arrived.clear()
                 with lock:
                     if failed_at is None and any(_host_failed(v) for v in results.values()):
                         failed_at = time.monotonic()

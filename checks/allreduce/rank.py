@@ -44,6 +44,7 @@ def _await_master(addr: str, port: int, timeout: float, starting_until: float) -
     start = time.monotonic()
     deadline = start + timeout
     last = "no answer"
+    pause = 0.02  # rank 0 listens within milliseconds of its start: retry fast at first, then back off to 0.5 s
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -59,12 +60,14 @@ def _await_master(addr: str, port: int, timeout: float, starting_until: float) -
             deadline = max(deadline, min(starting_until, time.monotonic() + timeout))
         except OSError as exc:
             last = "%s" % (exc.strerror or exc)
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(0.5, pause * 2)
     raise _Failed("rendezvous", "could not connect to MASTER_ADDR %s:%d within %.0fs (%s)"
                   % (addr, port, time.monotonic() - start, last), target=addr)
 
 
 JOINED_KEY = "preflight/joined"
+ALL_JOINED_KEY = "preflight/all-joined"  # set by the last rank to arrive; the others wait on it
 
 
 def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, init_timeout: float) -> Any:
@@ -74,17 +77,28 @@ def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, 
     and torch's init timeout would count that stagger against the early ranks: a late rank looked like a
     network failure. Here every rank may take until ``until`` (its start allowance) to arrive; only then do
     init_process_group and the collectives get ``init_timeout`` each.
+
+    The last rank to arrive sets a key that the others wait on inside the store: they go on the moment it is
+    set, and thousands of waiting ranks send rank 0's store nothing meanwhile (polling it did both worse).
     """
     import datetime
     store = dist.TCPStore(addr, port, world_size=None, is_master=(rank == 0),
                           timeout=datetime.timedelta(seconds=max(1.0, until - time.monotonic())),
                           wait_for_workers=False)
     joined = store.add(JOINED_KEY, 1)
+    if joined >= world:
+        store.set(ALL_JOINED_KEY, "1")
     while joined < world:
-        if time.monotonic() >= until:
+        left = until - time.monotonic()
+        if left <= 0:
             raise _Failed("incomplete", "only %d of %d ranks joined rank 0's store by the start deadline: the "
                                         "others are still importing torch, or failed" % (joined, world))
-        time.sleep(0.2)
+        try:
+            # In slices, so that the deadline above is ours and a store that went away is noticed below.
+            store.wait([ALL_JOINED_KEY], datetime.timedelta(seconds=min(1.0, max(0.05, left))))
+            break
+        except Exception:  # the slice ran out, or rank 0's store is gone: asking it again tells which
+            pass
         try:
             joined = store.add(JOINED_KEY, 0)
         except Exception as exc:  # rank 0 gave up (or died) first and its store went with it
