@@ -127,6 +127,8 @@ def _safe_evaluate(module: ModuleType, facts: Dict[str, Any], thresholds: Dict[s
 
 
 class Runner:
+    QUIET_BACKSTOP_S: Optional[float] = None  # the quiet cluster checks' common deadline; None: from --timeout
+
     def __init__(self, options: RunOptions, progress: Optional[Progress] = None):
         self.o = options
         self.progress = progress or Progress()
@@ -135,6 +137,7 @@ class Runner:
         self.facts: Dict[str, Dict[str, Any]] = {}
         self.nodes: List[Node] = []
         self.step: Optional[SharedStep] = None
+        self.preload = False  # whether a selected check imports torch on the hosts (USES_TORCH)
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
@@ -172,6 +175,13 @@ class Runner:
         step = "shared" if node.agent.adopted else "own"
         if hello is not None:
             probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
+            if self.preload:
+                # torch once per host, at once: it imports while the other hosts connect, and every worker the
+                # agent forks from then on has it (see agent.py). The host checks' request queues behind it.
+                try:
+                    node.agent.preload(["torch"], self.o.timeout)
+                except Exception:  # the host checks' request will meet the same broken channel and say so
+                    pass
         else:
             probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
         # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
@@ -240,10 +250,10 @@ class Runner:
         params.update(self.o.extra.get("host_params", {}))
         return params
 
-    def _host_checks(self, modules: List[ModuleType], preload: bool = False) -> None:
+    def _host_checks(self, modules: List[ModuleType]) -> None:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
-        by_host = self._collect(reachable, modules, preload)
+        by_host = self._collect(reachable, modules)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
@@ -268,18 +278,16 @@ class Runner:
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
 
-    def _collect(self, nodes: List[Node], modules: List[ModuleType], preload: bool) -> Dict[str, Any]:
+    def _collect(self, nodes: List[Node], modules: List[ModuleType]) -> Dict[str, Any]:
         """Every host's collect at once (--parallel limits connection set-up, not waiting), and no thread per
         host: the requests all go out, each answer arrives on its connection's reader, and the progress advances
         then. {host: collect value, or the exception}."""
         names = [m.NAME for m in modules]
-        budget = collect_budget(names, self.o.timeout) + (self.o.timeout if preload else 0.0)
+        # The request may wait behind the agent's preload of torch (sent at connect)
+        budget = collect_budget(names, self.o.timeout) + (self.o.timeout if self.preload else 0.0)
         sent: List[Tuple[Node, Any, float]] = []
         for node in nodes:
             try:
-                if preload:
-                    # torch once per host, first: every worker the agent forks from now on has it (see agent.py)
-                    node.agent.preload(["torch"], self.o.timeout)
                 request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
             except Exception as exc:  # that host's ERROR, below
                 sent.append((node, exc, 0.0))
@@ -308,26 +316,47 @@ class Runner:
 
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
+        # Checks that measure nothing that load disturbs, and load the hosts little (QUIET: ports, launcher_ssh,
+        # ...), run together first; then the measuring ones (clock, compute, iperf3, all-reduce) one at a time,
+        # each with the hosts to itself. A later check may read an earlier one's facts (the all-reduce reads
+        # ports' and iperf3's), so a quiet check reads no other cluster check's.
+        quiet = [m for m in modules if getattr(m, "QUIET", False)]
+        if len(quiet) > 1:
+            self.progress.phase(", ".join(m.NAME for m in quiet), len(quiet))
+            # A backstop only: each check bounds its own calls by the per-check timeout.
+            backstop = self.QUIET_BACKSTOP_S or 4 * self.o.timeout + 60
+            for module, done in zip(quiet, parallel_map(lambda m: self._cluster_check(cluster, m), quiet,
+                                                        len(quiet), backstop)):
+                if isinstance(done, BaseException):  # only if the backstop ran out; the check's thread is left
+                    done = ({CLUSTER: Outcome(Status.ERROR, f"could not run: did not finish within {backstop:.0f}s",
+                                              "rerun with -v for details")}, backstop)
+                self._add_outcomes(module, *done)
+            modules = [m for m in modules if m not in quiet]
         for module in modules:
-            start = time.monotonic()
             self.progress.phase(module.NAME, 1)
-            if not cluster.hosts:
-                self._add(CLUSTER, module.NAME, Outcome(Status.ERROR, "not run: no host is reachable"))
-                continue
-            try:
-                facts = module.coordinate(cluster)
-                self.facts.setdefault(CLUSTER, {})[module.NAME] = facts
-                outcomes = _safe_evaluate(module, facts, self.o.thresholds)
-                if isinstance(outcomes, Outcome):
-                    outcomes = {CLUSTER: outcomes}
-            except Exception as exc:  # a coordination failure is this check's ERROR, never the run's crash
-                outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
-                                             "rerun with -v for details")}
-            elapsed = time.monotonic() - start
-            for host, outcome in outcomes.items():
-                self._add(host, module.NAME, outcome, elapsed)
-            self.progress.advance(module.NAME)
+            self._add_outcomes(module, *self._cluster_check(cluster, module))
         return cluster
+
+    def _cluster_check(self, cluster: Cluster, module: ModuleType) -> Tuple[Dict[str, Outcome], float]:
+        """One cluster check: ({host or "*": outcome}, seconds). Never raises."""
+        start = time.monotonic()
+        if not cluster.hosts:
+            return {CLUSTER: Outcome(Status.ERROR, "not run: no host is reachable")}, 0.0
+        try:
+            facts = module.coordinate(cluster)
+            self.facts.setdefault(CLUSTER, {})[module.NAME] = facts
+            outcomes = _safe_evaluate(module, facts, self.o.thresholds)
+            if isinstance(outcomes, Outcome):
+                outcomes = {CLUSTER: outcomes}
+        except Exception as exc:  # a coordination failure is this check's ERROR, never the run's crash
+            outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
+                                         "rerun with -v for details")}
+        self._advance_quietly(module.NAME)
+        return outcomes, time.monotonic() - start
+
+    def _add_outcomes(self, module: ModuleType, outcomes: Dict[str, Outcome], elapsed: float) -> None:
+        for host, outcome in outcomes.items():
+            self._add(host, module.NAME, outcome, elapsed)
 
     def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
         self.results.append(Result.from_outcome(host, check, outcome, duration))
@@ -363,13 +392,13 @@ class Runner:
         raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         modules = _select_modules(self.o.checks)
+        self.preload = any(getattr(m, "USES_TORCH", False) for m in modules)
         try:
             self._connect_all()
             for node in self.nodes:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
-            self._host_checks([m for m in modules if m.SCOPE == "host"],
-                              preload=any(getattr(m, "USES_TORCH", False) for m in modules))
+            self._host_checks([m for m in modules if m.SCOPE == "host"])
             cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
             from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)

@@ -526,8 +526,8 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
         "  ct state established,related accept\n  iifname \"eth1\" tcp dport 1024-65535 drop\n }\n}\n"))
 
     class WithInterfaceFacts(Runner):
-        def _host_checks(self, modules, preload=False):
-            super()._host_checks(modules, preload)
+        def _host_checks(self, modules):
+            super()._host_checks(modules)
             for h in cluster.hosts:
                 self.facts[h.name]["interfaces"] = {"interfaces": [
                     {"name": "lo", "ipv4": ["127.0.0.1/8"], "kind": "loopback", "virtual": True, "operstate": "unknown"},
