@@ -24,6 +24,8 @@ NAME = "checkpoint"
 DESCRIPTION = "--checkpoint-dir on every host: exists, writable, free space for a checkpoint, one shared filesystem"
 SCOPE = "cluster"
 DEFAULT = True
+# Small test files and free space, nothing timed: runs together with the other QUIET cluster checks (runner.py).
+QUIET = True
 
 CLUSTER = "*"
 PREFIX = ".preflight-ckpt-"

@@ -444,6 +444,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                                 + [k + "_noise" for k in keys] if k in d} for d in mine]}
         out[h] = combine(findings, ok, metrics)
     out[CLUSTER] = _summary(devices, out, lim, len(by_host))
+    if devices:
+        # How many times the hosts were measured (rounds, then re-measurements while a device looked off): what the
+        # check's time was spent on.
+        again = [n for n in (facts.get("remeasured") or {}).values() if isinstance(n, int)]
+        out[CLUSTER].metrics["measurements"] = int(lim["rounds"]) + max(again, default=0)
     return out
 
 

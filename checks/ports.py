@@ -31,6 +31,9 @@ NAME = "ports"
 DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
 SCOPE = "cluster"
 DEFAULT = True
+# Reachability, not speed, and a few short connections: runs together with the other QUIET cluster checks
+# (runner.py), never while compute, iperf3 or the all-reduce measure.
+QUIET = True
 
 LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
 DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range

@@ -25,6 +25,8 @@ NAME = "versions"
 DESCRIPTION = "torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host"
 SCOPE = "cluster"
 DEFAULT = True
+# Measures nothing and loads no host: runs together with the other QUIET cluster checks (runner.py).
+QUIET = True
 
 # Mirrors [versions] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 

@@ -1,0 +1,86 @@
+"""The cluster phase's schedule (runner._cluster_checks): QUIET checks run together, the measuring ones after them,
+one at a time, and a quiet check that never returns costs its own cell only.
+
+Fake cluster checks stand in for ports/launcher_ssh (quiet) and iperf3 (measuring); each records when it ran.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+from preflight.checks.base import Outcome, Status
+from preflight.config import load_defaults
+from preflight.hostfile import HostSpec
+from preflight.runner import RunOptions, Runner
+
+
+def _runner(timeout: float = 120.0) -> Runner:
+    runner = Runner(RunOptions(hosts=[HostSpec("localhost", 1, 0)], checks=[], thresholds=load_defaults(),
+                               local=True, timeout=timeout))
+    runner.nodes = [runner._make_node(spec) for spec in runner.o.hosts]
+    for node in runner.nodes:
+        runner._connect(node)
+    return runner
+
+
+def _check(name: str, quiet: bool, body: Any) -> SimpleNamespace:
+    def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+        return Outcome(Status.PASS if facts.get("ok") else Status.FAIL, str(facts))
+
+    return SimpleNamespace(NAME=name, SCOPE="cluster", QUIET=quiet, coordinate=body, evaluate=evaluate)
+
+
+def test_quiet_checks_run_together_and_before_the_measuring_ones():
+    both = threading.Barrier(2, timeout=10)  # passes only if the two quiet checks run at the same time
+    log: List[str] = []
+
+    def quiet(name: str):
+        def coordinate(cluster: Any) -> Dict[str, Any]:
+            log.append(name + " start")
+            try:
+                both.wait()
+                ok = True
+            except threading.BrokenBarrierError:  # run one after the other: the other never came
+                ok = False
+            log.append(name + " end")
+            return {"ok": ok}
+        return coordinate
+
+    def measuring(cluster: Any) -> Dict[str, Any]:
+        log.append("measuring")
+        return {"ok": True}
+
+    runner = _runner()
+    runner._cluster_checks([_check("measuring", False, measuring), _check("ports", True, quiet("ports")),
+                            _check("launcher_ssh", True, quiet("launcher_ssh"))])
+    cells = {r.check: r for r in runner.results}
+    assert cells["ports"].status == Status.PASS and cells["launcher_ssh"].status == Status.PASS, cells
+    assert cells["measuring"].status == Status.PASS
+    assert log[-1] == "measuring", log  # after both quiet checks, never while they run
+    assert set(log[:2]) == {"ports start", "launcher_ssh start"}, log
+
+
+def test_a_quiet_check_that_never_returns_costs_its_own_cell_only(monkeypatch):
+    release = threading.Event()
+
+    def hangs(cluster: Any) -> Dict[str, Any]:
+        release.wait(60)
+        return {"ok": True}
+
+    def fine(cluster: Any) -> Dict[str, Any]:
+        return {"ok": True}
+
+    runner = _runner()
+    monkeypatch.setattr(Runner, "QUIET_BACKSTOP_S", 1.0)
+    start = time.monotonic()
+    try:
+        runner._cluster_checks([_check("ports", True, hangs), _check("launcher_ssh", True, fine),
+                                _check("measuring", False, fine)])
+    finally:
+        release.set()
+    cells = {r.check: r for r in runner.results}
+    assert cells["ports"].status == Status.ERROR and "did not finish" in cells["ports"].message, cells["ports"]
+    assert cells["launcher_ssh"].status == Status.PASS and cells["measuring"].status == Status.PASS
+    assert time.monotonic() - start < 30
