@@ -6,13 +6,15 @@ host), run `python -m preflight run` as a user would, and time it from the outsi
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -52,9 +54,22 @@ def require_netcluster() -> None:
         sys.exit(f"cannot build namespace hosts here: {reason}")
 
 
+def checkout(ref: str, into: Path) -> Path:
+    """The code of a commit, runnable as `python -m preflight` from the returned folder (for A/B runs against
+    an older commit: `git archive`, no worktree left in .git; checks/ copied to where it installs,
+    preflight/checks, so that the folder imports without an install)."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "--", "preflight", "checks"],
+                             capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    shutil.copytree(into / "checks", into / "preflight" / "checks")
+    return into
+
+
 def preflight(cluster: NetCluster, workdir: Path, *args: Any, slots: int = 1, timeout: float = 1800,
-              hostfile_names: Optional[Sequence[str]] = None) -> Run:
-    """One `preflight run` over real SSH against the cluster; the JSON report is read back."""
+              hostfile_names: Optional[Sequence[str]] = None, code: Optional[Path] = None) -> Run:
+    """One `preflight run` over real SSH against the cluster; the JSON report is read back. code: a folder from
+    checkout() to run instead of this checkout (its preflight comes first on the path, before the installed one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "report.json"
     report.unlink(missing_ok=True)
@@ -62,9 +77,10 @@ def preflight(cluster: NetCluster, workdir: Path, *args: Any, slots: int = 1, ti
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(hostfile), "--python", sys.executable,
             "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--json", str(report), "-q", *map(str, args)]
+    env = dict(os.environ, PYTHONPATH=str(code)) if code else None
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(argv, cwd=code or ROOT, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=env)
     wall = time.monotonic() - start
     data = json.loads(report.read_text()) if report.exists() else {}
     if not data:

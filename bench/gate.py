@@ -7,13 +7,17 @@ report's cluster facts) and the all-reduce sweep (the timed sizes, sum of time_s
 Everything else (connecting, the agent, torch in the all-reduce ranks, ports, clean-up) is overhead. On
 this 2-core machine the 4 hosts' imports share the cores, so the ratio also holds that contention.
 
+A second floor adds the measuring that checks added after that floor was set do (the all-reduce's straggler
+rounds, compute's timed loops): `floor2_s`, and `ratio2` is the wall time against it.
+
     python3 bench/gate.py                 # --reps 3
     python3 bench/gate.py --reps 1 --out /tmp/gate.json
+    python3 bench/gate.py --against 48c8d74 --reps 3   # that commit and this code, interleaved on one cluster
 
-Sample output:
+Sample output (abridged):
 
-    rep  wall_s  import_ds_s  iperf3_s  sweep_s  floor_s  ratio  exit
-      1    24.1         4.10      6.00     0.90    11.00   2.19     0
+    code       rep  wall_s  import_s  iperf3_s  sweep_s  floor_s  ratio  rounds_s  compute_n  floor2_s  ratio2  exit
+    this code    1   14.02      1.39      6.00     1.36     8.75   1.60      0.47          1      9.82    1.43     0
 """
 from __future__ import annotations
 
@@ -23,10 +27,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import NetCluster, preflight, require_netcluster, table, write_json  # noqa: E402
+from common import NetCluster, checkout, preflight, require_netcluster, table, write_json  # noqa: E402
+
+from preflight.config import load_defaults  # noqa: E402
+
+COMPUTE_SECONDS = float(load_defaults()["compute"]["seconds"])
 
 
 def import_seconds(cluster: NetCluster, module: str, reps: int = 3) -> float:
@@ -45,35 +54,65 @@ def cluster_metrics(report: dict, check: str) -> dict:
     return {}
 
 
+def one_run(cluster: NetCluster, workdir: Path, import_ds: float, code: Optional[Path]) -> Dict[str, Any]:
+    run = preflight(cluster, workdir, code=code)
+    iperf = cluster_metrics(run.report, "iperf3")
+    nets = max(1, len(iperf.get("networks", [])))
+    iperf_s = float(iperf.get("rounds", 0)) * float(iperf.get("duration_s", 0.0)) * nets
+    allreduce = cluster_metrics(run.report, "allreduce")
+    sweep_s = sum(float(s.get("time_s", 0.0)) * int(s.get("iters", 1)) for s in allreduce.get("sizes", []))
+    floor = import_ds + iperf_s + sweep_s
+    # The measuring that checks added after issue 11 set the floor do: the all-reduce's straggler rounds (each
+    # round as long as its slowest pair's timed iterations) and compute's timed loops (a CPU GEMM for `seconds`
+    # and a copy for half of it, per measurement of the hosts).
+    rounds: Dict[int, float] = {}
+    for pair in (allreduce.get("stragglers") or {}).get("pairs") or []:
+        rounds[pair["round"]] = max(rounds.get(pair["round"], 0.0), sum(pair.get("iter_s") or []))
+    measurements = int(cluster_metrics(run.report, "compute").get("measurements") or 0)
+    added = sum(rounds.values()) + measurements * 1.5 * COMPUTE_SECONDS
+    return {"wall_s": run.wall_s, "import_deepspeed_s": round(import_ds, 2), "iperf3_s": round(iperf_s, 2),
+            "sweep_s": round(sweep_s, 2), "floor_s": round(floor, 2),
+            "ratio": round(run.wall_s / floor, 2) if floor else None,
+            "straggler_rounds_s": round(sum(rounds.values()), 2), "compute_measurements": measurements,
+            "floor_with_added_s": round(floor + added, 2),
+            "ratio_with_added": round(run.wall_s / (floor + added), 2) if floor else None,
+            "exit_code": run.exit_code, "check_s": run.check_seconds(), "problems": run.problems()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--against", metavar="REF", help="also run this commit's code, interleaved (A/B)")
     parser.add_argument("--out", help="JSON path (default bench/results/gate.json)")
     args = parser.parse_args()
     require_netcluster()
     rows = []
     with tempfile.TemporaryDirectory() as tmp, NetCluster(args.hosts) as cluster:
+        codes: List[Tuple[str, Optional[Path]]] = [("this code", None)]
+        if args.against:
+            codes.insert(0, (args.against, checkout(args.against, Path(tmp) / "against")))
         import_ds = import_seconds(cluster, "deepspeed")
         for rep in range(args.reps):
-            run = preflight(cluster, Path(tmp) / f"r{rep}")
-            iperf = cluster_metrics(run.report, "iperf3")
-            nets = max(1, len(iperf.get("networks", [])))
-            iperf_s = float(iperf.get("rounds", 0)) * float(iperf.get("duration_s", 0.0)) * nets
-            sizes = cluster_metrics(run.report, "allreduce").get("sizes", [])
-            sweep_s = sum(float(s.get("time_s", 0.0)) * int(s.get("iters", 1)) for s in sizes)
-            floor = import_ds + iperf_s + sweep_s
-            rows.append({"rep": rep + 1, "wall_s": run.wall_s, "import_deepspeed_s": round(import_ds, 2),
-                         "iperf3_s": round(iperf_s, 2), "sweep_s": round(sweep_s, 2), "floor_s": round(floor, 2),
-                         "ratio": round(run.wall_s / floor, 2) if floor else None, "exit_code": run.exit_code,
-                         "check_s": run.check_seconds(), "problems": run.problems()})
-            print(f"rep {rep + 1}: {run.wall_s:.1f} s, floor {floor:.1f} s", file=sys.stderr)
-    print(table(["rep", "wall_s", "import_ds_s", "iperf3_s", "sweep_s", "floor_s", "ratio", "exit"],
-                [[r["rep"], r["wall_s"], r["import_deepspeed_s"], r["iperf3_s"], r["sweep_s"], r["floor_s"],
-                  r["ratio"], r["exit_code"]] for r in rows]))
-    med = statistics.median(r["ratio"] for r in rows if r["ratio"])
-    print(f"median ratio {med:.2f}")
-    write_json("gate", {"hosts": args.hosts, "median_ratio": med, "rows": rows}, args.out)
+            for name, code in codes:
+                row = dict(code=name, rep=rep + 1, **one_run(cluster, Path(tmp) / f"r{rep}", import_ds, code))
+                rows.append(row)
+                print(f"{name} rep {rep + 1}: {row['wall_s']:.1f} s, floor {row['floor_s']:.1f} s", file=sys.stderr)
+    print(table(["code", "rep", "wall_s", "import_s", "iperf3_s", "sweep_s", "floor_s", "ratio", "rounds_s",
+                 "compute_n", "floor2_s", "ratio2", "exit"],
+                [[r["code"], r["rep"], r["wall_s"], r["import_deepspeed_s"], r["iperf3_s"], r["sweep_s"],
+                  r["floor_s"], r["ratio"], r["straggler_rounds_s"], r["compute_measurements"],
+                  r["floor_with_added_s"], r["ratio_with_added"], r["exit_code"]] for r in rows]))
+    summary = {}
+    for name, _ in codes:
+        mine = [r for r in rows if r["code"] == name and r["ratio"]]
+        summary[name] = {"median_wall_s": statistics.median(r["wall_s"] for r in mine),
+                         "median_ratio": statistics.median(r["ratio"] for r in mine),
+                         "median_ratio_with_added": statistics.median(r["ratio_with_added"] for r in mine)}
+        print(f"{name}: median wall {summary[name]['median_wall_s']:.2f} s, ratio {summary[name]['median_ratio']:.2f}"
+              f" (with the added measuring: {summary[name]['median_ratio_with_added']:.2f})")
+    write_json("gate", {"hosts": args.hosts, "interleaved": [n for n, _ in codes], "summary": summary,
+                        "rows": rows}, args.out)
     return 0
 
 
