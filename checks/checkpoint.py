@@ -24,7 +24,7 @@ NAME = "checkpoint"
 DESCRIPTION = "--checkpoint-dir on every host: exists, writable, free space for a checkpoint, one shared filesystem"
 SCOPE = "cluster"
 DEFAULT = True
-# Small test files and free space, nothing timed: runs together with the other QUIET cluster checks (runner.py).
+# Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
 QUIET = True
 
 CLUSTER = "*"

@@ -27,7 +27,7 @@ NAME = "launcher_ssh"
 DESCRIPTION = "passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)"
 SCOPE = "cluster"
 DEFAULT = True
-# Whether SSH works, not how fast: runs together with the other QUIET cluster checks (runner.py).
+# Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
 QUIET = True
 
 STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report

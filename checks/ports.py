@@ -31,7 +31,7 @@ NAME = "ports"
 DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
 SCOPE = "cluster"
 DEFAULT = True
-# Reachability, not speed, and a few short connections: runs together with the other QUIET cluster checks
+# Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
 # (runner.py), never while compute, iperf3 or the all-reduce measure.
 QUIET = True
 

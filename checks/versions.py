@@ -25,7 +25,7 @@ NAME = "versions"
 DESCRIPTION = "torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host"
 SCOPE = "cluster"
 DEFAULT = True
-# Measures nothing and loads no host: runs together with the other QUIET cluster checks (runner.py).
+# Measures nothing and loads no host: runs together with its QUIET neighbours in ORDER (runner.py).
 QUIET = True
 
 # Mirrors [versions] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.

@@ -127,7 +127,7 @@ def _safe_evaluate(module: ModuleType, facts: Dict[str, Any], thresholds: Dict[s
 
 
 class Runner:
-    QUIET_BACKSTOP_S: Optional[float] = None  # the quiet cluster checks' common deadline; None: from --timeout
+    QUIET_BACKSTOP_S: Optional[float] = None  # deadline of a group of quiet cluster checks; None: from --timeout
 
     def __init__(self, options: RunOptions, progress: Optional[Progress] = None):
         self.o = options
@@ -316,25 +316,29 @@ class Runner:
 
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
-        # Checks that measure nothing that load disturbs, and load the hosts little (QUIET: ports, launcher_ssh,
-        # ...), run together first; then the measuring ones (clock, compute, iperf3, all-reduce) one at a time,
-        # each with the hosts to itself. A later check may read an earlier one's facts (the all-reduce reads
-        # ports' and iperf3's), so a quiet check reads no other cluster check's.
-        quiet = [m for m in modules if getattr(m, "QUIET", False)]
-        if len(quiet) > 1:
-            self.progress.phase(", ".join(m.NAME for m in quiet), len(quiet))
+        # In ORDER, one after the other: a later check may read an earlier one's facts (the all-reduce reads
+        # ports' and iperf3's), and a measuring check (clock, compute, iperf3, all-reduce) has the hosts to
+        # itself. Neighbours in ORDER that are both QUIET (they measure nothing that load disturbs and load the
+        # hosts little: ports and launcher_ssh) run together, and read no facts of each other.
+        groups: List[List[ModuleType]] = []
+        for module in modules:
+            if groups and getattr(module, "QUIET", False) and all(getattr(m, "QUIET", False) for m in groups[-1]):
+                groups[-1].append(module)
+            else:
+                groups.append([module])
+        for group in groups:
+            self.progress.phase(", ".join(m.NAME for m in group), len(group))
+            if len(group) == 1:
+                self._add_outcomes(group[0], *self._cluster_check(cluster, group[0]))
+                continue
             # A backstop only: each check bounds its own calls by the per-check timeout.
             backstop = self.QUIET_BACKSTOP_S or 4 * self.o.timeout + 60
-            for module, done in zip(quiet, parallel_map(lambda m: self._cluster_check(cluster, m), quiet,
-                                                        len(quiet), backstop)):
+            for module, done in zip(group, parallel_map(lambda m: self._cluster_check(cluster, m), group,
+                                                        len(group), backstop)):
                 if isinstance(done, BaseException):  # only if the backstop ran out; the check's thread is left
                     done = ({CLUSTER: Outcome(Status.ERROR, f"could not run: did not finish within {backstop:.0f}s",
                                               "rerun with -v for details")}, backstop)
                 self._add_outcomes(module, *done)
-            modules = [m for m in modules if m not in quiet]
-        for module in modules:
-            self.progress.phase(module.NAME, 1)
-            self._add_outcomes(module, *self._cluster_check(cluster, module))
         return cluster
 
     def _cluster_check(self, cluster: Cluster, module: ModuleType) -> Tuple[Dict[str, Outcome], float]:

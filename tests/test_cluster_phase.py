@@ -1,5 +1,5 @@
-"""The cluster phase's schedule (runner._cluster_checks): QUIET checks run together, the measuring ones after them,
-one at a time, and a quiet check that never returns costs its own cell only.
+"""The cluster phase's schedule (runner._cluster_checks): checks run in ORDER, neighbours that are both QUIET run
+together, a measuring check runs alone, and a quiet check that never returns costs its own cell only.
 
 Fake cluster checks stand in for ports/launcher_ssh (quiet) and iperf3 (measuring); each records when it ran.
 """
@@ -32,15 +32,16 @@ def _check(name: str, quiet: bool, body: Any) -> SimpleNamespace:
     return SimpleNamespace(NAME=name, SCOPE="cluster", QUIET=quiet, coordinate=body, evaluate=evaluate)
 
 
-def test_quiet_checks_run_together_and_before_the_measuring_ones():
-    both = threading.Barrier(2, timeout=10)  # passes only if the two quiet checks run at the same time
+def test_quiet_neighbours_run_together_and_a_measuring_check_alone_in_order():
+    both = threading.Barrier(2, timeout=10)  # passes only if the two quiet neighbours run at the same time
     log: List[str] = []
 
-    def quiet(name: str):
+    def quiet(name: str, wait: bool = True):
         def coordinate(cluster: Any) -> Dict[str, Any]:
             log.append(name + " start")
             try:
-                both.wait()
+                if wait:
+                    both.wait()
                 ok = True
             except threading.BrokenBarrierError:  # run one after the other: the other never came
                 ok = False
@@ -53,13 +54,16 @@ def test_quiet_checks_run_together_and_before_the_measuring_ones():
         return {"ok": True}
 
     runner = _runner()
-    runner._cluster_checks([_check("measuring", False, measuring), _check("ports", True, quiet("ports")),
-                            _check("launcher_ssh", True, quiet("launcher_ssh"))])
+    runner._cluster_checks([_check("ports", True, quiet("ports")),
+                            _check("launcher_ssh", True, quiet("launcher_ssh")),
+                            _check("measuring", False, measuring),
+                            _check("checkpoint", True, quiet("checkpoint", False))])
     cells = {r.check: r for r in runner.results}
     assert cells["ports"].status == Status.PASS and cells["launcher_ssh"].status == Status.PASS, cells
-    assert cells["measuring"].status == Status.PASS
-    assert log[-1] == "measuring", log  # after both quiet checks, never while they run
+    assert cells["measuring"].status == Status.PASS and cells["checkpoint"].status == Status.PASS
     assert set(log[:2]) == {"ports start", "launcher_ssh start"}, log
+    # the measuring check after both quiet neighbours ended, the later quiet check after it (its place in ORDER)
+    assert log[4:] == ["measuring", "checkpoint start", "checkpoint end"], log
 
 
 def test_a_quiet_check_that_never_returns_costs_its_own_cell_only(monkeypatch):

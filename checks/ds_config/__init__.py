@@ -39,7 +39,7 @@ DESCRIPTION = ("DeepSpeed config (--deepspeed-config): keys, deprecations, batch
                "ZeRO memory vs GPU/CPU, offload paths, required ops, DeepSpeed version")
 SCOPE = "cluster"
 DEFAULT = False
-# Reads the host checks' facts and asks the hosts little: runs together with the other QUIET cluster checks
+# Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
 # (runner.py).
 QUIET = True
 
