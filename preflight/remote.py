@@ -56,6 +56,13 @@ def agent_code() -> bytes:
         return _agent_code()
 
 
+def serve_input(step: bool = False) -> bytes:
+    """What a persistent agent reads on its stdin before its first request: the code's length, the code, and the
+    serve request (step=True: one task of a shared srun step, see agent.serve)."""
+    code = agent_code()
+    return b"%d\n" % len(code) + code + (b'{"op": "serve", "step": true}\n' if step else b'{"op": "serve"}\n')
+
+
 @lru_cache(maxsize=1)
 def _agent_code() -> bytes:
     buf = io.BytesIO()
@@ -161,9 +168,7 @@ class _Session:
         if channel is not None:  # an agent already started elsewhere (one of a shared srun step's tasks)
             self._cmd = channel
         else:
-            code = agent_code()
-            self._cmd = transport.start(argv, b"%d\n" % len(code) + code + b'{"op": "serve"}\n',
-                                        keep_stdin_open=True)
+            self._cmd = transport.start(argv, serve_input(), keep_stdin_open=True)
         self._cmd.stream_to(self._on_data)
         self._cmd.add_done_callback(self._channel_ended)
 
@@ -326,12 +331,17 @@ class Agent:
     def argv(self) -> Sequence[str]:
         return [self.python, "-c", BOOTSTRAP, self.token]
 
+    def _live_session(self) -> _Session:
+        """The current session, or a new agent of this host's own when there is none or it is gone. Call with
+        _lock held."""
+        if self._session is None or self._session.dead:
+            self._session = _Session(self.transport, self.argv())
+            self.adopted = False
+        return self._session
+
     def _start(self, request: Dict[str, Any]) -> RunningCommand:
         with self._lock:
-            if self._session is None or self._session.dead:
-                self._session = _Session(self.transport, self.argv())
-                self.adopted = False
-            session = self._session
+            session = self._live_session()
         return session.request(request, self.max_output)
 
     def close(self) -> None:
@@ -352,10 +362,7 @@ class Agent:
         """Start the host's agent now and wait for its hello; None when it is not up within timeout (it may
         still come up: later requests wait for it under their own deadlines)."""
         with self._lock:
-            if self._session is None or self._session.dead:
-                self._session = _Session(self.transport, self.argv())
-                self.adopted = False
-            session = self._session
+            session = self._live_session()
         return session.wait_ready(timeout)
 
     def preload(self, modules: Sequence[str], timeout: float = 120.0) -> None:

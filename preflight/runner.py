@@ -18,7 +18,7 @@ from preflight import checks as registry
 from preflight.checks.base import Outcome, Status, parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
-from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, agent_code, collect_budget
+from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input
 from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
                                  TransportError, raise_fd_limit)
 from preflight.transport_srun import SharedStep, SrunTransport
@@ -207,11 +207,9 @@ class Runner:
         srun_nodes = [n for n in self.nodes if isinstance(n.transport, SrunTransport)]
         if not srun_nodes or self.o.extra.get("srun_steps", "shared") != "shared":
             return
-        code = agent_code()
         first = srun_nodes[0]
         assert isinstance(first.transport, SrunTransport)
-        self.step = SharedStep([n.name for n in srun_nodes], first.agent.argv(),
-                               b"%d\n" % len(code) + code + b'{"op": "serve", "step": true}\n',
+        self.step = SharedStep([n.name for n in srun_nodes], first.agent.argv(), serve_input(step=True),
                                first.transport.job_id)
         for node in srun_nodes:
             node.agent.adopt(self.step.channels[node.name])

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Optional, Dict, Sequence
 
+from preflight.checks.agent import FRAME, LINE_FRAME
 from preflight.transport import RunningCommand, Transport, TransportError, _FailedCommand, _LocalCommand
 
 # --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry
@@ -128,7 +129,7 @@ class SrunTransport(Transport):
 # (--label). No --kill-on-bad-exit: one node's agent ending must not end the others'.
 STEP_FLAGS = ("--overlap", "--exact", "--ntasks-per-node=1", "--unbuffered", "--label", "--input=all")
 _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
-_LINE_FRAME = re.compile(rb"@@PL (\d+) ([a-z]) ([A-Za-z0-9+/=]*)\.")
+_LINE_FRAME = re.compile(re.escape(LINE_FRAME) + rb" (\d+) ([a-z]) ([A-Za-z0-9+/=]*)\.")
 _PARTIAL_MAX = 8192  # a line frame is at most ~1.1 KB; more text without one is noise
 
 
@@ -211,9 +212,9 @@ class StepOutput:
             end = m.end()
             self._frame(label, int(m[1]), m[2], m[3])
         del partial[:end]
-        start = partial.find(b"@@PL")
+        start = partial.find(LINE_FRAME)
         if start < 0:  # keep what could still begin a frame
-            del partial[:max(0, len(partial) - 4)]
+            del partial[:max(0, len(partial) - len(LINE_FRAME))]
         elif start > 0:
             del partial[:start]
         if len(partial) > _PARTIAL_MAX:
@@ -241,7 +242,7 @@ class StepOutput:
         if kind == b"q":
             channel._finish(0)
             return
-        channel._feed(b"@@PF %d %s %d\n" % (rid, kind, len(data)) + data, False)
+        channel._feed(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data, False)  # as agent._frame writes
 
 
 class SharedStep:

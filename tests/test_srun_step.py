@@ -10,7 +10,7 @@ import sys
 import time
 
 from preflight.checks import agent
-from preflight.remote import agent_code
+from preflight.remote import serve_input
 from preflight.transport_srun import StepOutput, _StepChannel
 
 _BINARY = re.compile(rb"@@PF (\d+) ([a-z]) (\d+)\n")
@@ -106,12 +106,11 @@ def _read_frames(proc, want, timeout: float) -> list:
 
 
 def test_an_agent_in_a_shared_step_takes_only_its_nodes_requests_and_leaves_on_exit():
-    code = agent_code()
     # Unbuffered stdout: select() sees only the pipe, so a buffered reader could hold the answer's lines unseen.
     proc = subprocess.Popen([sys.executable, "-c", agent.BOOTSTRAP, "pf-step-test"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, bufsize=0, env=dict(os.environ, SLURMD_NODENAME="n1"))
     try:
-        proc.stdin.write(b"%d\n" % len(code) + code + b'{"op": "serve", "step": true}\n')
+        proc.stdin.write(serve_input(step=True))
         call = {"op": "call", "func": "agent.loaded", "params": {"names": []}, "timeout": 30}
         proc.stdin.write(b"@n2 " + json.dumps(dict(call, id=5)).encode() + b"\n")  # another node's
         proc.stdin.write(b"@n1 " + json.dumps(dict(call, id=6)).encode() + b"\n")
