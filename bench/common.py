@@ -6,7 +6,6 @@ host), run `python -m preflight run` as a user would, and time it from the outsi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -69,7 +68,7 @@ def checkout(ref: str, into: Path) -> Path:
 def preflight(cluster: NetCluster, workdir: Path, *args: Any, slots: int = 1, timeout: float = 1800,
               hostfile_names: Optional[Sequence[str]] = None, code: Optional[Path] = None) -> Run:
     """One `preflight run` over real SSH against the cluster; the JSON report is read back. code: a folder from
-    checkout() to run instead of this checkout (its preflight comes first on the path, before the installed one)."""
+    checkout() to run instead of this checkout (bench/scale.py's preflight@DIR runs such a folder too)."""
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "report.json"
     report.unlink(missing_ok=True)
@@ -77,10 +76,9 @@ def preflight(cluster: NetCluster, workdir: Path, *args: Any, slots: int = 1, ti
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(hostfile), "--python", sys.executable,
             "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--json", str(report), "-q", *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=str(code)) if code else None
-    start = time.monotonic()
+    start = time.monotonic()  # `python -m` puts its working directory first on the path: code's preflight runs
     proc = subprocess.run(argv, cwd=code or ROOT, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=env)
+                          stdin=subprocess.DEVNULL)
     wall = time.monotonic() - start
     data = json.loads(report.read_text()) if report.exists() else {}
     if not data:

@@ -164,7 +164,8 @@ def _timed(argv: list, env: Optional[dict] = None, timeout: float = 1800, cwd: P
 
 def _tree(tool: str) -> Path:
     """The source tree a preflight tool runs from: this one, or DIR for ``preflight@DIR`` (another version of
-    the code, e.g. `git archive` of an older commit with ``preflight/checks`` linked to its ``checks/``)."""
+    the code, e.g. ``common.checkout(REF, DIR)``: `git archive` of an older commit with its checks/ as
+    preflight/checks)."""
     return Path(tool.split("@", 1)[1]).resolve() if "@" in tool else ROOT
 
 
