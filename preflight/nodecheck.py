@@ -181,18 +181,24 @@ def node_state(node: str) -> Tuple[str, str]:
 
 
 def apply_drain(verdict: NodeVerdict) -> str:
-    """Drain a failed node with the verdict as reason; resume a passing node only if preflight drained it."""
+    """Drain a failed node with the verdict as reason; resume a passing node only if preflight drained it.
+
+    A node already drained for another reason keeps that reason, failing or not: overwriting it would make the
+    drain look like preflight's, and a later passing check would resume a node that an admin, NHC or Slurm took
+    out.
+    """
+    state, reason = node_state(verdict.node)
+    drained = "DRAIN" in state
+    if drained and not reason.startswith(REASON_PREFIX):
+        return f"left drained (not drained by preflight: {reason or 'no reason'})"
     if verdict.failed:
         proc = _scontrol(["update", f"nodename={verdict.node}", "state=drain", f"reason={verdict.line}"])
         if proc.returncode:
             raise RuntimeError(f"scontrol update nodename={verdict.node} state=drain failed: "
                                f"{(proc.stderr or proc.stdout).strip()[:200]}")
         return "drained"
-    state, reason = node_state(verdict.node)
-    if "DRAIN" not in state:
+    if not drained:
         return ""
-    if not reason.startswith(REASON_PREFIX):
-        return f"left drained (not drained by preflight: {reason or 'no reason'})"
     proc = _scontrol(["update", f"nodename={verdict.node}", "state=resume"])
     if proc.returncode:
         raise RuntimeError(f"scontrol update nodename={verdict.node} state=resume failed: "

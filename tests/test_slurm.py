@@ -45,7 +45,7 @@ def broken3(tmp_path_factory):
     try:
         with SlurmCluster(3, setup={"slm2": [["mount", "--bind", empty, lib]]}) as cluster:
             cluster.remove_ssh_keys()
-            cluster.libaio = lib
+            cluster.libaio, cluster.empty = lib, empty
             yield cluster
     finally:
         os.unlink(empty)
@@ -270,6 +270,13 @@ def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_ow
         proc = _node_check(cluster, "slm2", node_code, "--drain", "--checks", "libaio")
         assert proc.returncode == 0 and "resumed" in proc.stderr, proc.stdout + proc.stderr
         assert set(cluster.drain_reasons()) == {"slm1"}
+        # A failing node that an admin drained keeps the admin's reason: were it replaced by preflight's, the
+        # next passing check would resume a node preflight did not drain.
+        cluster.net.exec("slm2", ["mount", "--bind", cluster.empty, cluster.libaio], check=True)
+        cluster.client(["scontrol", "update", "nodename=slm2", "state=drain", "reason=admin: RMA 1234"])
+        proc = _node_check(cluster, "slm2", node_code, "--drain", "--checks", "libaio")
+        assert proc.returncode == 1 and "not drained by preflight" in proc.stderr, proc.stdout + proc.stderr
+        assert cluster.drain_reasons()["slm2"] == "admin: RMA 1234"
     finally:
         cluster.client(["scontrol", "update", "nodename=slm1,slm2", "state=resume"], check=False)
 
