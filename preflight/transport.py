@@ -161,9 +161,63 @@ class RunningCommand:
     def error(self) -> str:
         return self._error
 
+    # -- stdin: subclasses that own a pipe or channel implement _write_stdin and _close_stdin_now
+    def _begin_stdin(self, data: bytes, keep_open: bool) -> None:
+        """Hand the command its first stdin bytes, then close stdin unless keep_open.
+
+        Written by a thread of its own: a command that does not read (a hung interpreter, an srun still waiting
+        for its step, a host that never opens its SSH window) leaves them in a full pipe or window, and a
+        constructor stuck there could never be killed by the caller's deadline. kill() breaks the write; send()
+        waits for it, so the bytes keep their order.
+        """
+        self._send_lock = threading.Lock()
+        self._stdin_state = threading.Lock()
+        self._close_requested = not keep_open
+        self._writing = bool(data)
+        if data:
+            self._send_lock.acquire()
+            threading.Thread(target=self._write_first, args=(data,), daemon=True).start()
+        elif not keep_open:
+            self._close_quietly()
+
+    def _write_first(self, data: bytes) -> None:
+        try:
+            self._write_stdin(data)
+        except (OSError, ValueError, EOFError):
+            pass
+        finally:
+            with self._stdin_state:
+                self._writing = False
+                close = self._close_requested
+            if close:
+                self._close_quietly()
+            self._send_lock.release()
+
+    def _close_quietly(self) -> None:
+        try:
+            self._close_stdin_now()
+        except (OSError, ValueError, EOFError):
+            pass
+
+    def _write_stdin(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _close_stdin_now(self) -> None:
+        raise NotImplementedError
+
     def send(self, data: bytes) -> None:
         """Write to the command's stdin (kept open); OSError when it is gone."""
-        raise NotImplementedError
+        with self._send_lock:
+            self._write_stdin(data)
+
+    def close_stdin(self) -> None:
+        """EOF on the command's stdin (its lifeline), once its first bytes are written."""
+        with self._stdin_state:
+            if self._writing:  # the first write's thread closes it when done, or when a kill breaks the write
+                self._close_requested = True
+                return
+        with self._send_lock:
+            self._close_quietly()
 
     def wait_for_output(self, marker: bytes, timeout: float) -> Optional[str]:
         """Wait until stdout holds a line containing marker; return that line, or None on exit/timeout."""
@@ -206,9 +260,6 @@ class RunningCommand:
     def done(self) -> bool:
         return self._rc is not None
 
-    def close_stdin(self) -> None:
-        raise NotImplementedError
-
     def kill(self) -> None:
         raise NotImplementedError
 
@@ -236,7 +287,6 @@ class Transport:
 class _LocalCommand(RunningCommand):
     def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool, max_output: Optional[int]):
         super().__init__(max_output)
-        self._send_lock = threading.Lock()
         # Own process group, so a timeout kills the whole tree the command started.
         self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True)
@@ -248,14 +298,7 @@ class _LocalCommand(RunningCommand):
         stdin_pipe = self._proc.stdin
         assert stdin_pipe is not None  # stdin=PIPE above
         self._stdin: IO[bytes] = stdin_pipe
-        try:
-            if stdin:
-                self._stdin.write(stdin)
-                self._stdin.flush()
-            if not keep_stdin_open:
-                self._stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+        self._begin_stdin(stdin, keep_stdin_open)
 
     def _pump(self, stream, is_err: bool) -> None:
         for chunk in iter(lambda: stream.read1(65536), b""):
@@ -267,17 +310,14 @@ class _LocalCommand(RunningCommand):
             t.join(timeout=2)
         self._finish(rc)
 
-    def send(self, data: bytes) -> None:
-        with self._send_lock:
-            self._stdin.write(data)
-            self._stdin.flush()
+    def _write_stdin(self, data: bytes) -> None:
+        if self._stdin.closed:
+            raise OSError("the command's stdin is closed")
+        self._stdin.write(data)
+        self._stdin.flush()
 
-    def close_stdin(self) -> None:
-        try:
-            with self._send_lock:
-                self._stdin.close()
-        except OSError:
-            pass
+    def _close_stdin_now(self) -> None:
+        self._stdin.close()
 
     def kill(self) -> None:
         self._killed = True
@@ -346,15 +386,8 @@ class _SSHCommand(RunningCommand):
         super().__init__(max_output)
         self._chan = channel
         self._owner = owner
-        self._send_lock = threading.Lock()
         threading.Thread(target=self._pump, daemon=True).start()
-        try:
-            if stdin:
-                channel.sendall(stdin)
-            if not keep_stdin_open:
-                channel.shutdown_write()
-        except OSError:
-            pass
+        self._begin_stdin(stdin, keep_stdin_open)
 
     def _drain(self) -> bool:
         chan = self._chan
@@ -419,18 +452,13 @@ class _SSHCommand(RunningCommand):
                 pass
         self._finish(rc)
 
-    def send(self, data: bytes) -> None:
-        with self._send_lock:
-            if self._chan.closed:
-                raise OSError("the SSH channel is closed")
-            self._chan.sendall(data)
+    def _write_stdin(self, data: bytes) -> None:
+        if self._chan.closed:
+            raise OSError("the SSH channel is closed")
+        self._chan.sendall(data)
 
-    def close_stdin(self) -> None:
-        try:
-            with self._send_lock:
-                self._chan.shutdown_write()
-        except OSError:
-            pass
+    def _close_stdin_now(self) -> None:
+        self._chan.shutdown_write()
 
     def kill(self) -> None:
         # Closing the channel gives the remote agent EOF on stdin; its watchdog then kills what it started.

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,3 +340,43 @@ def test_closing_the_srun_transport_leaves_no_srun_that_ignores_its_lifeline(tmp
     transport.close()
     assert hung.done
     assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+
+
+def test_an_srun_that_never_reads_its_stdin_cannot_hold_the_agent_past_its_deadline(tmp_path, monkeypatch):
+    """srun reads its stdin only once its step runs. One still waiting for the step (or hung) leaves the agent's
+    code (~200 KB) in a full pipe: starting the agent must still return, and close() end that srun."""
+    import threading
+    from preflight.remote import Agent
+    from preflight.transport_srun import SrunTransport
+    marker = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    fake = tmp_path / "srun"
+    fake.write_text(f"#!/bin/sh\nexec sleep {marker}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    transport = SrunTransport("slm1", job_id="1")
+    transport.close_grace_s = 0.5
+    agent = Agent(transport, "python3", "preflight-test")
+    answer: list = []
+    opener = threading.Thread(target=lambda: answer.append(agent.open(1.0)), daemon=True)
+    try:
+        opener.start()
+        opener.join(30)  # a hang detector far above the 1 s wait, not a timing assertion
+        assert answer == [None], "Agent.open() was stuck writing the agent's code into srun's full stdin pipe"
+        agent.close()
+        transport.close()
+        assert _live_pids_with(f"sleep\0{marker}") == []
+    finally:
+        for pid in _live_pids_with(f"sleep\0{marker}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _live_pids_with(marker: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes() and \
+                    "Z" not in Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1][:3]:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
