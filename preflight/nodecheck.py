@@ -111,7 +111,7 @@ def _is_bad(status: Status, strict: bool) -> bool:
 def _clause(check: str, outcome: Outcome) -> str:
     # One clause per check: the first sentence of its message, on one line (reasons are shown in one column).
     text = re.sub(r"\s+", " ", outcome.message).strip()
-    text = re.split(r"(?<=[^\d\s])[.;] ", text, maxsplit=1)[0].rstrip(".")
+    text = re.split(r"(?<=[^\d\s])\. |; ", text, maxsplit=1)[0].rstrip(".")
     label = check if outcome.status != Status.ERROR else f"{check} (could not check)"
     return f"{label}: {text}"
 
@@ -120,7 +120,8 @@ def reason_line(outcomes: Sequence[Tuple[str, Outcome]], strict: bool = False) -
     """The one-line verdict: ``preflight: ok (...)`` or ``preflight: check: why; check: why``."""
     bad = [(c, o) for c, o in outcomes if _is_bad(o.status, strict)]
     if not bad:
-        return f"{REASON_PREFIX} ok ({len(outcomes)} checks: {', '.join(c for c, _ in outcomes)})"
+        names = ", ".join(c for c, _ in outcomes)
+        return f"{REASON_PREFIX} ok ({len(outcomes)} check{'s' if len(outcomes) != 1 else ''}: {names})"
     line = f"{REASON_PREFIX} " + "; ".join(_clause(c, o) for c, o in bad)
     # Printable ASCII only: the reason is host-reported text going into the scheduler's state.
     line = "".join(ch if " " <= ch <= "~" else "?" for ch in line)

@@ -1,0 +1,99 @@
+"""`preflight node-check` on this machine: its total deadline, its thresholds from --config, bad input, the line.
+
+The Slurm half (--drain against a real slurmctld) is in tests/test_slurm.py.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.base import Outcome, Status
+from preflight.nodecheck import MAX_REASON, reason_line
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def node_check(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "preflight", "node-check", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def _processes_with(marker: str) -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_interpreter_that_never_answers_is_killed_at_the_deadline_and_nothing_is_left(tmp_path):
+    # An interpreter that hangs before it reads its stdin (a stuck NFS home, a hung import hook): the agent's
+    # code (~200 KB) stays in a full pipe. The 3 s deadline must still end the check, and its process.
+    marker = f"{600 + secrets.randbelow(10**6) / 10**7:.7f}"
+    hung = tmp_path / "python"
+    hung.write_text(f"#!/bin/sh\nexec sleep {marker}\n")
+    hung.chmod(0o755)
+    try:
+        # The subprocess timeout is the hang detector, far above the deadline: not a timing assertion.
+        proc = node_check("--checks", "libaio", "--python", str(hung), "--deadline", "3", timeout=60)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == \
+            "preflight: preflight (could not check): did not finish within the 3s deadline"
+        assert _processes_with(f"sleep\0{marker}") == []
+    finally:
+        for pid in _processes_with(f"sleep\0{marker}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("floor", [999, 998])
+def test_thresholds_come_from_the_config_run_takes_and_the_test_file_is_removed(tmp_path, floor):
+    config = tmp_path / "thresholds.toml"
+    config.write_text(f"[nvme]\nmin_write_gbps = {floor}\ntest_mib = 64\n")
+    target = tmp_path / "scratch"
+    target.mkdir()
+    proc = node_check("--checks", "nvme", "--nvme-path", str(target), "--config", str(config), "--strict", "-v")
+    line = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert line.startswith("preflight: nvme: ") and f"< {floor}.00 GB/s" in line, line
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["--config", "{bad}"], "{bad}: unknown key nvme.min_write_gb"),
+    (["--checks", "allreduce"], "node-check runs per-host checks only; allreduce"),
+    (["--checks", "nosuch"], "nosuch"),
+    (["--deadline", "-1"], "--deadline"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, wanted):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[nvme]\nmin_write_gb = 1\n")
+    proc = node_check(*[a.replace("{bad}", str(bad)) for a in args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and wanted.replace("{bad}", str(bad)) in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_the_line_names_every_bad_check_on_one_printable_line_within_the_reason_limit():
+    outcomes = [("libaio", Outcome(Status.FAIL, "libaio.so.1 cannot be loaded. Install libaio1.")),
+                ("gpu", Outcome(Status.PASS, "8 GPUs healthy")),
+                ("nvme", Outcome(Status.WARN, "/local_nvme: 0.4 GB/s < 1.0; check the device")),
+                ("driver_cuda", Outcome(Status.ERROR, "nvidia-smi\n\x1b[31mtimed out\x07"))]
+    assert reason_line(outcomes) == \
+        "preflight: libaio: libaio.so.1 cannot be loaded; driver_cuda (could not check): nvidia-smi ?[31mtimed out?"
+    assert reason_line(outcomes, strict=True).startswith(
+        "preflight: libaio: libaio.so.1 cannot be loaded; nvme: /local_nvme: 0.4 GB/s < 1.0; driver_cuda")
+    assert reason_line(outcomes[1:2]) == "preflight: ok (1 check: gpu)"
+    long = reason_line([(f"check{i}", Outcome(Status.FAIL, "x" * 80)) for i in range(5)])
+    assert len(long) == MAX_REASON and long.endswith("...")
