@@ -36,15 +36,14 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
                              "torch": None, "torch_cuda": None, "nccl": None, "torch_error": None,
                              "deepspeed": _version_of("deepspeed"), "nvidia_ml_py": _version_of("nvidia-ml-py")}
     from .allreduce.supervisor import torch_view
-    # What a rank will see (CUDA, device count, GPU names): the all-reduce reads it from these facts instead of
-    # importing torch again on every host to probe.
-    facts["rank_view"] = torch_view()
+    # What a rank will see (CUDA, device count, GPU names, NCCL): the all-reduce reads it from these facts instead
+    # of importing torch again on every host to probe, and NCCL's version is read once, here.
+    facts["rank_view"] = view = torch_view()
+    facts["nccl"] = view["nccl"]
     try:
         import torch
         facts["torch"] = torch.__version__
         facts["torch_cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            facts["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
     except ImportError:
         pass
     except Exception as exc:  # a broken install (ABI mismatch, missing .so) is a finding, not a crash

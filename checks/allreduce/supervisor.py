@@ -105,8 +105,8 @@ def torch_view() -> Dict[str, Any]:
         if out["cuda"]:
             out["device_count"] = torch.cuda.device_count()
             out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(out["device_count"])]
-            version = torch.cuda.nccl.version()  # a tuple; an int such as 2708 on old torch
-            out["nccl"] = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+            from ..driver_cuda import format_nccl_version  # a tuple; an int such as 2708 on old torch
+            out["nccl"] = format_nccl_version(torch.cuda.nccl.version())
     except Exception as exc:  # a driver problem: the gpu check says more; here it only means "no NCCL run"
         out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
         out["cuda"] = False
