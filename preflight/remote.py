@@ -12,6 +12,7 @@ import importlib.util
 import io
 import json
 import marshal
+import re
 import threading
 import zipfile
 from functools import lru_cache
@@ -88,6 +89,8 @@ def _agent_code() -> bytes:
 # What the coordinator reads from one host for one request when the config does not say ([agent] in
 # defaults.toml holds the documented value).
 DEFAULT_MAX_OUTPUT = 64 * 2**20
+# pkill of an agent that never started: one short command; a host that does not answer it in this long is gone.
+KILL_BY_TOKEN_TIMEOUT_S = 10.0
 
 
 def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
@@ -207,9 +210,22 @@ class _Session:
         with self._lock:
             self._pending.pop(rid, None)
 
-    def close(self) -> None:
-        """Close the agent's stdin: it stops whatever still runs, reaps, and exits."""
+    @property
+    def starting(self) -> bool:
+        """Started, alive, and no hello yet: requests to it are queued, unsent."""
+        with self._lock:
+            return not self._ready and not self.dead
+
+    def close(self) -> bool:
+        """Close the agent's stdin: it stops whatever still runs, reaps, and exits. An agent that never said
+        hello never read its stdin either (a hung interpreter or login): its command is killed. Returns whether
+        the agent had said hello."""
         self._cmd.close_stdin()
+        with self._lock:
+            ready = self._ready
+        if not ready:
+            self._cmd.kill()
+        return ready
 
     # -- agent to coordinator
     def _on_data(self, data: bytes, is_err: bool) -> None:
@@ -344,12 +360,30 @@ class Agent:
             session = self._live_session()
         return session.request(request, self.max_output)
 
+    @property
+    def starting(self) -> bool:
+        """The host's agent was started and has not said hello (yet): a request now would only queue."""
+        with self._lock:
+            return self._session is not None and self._session.starting
+
     def close(self) -> None:
         """End the host's agent (it stops and reaps what is left); the next request starts a new one."""
         with self._lock:
             session, self._session = self._session, None
-        if session is not None:
-            session.close()
+        if session is not None and not session.close() and not self.transport.kill_reaches_host:
+            self._kill_by_token()
+
+    def _kill_by_token(self) -> None:
+        """The agent never said hello, and killing its command does not reach the host's process (an SSH
+        channel's close signals nothing): kill the process by this run's token in its argv. The pattern's
+        first letter in brackets keeps it from matching the shell that runs pkill, whose argv holds it too."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", self.token):
+            return
+        pattern = f"[{self.token[0]}]{self.token[1:]}"
+        try:
+            self.transport.run(["pkill", "-KILL", "-f", "--", pattern], timeout=KILL_BY_TOKEN_TIMEOUT_S)
+        except Exception:  # best effort: the host may be gone too
+            pass
 
     def adopt(self, channel: RunningCommand) -> None:
         """Talk to an agent started elsewhere (its task in a SharedStep) instead of starting one; once that one
@@ -380,7 +414,13 @@ class Agent:
 
     def collect_result(self, request: RunningCommand, checks: Sequence[str], timeout: float) -> Dict[str, Any]:
         """The answer to collect_start's request within timeout (then it is stopped); AgentError if none."""
-        payload = _parse_result(request.wait(timeout), "host checks")
+        try:
+            payload = _parse_result(request.wait(timeout), "host checks")
+        except AgentError as exc:
+            if self.starting:  # not a slow check: the interpreter never ran the agent
+                raise AgentError(f"the agent never started: {self.python} gave no hello within {timeout:.0f}s "
+                                 "(a hung interpreter, import hook or login script)", exc.detail) from None
+            raise
         self.hostinfo = payload.get("host", {})
         return check_collect_shape(payload["value"], checks)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import shlex
 import socket
 import time
 import uuid
@@ -370,7 +371,8 @@ class Runner:
         # thread per host that only waits. Best effort: agents also stop themselves when their channel closes.
         requests = []
         for node in self.nodes:
-            if node.reachable:
+            # An agent that never said hello would only queue the request; closing it below kills it.
+            if node.reachable and not node.agent.starting:
                 try:
                     requests.append(node.agent.call_start("agent.reap", {"token": self.token}, 10))
                 except Exception:
@@ -420,6 +422,9 @@ class Runner:
 def _agent_fix(text: str, python: str) -> str:
     if "not found" in text:
         return f"install Python >= 3.9 on the host or pass --python with its path (tried {python!r})"
+    if "gave no hello" in text:
+        return (f"run {shlex.quote(python)} -c 'print(1)' on the host and see where it hangs (NFS home or "
+                "site-packages, sitecustomize, a login script that waits for input)")
     if "timed out" in text:
         return "the host is slow or hung; raise --timeout, or look at the host (load, D-state processes)"
     return "rerun with -v to see the host-side error"

@@ -269,6 +269,9 @@ class Transport:
 
     name: str = ""
     address: str = ""
+    # Whether RunningCommand.kill() ends the process on the host (a local process group; an srun step, which
+    # slurmd takes down). An SSH channel's close signals nothing to the remote process.
+    kill_reaches_host: bool = True
 
     def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
               max_output: Optional[int] = None) -> RunningCommand:
@@ -472,6 +475,8 @@ class _SSHCommand(RunningCommand):
 
 class SSHTransport(Transport):
     """One authenticated paramiko connection; commands run as channels on it."""
+
+    kill_reaches_host = False
 
     def __init__(self, name: str, options: SSHOptions):
         self.name = name

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -191,3 +192,32 @@ def test_ctrl_c_mid_run_cleans_up_every_host(cluster3, tmp_path):
     assert proc.returncode == 130, out + err
     assert "interrupted" in err and "Traceback" not in out + err
     assert_nothing_left(cluster3)
+
+
+def test_an_interpreter_that_hangs_before_it_reads_is_named_and_killed_on_every_host(cluster3, tmp_path):
+    """--python hangs before it reads the agent (a stuck NFS site-packages, a blocking sitecustomize). The agent's
+    lifeline is its stdin, which it never read, and closing an SSH channel signals nothing: the run must name
+    the cause and kill the interpreter on every host itself."""
+    import tempfile
+    where = Path(tempfile.mkdtemp(prefix="preflight-hung-", dir="/dev/shm"))  # the hosts' /tmp is private
+    try:
+        hung = where / "python"
+        # The interpreter's own argv keeps the agent's (and its token) after the code to run: as a real one's.
+        hung.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(600); \"{where.name}\"' "
+                        "\"$@\"\n")
+        hung.chmod(0o755)
+        argv = [sys.executable, "-m", "preflight", "run", "--python", str(hung),
+                "--ssh-config", str(cluster3.ssh_config), "--ssh-key", str(cluster3.user_key),
+                "--known-hosts", str(cluster3.known_hosts), "--hostfile", str(cluster3.hostfile(tmp_path / "hf")),
+                "--checks", "libaio", "--timeout", "3", "--connect-timeout", "3", "--json", str(tmp_path / "r.json")]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        cells = {(r["host"], r["check"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+        for host in cluster3.hosts:
+            cell = cells[(host.name, "libaio")]
+            assert cell["status"] == "error" and "the agent never started" in cell["message"], cell
+        assert_nothing_left(cluster3)
+    finally:
+        for h in cluster3.hosts:  # on failure: what the run left
+            cluster3.exec(h, ["pkill", "-KILL", "-f", "--", f"[{where.name[0]}]{where.name[1:]}"])
+        shutil.rmtree(where, ignore_errors=True)
