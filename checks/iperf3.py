@@ -474,7 +474,8 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     progress = getattr(cluster, "progress", None)
     if progress is not None:
         # +1: the runner advances once more when the check ends.
-        progress.phase("iperf3 (%d networks x %d rounds)" % (len(networks), len(rounds)),
+        progress.phase("iperf3 (%d network%s x %d round%s)" % (len(networks), "s"[:len(networks) != 1],
+                                                              len(rounds), "s"[:len(rounds) != 1]),
                        len(networks) * len(rounds) + 1)
     for net in networks:
         # The servers of one network listen on that network's addresses only, and only while it is measured.
@@ -520,7 +521,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
                             link["blame"] = src
                     links.append(link)
                 if progress is not None:
-                    progress.advance(net["network"], "round of %d pairs" % len(rnd))
+                    progress.advance(net["network"], "round of %d pair%s" % (len(rnd), "s"[:len(rnd) != 1]))
             net["links"] = links
             net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
             facts["networks"].append(net)
