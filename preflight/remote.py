@@ -130,7 +130,7 @@ class _Request(RunningCommand):
         self._session = session
         self._rid = rid
 
-    def close_stdin(self) -> None:
+    def close_stdin(self, wait: bool = True) -> None:
         self._session.send({"op": "stop", "id": self._rid})
 
     def send(self, data: bytes) -> None:

@@ -61,6 +61,17 @@ class TransportError(Exception):
         self.status = status
 
 
+# How long one send() may wait for a command that has stopped reading its stdin (a frozen host, an srun whose
+# step stopped taking input). A request line is a few hundred bytes and a live agent reads its stdin at once,
+# so a wait this long means the channel is stuck: the command is failed and killed instead of hanging the sender
+# (and, for a shared srun step, every node's sender behind it).
+SEND_STALL_S = 30.0
+
+
+class StdinStalled(OSError):
+    """The command did not take its stdin within SEND_STALL_S."""
+
+
 class RunningCommand:
     """A started command whose output is collected by background readers.
 
@@ -182,7 +193,7 @@ class RunningCommand:
 
     def _write_first(self, data: bytes) -> None:
         try:
-            self._write_stdin(data)
+            self._write_stdin(data, None)  # no stall limit: the caller's deadline kills a command that never reads
         except (OSError, ValueError, EOFError):
             pass
         finally:
@@ -199,25 +210,38 @@ class RunningCommand:
         except (OSError, ValueError, EOFError):
             pass
 
-    def _write_stdin(self, data: bytes) -> None:
+    def _write_stdin(self, data: bytes, stall: Optional[float]) -> None:
+        """Write all of data; StdinStalled when the command takes none of it for stall seconds (None: no limit)."""
         raise NotImplementedError
 
     def _close_stdin_now(self) -> None:
         raise NotImplementedError
 
     def send(self, data: bytes) -> None:
-        """Write to the command's stdin (kept open); OSError when it is gone."""
+        """Write to the command's stdin (kept open); OSError when it is gone, or when it stopped reading (then it
+        is failed and killed: a line cut in the middle would garble the stream anyway)."""
         with self._send_lock:
-            self._write_stdin(data)
+            try:
+                self._write_stdin(data, SEND_STALL_S)
+                return
+            except StdinStalled as exc:
+                stalled = exc
+        self._fail(str(stalled))  # outside the lock: kill() may close stdin, which takes it
+        raise stalled
 
-    def close_stdin(self) -> None:
-        """EOF on the command's stdin (its lifeline), once its first bytes are written."""
+    def close_stdin(self, wait: bool = True) -> None:
+        """EOF on the command's stdin (its lifeline), once its first bytes are written. wait=False: not now if a
+        send is under way (a kill that follows breaks that send instead)."""
         with self._stdin_state:
             if self._writing:  # the first write's thread closes it when done, or when a kill breaks the write
                 self._close_requested = True
                 return
-        with self._send_lock:
+        if not self._send_lock.acquire(blocking=wait):
+            return
+        try:
             self._close_quietly()
+        finally:
+            self._send_lock.release()
 
     def wait_for_output(self, marker: bytes, timeout: float) -> Optional[str]:
         """Wait until stdout holds a line containing marker; return that line, or None on exit/timeout."""
@@ -313,11 +337,31 @@ class _LocalCommand(RunningCommand):
             t.join(timeout=2)
         self._finish(rc)
 
-    def _write_stdin(self, data: bytes) -> None:
+    def _write_stdin(self, data: bytes, stall: Optional[float]) -> None:
+        # Straight to the descriptor (the buffered writer stays empty), non-blocking, so a stall can time out.
         if self._stdin.closed:
             raise OSError("the command's stdin is closed")
-        self._stdin.write(data)
-        self._stdin.flush()
+        fd = self._stdin.fileno()
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        view = memoryview(data)
+        since = time.monotonic()
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+                since = time.monotonic()
+                continue
+            except BlockingIOError:
+                pass
+            if stall is None:
+                poller.poll()  # a kill closes the reading end: POLLERR, and the next write raises EPIPE
+                continue
+            left = since + stall - time.monotonic()
+            if left <= 0:
+                raise StdinStalled(f"the command stopped reading its stdin ({len(view)} bytes not taken in "
+                                   f"{stall:g}s); it was stopped")
+            poller.poll(left * 1000)
 
     def _close_stdin_now(self) -> None:
         self._stdin.close()
@@ -356,7 +400,7 @@ class _FailedCommand(RunningCommand):
     def send(self, data: bytes) -> None:
         raise OSError("the command did not start")
 
-    def close_stdin(self) -> None:
+    def close_stdin(self, wait: bool = True) -> None:
         pass
 
     def kill(self) -> None:
@@ -455,7 +499,9 @@ class _SSHCommand(RunningCommand):
                 pass
         self._finish(rc)
 
-    def _write_stdin(self, data: bytes) -> None:
+    def _write_stdin(self, data: bytes, stall: Optional[float]) -> None:
+        # No stall limit here: sshd opens a 2 MiB window, thousands of request lines, and the agent reads its
+        # stdin at once; a host that stops reading ends with its keepalives.
         if self._chan.closed:
             raise OSError("the SSH channel is closed")
         self._chan.sendall(data)

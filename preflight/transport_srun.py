@@ -59,7 +59,8 @@ class _SrunCommand(_LocalCommand):
     def kill(self) -> None:
         self._killed = True
         # EOF first: the agent stops its children itself; then srun alone gets SIGKILL (see the module docstring).
-        self.close_stdin()
+        # Not waiting for a send that is stuck in a full pipe: srun's end breaks it.
+        self.close_stdin(wait=False)
         try:
             os.kill(self._proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -149,7 +150,7 @@ class _StepChannel(RunningCommand):
     def send(self, data: bytes) -> None:
         self._step.send_to(self.name, data)
 
-    def close_stdin(self) -> None:
+    def close_stdin(self, wait: bool = True) -> None:
         """This node's lifeline: its agent stops what runs, reaps, says "q" and leaves the step."""
         if not self.done:
             try:

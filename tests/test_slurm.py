@@ -380,3 +380,45 @@ def _live_pids_with(marker: str) -> list:
         except OSError:
             continue
     return found
+
+
+def test_a_shared_step_that_stops_taking_input_is_stopped_instead_of_hanging_its_senders(healthy3, monkeypatch):
+    """Every node's requests go through the shared step's one stdin. When a node stops reading (here: a task
+    that never reads; in life a frozen node), slurmstepd and srun fill their buffers and srun stops reading: a
+    send must then fail within the stall limit and take the step down (each node then gets a step of its own),
+    not block every sender behind it for ever."""
+    import threading
+    from preflight import transport
+    from preflight.transport_srun import SharedStep
+    monkeypatch.setattr(transport, "SEND_STALL_S", 2.0)
+    monkeypatch.setenv("SLURM_CONF", healthy3.env["SLURM_CONF"])
+    alloc = healthy3.client(["salloc", "--no-shell", "-N2", "-w", "slm1,slm2"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    step = SharedStep(["slm1", "slm2"], ["sleep", "600"], b"", job)
+    try:
+        outcome: list = []
+
+        def flood():
+            try:
+                for _ in range(50_000):  # 200 MB: far more than srun and slurmstepd buffer
+                    step.send_to("slm1", b"x" * 4000)
+                outcome.append("all sent")
+            except OSError as exc:
+                outcome.append(exc)
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(300)  # a hang detector, not a timing assertion
+        assert outcome and isinstance(outcome[0], transport.StdinStalled), outcome
+        assert all(c.join(30) for c in step.channels.values()), "the step's channels did not end"
+        deadline = time.monotonic() + 60
+        while left := {n: procs for n in ("slm1", "slm2") if (procs := healthy3.node_processes(n))}:
+            assert time.monotonic() < deadline, f"left on the nodes 60 s after the stall: {left}"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while _sruns_of(job):
+            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
+            time.sleep(0.2)
+    finally:
+        step.close(grace_s=1)
+        healthy3.client(["scancel", job], check=False)
