@@ -145,19 +145,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def select_checks(only: Optional[str], skip: str, deepspeed_config: Optional[str]) -> List[str]:
-    """Check ids to run, in registry order ('ssh' always runs: every other check needs the connection)."""
+def _configured_checks(thresholds: Optional[Dict[str, Dict[str, Any]]], key: str, config: Optional[str]) -> List[str]:
+    """[checks] only/skip of --config: a list of check names, else a UsageError naming the file and key."""
+    value = ((thresholds or {}).get("checks") or {}).get(key) or []
+    where = f"{config or 'preflight/defaults.toml'}: checks.{key}"
+    for name in value:
+        if not isinstance(name, str):
+            raise UsageError(f"{where} must be a list of check names (see `preflight list`), e.g. [\"nvme\"]")
+        if name not in registry.ORDER:
+            raise UsageError(f"{where}: unknown check {name[:60]!r}; known checks: {', '.join(registry.ORDER)}")
+    return list(value)
+
+
+def select_checks(only: Optional[str], skip: Optional[str], deepspeed_config: Optional[str],
+                  thresholds: Optional[Dict[str, Dict[str, Any]]] = None, config: Optional[str] = None) -> List[str]:
+    """Check ids to run, in registry order ('ssh' always runs: every other check needs the connection).
+
+    only/skip are --checks/--skip (None: not given); the [checks] section of --config fills in what they leave
+    out: --checks replaces both of its keys, --skip its skip."""
     known = [n for n in registry.ORDER if n != "ssh"]
     wanted = list(split_csv(only or ""))
-    skipped = list(split_csv(skip))
+    skipped = list(split_csv(skip or ""))
     if only is not None and not wanted:
         raise UsageError("--checks is empty; name at least one check (see `preflight list`), or leave it out")
     for name in wanted + skipped:
         if name not in registry.ORDER:
             raise UsageError(f"unknown check {name!r}; known checks: {', '.join(registry.ORDER)}")
-    both = [n for n in wanted if n in skipped]
+    configured_only = _configured_checks(thresholds, "only", config)
+    configured_skip = _configured_checks(thresholds, "skip", config)
+    if only is None:
+        wanted = configured_only
+        if not skip:
+            skipped = configured_skip
+    # Only one source contradicting itself is an error: the file's `only` less a --skip is a natural "the site's
+    # set, but not this today".
+    both = [n for n in wanted if n in skipped] if (only is None) == (not skip) else []
     if both:
-        raise UsageError(f"--checks and --skip both name {', '.join(both)}; name each check in only one of them")
+        where = "--checks and --skip" if only is not None else f"{config}: checks.only and checks.skip"
+        raise UsageError(f"{where} both name {', '.join(both)}; name each check in only one of them")
     if wanted:
         chosen = [n for n in known if n in wanted]
     else:
@@ -240,7 +265,7 @@ def build_options(args: argparse.Namespace):
         bad = usage_error(args.deepspeed_config)  # DeepSpeed would refuse it at start: nothing to check it against
         if bad:
             raise UsageError(bad)
-    checks = select_checks(args.checks, args.skip, args.deepspeed_config)
+    checks = select_checks(args.checks, args.skip, args.deepspeed_config, thresholds, args.config)
     host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
     if args.deepspeed_config and "ds_config" in checks:
         from_config = _params_from_deepspeed_config(args.deepspeed_config)
@@ -422,7 +447,7 @@ def _slurm_selection(args: argparse.Namespace):
 def _add_node_check_parser(sub) -> Any:
     nc = sub.add_parser("node-check", help="run the per-host checks on this node only (Slurm HealthCheckProgram "
                         "or prolog): exit 0/1 and one line fit for a drain reason")
-    nc.add_argument("--checks", default="", metavar="A,B", help="run only these per-host checks")
+    nc.add_argument("--checks", default=None, metavar="A,B", help="run only these per-host checks")
     nc.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
     nc.add_argument("--config", metavar="FILE", help="thresholds TOML, the same file `preflight run` takes")
     nc.add_argument("--python", default="python3", metavar="PATH",
@@ -447,8 +472,8 @@ def cmd_node_check(args: argparse.Namespace) -> int:
 
     try:
         thresholds = load_thresholds(args.config)
-        names = select_checks(args.checks, args.skip, None)
-        cluster_only = [n for n in split_csv(args.checks) if registry.load(n).SCOPE != "host"]
+        names = select_checks(args.checks, args.skip, None, thresholds, args.config)
+        cluster_only = [n for n in split_csv(args.checks or "") if registry.load(n).SCOPE != "host"]
         if cluster_only:
             raise UsageError(f"node-check runs per-host checks only; {', '.join(cluster_only)} "
                              "need(s) `preflight run` across hosts")

@@ -97,3 +97,55 @@ def test_the_line_names_every_bad_check_on_one_printable_line_within_the_reason_
     assert reason_line(outcomes[1:2]) == "preflight: ok (1 check: gpu)"
     long = reason_line([(f"check{i}", Outcome(Status.FAIL, "x" * 80)) for i in range(5)])
     assert len(long) == MAX_REASON and long.endswith("...")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_the_checks_node_check_and_run_run_come_from_the_same_config(tmp_path):
+    """One file for a site's health check and its pre-job gate: [checks] only/skip select for both; node-check
+    keeps the per-host ones of the selection; the command line wins."""
+    from preflight.cli import select_checks
+    from preflight.config import load_thresholds
+    skipping = _write(tmp_path / "skip.toml", '[checks]\nskip = ["memlock", "compute"]\n')
+    default = select_checks(None, "", None)
+    assert select_checks(None, "", None, load_thresholds(str(skipping)), str(skipping)) == \
+        [c for c in default if c not in ("memlock", "compute")]
+    assert select_checks(None, "nvme", None, load_thresholds(str(skipping)), str(skipping)) == \
+        [c for c in default if c != "nvme"]  # --skip replaces the file's skip
+    config = _write(tmp_path / "site.toml", '[checks]\nonly = ["libaio", "memlock", "ports"]\n')
+    thresholds = load_thresholds(str(config))
+    assert select_checks(None, "", None, thresholds, str(config)) == ["libaio", "memlock", "ports"]
+    assert select_checks("gpu", "", None, thresholds, str(config)) == ["gpu"]  # --checks replaces both
+    assert select_checks(None, "memlock", None, thresholds, str(config)) == ["libaio", "ports"]
+    # For real: node-check runs the per-host ones (ports is a cluster check)...
+    proc = node_check("--config", str(config), "--skip", "memlock", "-v")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "preflight: ok (1 check: libaio)"
+    # ...and `preflight run` on this machine runs all three, after ssh.
+    report = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "preflight", "run", "--python", sys.executable, "--config",
+                          str(config), "--json", str(report)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         stdin=subprocess.DEVNULL)
+    assert "Traceback" not in run.stdout + run.stderr, run.stderr
+    import json
+    assert sorted({r["check"] for r in json.loads(report.read_text())["results"]}) == \
+        ["libaio", "memlock", "ports", "ssh"]
+
+
+@pytest.mark.parametrize("text, wanted", [
+    ('[checks]\nskip = ["nosuch"]\n', "checks.skip: unknown check 'nosuch'"),
+    ('[checks]\nonly = [1]\n', "checks.only must be a list of check names"),
+    ('[checks]\nonly = "libaio"\n', "checks.only = 'libaio' must be a list"),
+    ('[checks]\nonly = ["libaio"]\nskip = ["libaio"]\n', "checks.only and checks.skip both name libaio"),
+])
+def test_a_bad_checks_section_is_one_line_naming_the_file_and_key(tmp_path, text, wanted):
+    config = _write(tmp_path / "site.toml", text)
+    for command in (["node-check"], ["run", "--python", sys.executable]):
+        proc = subprocess.run([sys.executable, "-m", "preflight", *command, "--config", str(config)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (command, proc.stdout, proc.stderr)
+        assert str(config) in lines[0] and wanted in lines[0], (command, lines)
