@@ -144,6 +144,8 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
         except AgentError as exc:
             expired = isinstance(t, _DeadlineTransport) and t.expired
             why = (f"did not finish within the {options.deadline:g}s deadline" if expired else str(exc))
+            if expired and not agent.said_hello:  # the interpreter itself hung: say so in the drain reason
+                why = f"{options.python} did not start within the {options.deadline:g}s deadline"
             outcomes = [("preflight", Outcome(Status.ERROR, why, "look at the node (load, hung disks, D-state "
                                               "processes) or raise --deadline"))]
             return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), True)

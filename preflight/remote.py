@@ -211,6 +211,11 @@ class _Session:
             self._pending.pop(rid, None)
 
     @property
+    def said_hello(self) -> bool:
+        with self._lock:
+            return self._ready
+
+    @property
     def starting(self) -> bool:
         """Started, alive, and no hello yet: requests to it are queued, unsent."""
         with self._lock:
@@ -359,6 +364,13 @@ class Agent:
         with self._lock:
             session = self._live_session()
         return session.request(request, self.max_output)
+
+    @property
+    def said_hello(self) -> bool:
+        """The current (or last, if it died) agent of this host said hello: the interpreter did run it."""
+        with self._lock:
+            session = self._session
+        return session is not None and session.said_hello
 
     @property
     def starting(self) -> bool:

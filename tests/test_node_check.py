@@ -49,7 +49,7 @@ def test_an_interpreter_that_never_answers_is_killed_at_the_deadline_and_nothing
         proc = node_check("--checks", "libaio", "--python", str(hung), "--deadline", "3", timeout=60)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert proc.stdout.strip().splitlines()[-1] == \
-            "preflight: preflight (could not check): did not finish within the 3s deadline"
+            f"preflight: preflight (could not check): {hung} did not start within the 3s deadline"
         assert _processes_with(f"sleep\0{marker}") == []
     finally:
         for pid in _processes_with(f"sleep\0{marker}"):
