@@ -133,6 +133,28 @@ def test_salloc_run_over_srun_without_ssh_keys_passes_with_the_full_matrix(healt
         assert word in proc.stdout
 
 
+def test_inside_an_sbatch_script_the_run_gates_the_job_over_srun(healthy3, node_code):
+    """`preflight run` in a batch script: it runs on the job's first node, takes the allocation's nodes and
+    reaches all three over srun, with no SSH key anywhere."""
+    where = Path(tempfile.mkdtemp(prefix="preflight-sbatch-", dir="/dev/shm"))  # a node's /tmp is private
+    try:
+        script = where / "job.sh"
+        script.write_text(f"#!/bin/sh\nexport PYTHONPATH={node_code}\nexec {sys.executable} -m preflight run "
+                          f"--python {sys.executable} --checks libaio,ports --json {where}/report.json\n")
+        script.chmod(0o755)
+        proc = healthy3.client(["sbatch", "-N3", "--wait", f"--output={where}/out.txt", str(script)],
+                               check=False, timeout=300)
+        out = (where / "out.txt").read_text() if (where / "out.txt").exists() else ""
+        assert proc.returncode == 0 and "Traceback" not in out, proc.stdout + proc.stderr + out
+        cells = {(r["host"], r["check"]): r for r in json.loads((where / "report.json").read_text())["results"]}
+        assert sorted(cells) == sorted((h, c) for h in healthy3.names for c in ("ssh", "libaio", "ports"))
+        assert all(c["status"] == "pass" for c in cells.values()), cells
+        assert all("shared by every node (srun)" in cells[(h, "ssh")]["message"] for h in healthy3.names)
+        assert "transport: srun" in out and "slm1::" not in out  # no failure lines
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3):
     alloc = healthy3.client(["salloc", "--no-shell", "-N3"]).stderr
     job = re.search(r"Granted job allocation (\d+)", alloc)[1]
