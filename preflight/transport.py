@@ -500,11 +500,24 @@ class _SSHCommand(RunningCommand):
         self._finish(rc)
 
     def _write_stdin(self, data: bytes, stall: Optional[float]) -> None:
-        # No stall limit here: sshd opens a 2 MiB window, thousands of request lines, and the agent reads its
-        # stdin at once; a host that stops reading ends with its keepalives.
-        if self._chan.closed:
+        # The channel's window is the pipe here: sshd opens 2 MiB and re-opens it as the command reads. A host
+        # whose agent stopped reading (frozen, SIGSTOPped) leaves it shut while its sshd still answers keepalives.
+        # The channel's timeout bounds each wait for window; only this writer (under the send lock) waits on it:
+        # the reader thread calls recv only when data is there.
+        chan = self._chan
+        if chan.closed:
             raise OSError("the SSH channel is closed")
-        self._chan.sendall(data)
+        chan.settimeout(stall)
+        done = 0
+        while done < len(data):
+            try:
+                sent = chan.send(data[done:done + 262144])  # bytes (paramiko's packets take at most 32 KiB)
+            except socket.timeout:
+                raise StdinStalled(f"the host stopped reading its stdin ({len(data) - done} bytes not taken in "
+                                   f"{stall:g}s); its command was stopped") from None
+            if sent == 0:
+                raise OSError("the SSH channel is closed")
+            done += sent
 
     def _close_stdin_now(self) -> None:
         self._chan.shutdown_write()

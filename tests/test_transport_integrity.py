@@ -232,3 +232,35 @@ def test_kill_9_of_the_coordinator_mid_run_leaves_nothing_on_the_hosts(cluster4,
         if proc.poll() is None:
             proc.kill()
     assert_nothing_left(cluster4)
+
+
+def test_a_host_that_stops_reading_its_stdin_fails_the_send_instead_of_blocking_it(cluster4, monkeypatch):
+    """Over SSH the channel's window is the pipe: a command that never reads (a frozen or stopped agent, while
+    its sshd still answers keepalives) shuts it after ~2 MiB. send() must then fail within the stall limit."""
+    from preflight import transport as tr
+    monkeypatch.setattr(tr, "SEND_STALL_S", 1.0)
+    options = tr.SSHOptions(key=str(cluster4.user_key), config_path=str(cluster4.ssh_config),
+                            known_hosts=str(cluster4.known_hosts))
+    transport = tr.SSHTransport("node01", options)
+    transport.connect()
+    try:
+        # Ends by itself soon after the test: closing an SSH channel signals nothing to the remote command.
+        cmd = transport.start(["sleep", "20"], keep_stdin_open=True)
+        outcome: list = []
+
+        def flood():
+            try:
+                for _ in range(1000):  # 64 MiB against a 2 MiB window and a 64 KiB pipe
+                    cmd.send(b"x" * 65535 + b"\n")
+                outcome.append("all sent")
+            except OSError as exc:
+                outcome.append(exc)
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(60)  # a hang detector far above the 1 s limit, not a timing assertion
+        assert outcome and isinstance(outcome[0], tr.StdinStalled), outcome
+        result = cmd.wait(10)
+        assert result.timed_out and "stopped reading its stdin" in result.error, result
+    finally:
+        transport.close()
