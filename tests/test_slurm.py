@@ -177,15 +177,8 @@ def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3)
             coordinator.kill()
             coordinator.wait()
         # The allocation is still there: only the lifeline (srun's stdin) and srun itself can end the steps.
-        deadline = time.monotonic() + 60
-        while left := {n: procs for n in healthy3.names if (procs := healthy3.node_processes(n))}:
-            assert time.monotonic() < deadline, f"left on the nodes 60 s after the kill: {left}"
-            time.sleep(0.2)
+        _wait_until_nothing_left(healthy3, healthy3.names, job, "the kill")
         assert healthy3.client(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() == "RUNNING"
-        deadline = time.monotonic() + 30
-        while _sruns_of(job):
-            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
-            time.sleep(0.2)
     finally:
         healthy3.client(["scancel", job], check=False)
 
@@ -206,16 +199,21 @@ def test_a_timed_out_step_is_taken_down_although_its_command_ignores_the_lifelin
             os.environ.clear()
             os.environ.update(old)
         assert result.rc == 124, result
-        deadline = time.monotonic() + 60
-        while procs := healthy3.node_processes("slm2"):
-            assert time.monotonic() < deadline, f"left on slm2 60 s after the timeout: {procs}"
-            time.sleep(0.2)
-        deadline = time.monotonic() + 30
-        while _sruns_of(job):
-            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
-            time.sleep(0.2)
+        _wait_until_nothing_left(healthy3, ["slm2"], job, "the timeout")
     finally:
         healthy3.client(["scancel", job], check=False)
+
+
+def _wait_until_nothing_left(cluster: SlurmCluster, nodes, job: str, after: str) -> None:
+    """No process of a job on the nodes within 60 s, and no srun of it on the submit host within 30 s more."""
+    deadline = time.monotonic() + 60
+    while left := {n: procs for n in nodes if (procs := cluster.node_processes(n))}:
+        assert time.monotonic() < deadline, f"left on the nodes 60 s after {after}: {left}"
+        time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while _sruns_of(job):
+        assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
+        time.sleep(0.2)
 
 
 def _sruns_of(job: str) -> list:
@@ -409,38 +407,21 @@ def test_a_shared_step_that_stops_taking_input_is_stopped_instead_of_hanging_its
     that never reads; in life a frozen node), slurmstepd and srun fill their buffers and srun stops reading: a
     send must then fail within the stall limit and take the step down (each node then gets a step of its own),
     not block every sender behind it for ever."""
-    import threading
     from preflight import transport
     from preflight.transport_srun import SharedStep
+
+    from .stdin_flood import flood_until_it_fails
     monkeypatch.setattr(transport, "SEND_STALL_S", 2.0)
     monkeypatch.setenv("SLURM_CONF", healthy3.env["SLURM_CONF"])
     alloc = healthy3.client(["salloc", "--no-shell", "-N2", "-w", "slm1,slm2"]).stderr
     job = re.search(r"Granted job allocation (\d+)", alloc)[1]
     step = SharedStep(["slm1", "slm2"], ["sleep", "600"], b"", job)
     try:
-        outcome: list = []
-
-        def flood():
-            try:
-                for _ in range(50_000):  # 200 MB: far more than srun and slurmstepd buffer
-                    step.send_to("slm1", b"x" * 4000)
-                outcome.append("all sent")
-            except OSError as exc:
-                outcome.append(exc)
-
-        sender = threading.Thread(target=flood, daemon=True)
-        sender.start()
-        sender.join(300)  # a hang detector, not a timing assertion
+        # 200 MB of 4 KB lines for slm1: far more than srun and slurmstepd buffer.
+        outcome = flood_until_it_fails(lambda line: step.send_to("slm1", line), lines=50_000, size=4000, wait=300)
         assert outcome and isinstance(outcome[0], transport.StdinStalled), outcome
         assert all(c.join(30) for c in step.channels.values()), "the step's channels did not end"
-        deadline = time.monotonic() + 60
-        while left := {n: procs for n in ("slm1", "slm2") if (procs := healthy3.node_processes(n))}:
-            assert time.monotonic() < deadline, f"left on the nodes 60 s after the stall: {left}"
-            time.sleep(0.2)
-        deadline = time.monotonic() + 30
-        while _sruns_of(job):
-            assert time.monotonic() < deadline, f"srun left on the submit host: {_sruns_of(job)}"
-            time.sleep(0.2)
+        _wait_until_nothing_left(healthy3, ["slm1", "slm2"], job, "the stall")
     finally:
         step.close(grace_s=1)
         healthy3.client(["scancel", job], check=False)

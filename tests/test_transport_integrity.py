@@ -238,6 +238,8 @@ def test_a_host_that_stops_reading_its_stdin_fails_the_send_instead_of_blocking_
     """Over SSH the channel's window is the pipe: a command that never reads (a frozen or stopped agent, while
     its sshd still answers keepalives) shuts it after ~2 MiB. send() must then fail within the stall limit."""
     from preflight import transport as tr
+
+    from .stdin_flood import flood_until_it_fails
     monkeypatch.setattr(tr, "SEND_STALL_S", 1.0)
     options = tr.SSHOptions(key=str(cluster4.user_key), config_path=str(cluster4.ssh_config),
                             known_hosts=str(cluster4.known_hosts))
@@ -246,19 +248,7 @@ def test_a_host_that_stops_reading_its_stdin_fails_the_send_instead_of_blocking_
     try:
         # Ends by itself soon after the test: closing an SSH channel signals nothing to the remote command.
         cmd = transport.start(["sleep", "20"], keep_stdin_open=True)
-        outcome: list = []
-
-        def flood():
-            try:
-                for _ in range(1000):  # 64 MiB against a 2 MiB window and a 64 KiB pipe
-                    cmd.send(b"x" * 65535 + b"\n")
-                outcome.append("all sent")
-            except OSError as exc:
-                outcome.append(exc)
-
-        sender = threading.Thread(target=flood, daemon=True)
-        sender.start()
-        sender.join(60)  # a hang detector far above the 1 s limit, not a timing assertion
+        outcome = flood_until_it_fails(cmd.send)  # 64 MiB against a 2 MiB window and a 64 KiB pipe
         assert outcome and isinstance(outcome[0], tr.StdinStalled), outcome
         result = cmd.wait(10)
         assert result.timed_out and "stopped reading its stdin" in result.error, result

@@ -70,23 +70,12 @@ def test_one_persistent_agent_serves_every_request_and_preloads_torch():
 def test_a_command_that_stops_reading_its_stdin_fails_the_send_and_is_killed(monkeypatch):
     """A frozen host, or an srun whose step stopped taking input: send() must not block its caller for ever (a
     shared srun step's every sender waits behind it). Past the stall limit the command is failed and killed."""
-    import threading
     from preflight import transport
+
+    from .stdin_flood import flood_until_it_fails
     monkeypatch.setattr(transport, "SEND_STALL_S", 1.0)
     cmd = LocalTransport().start(["sleep", "600"], b"", keep_stdin_open=True)
-    outcome: list = []
-
-    def flood():
-        try:
-            for _ in range(1000):  # 64 MiB against a 64 KiB pipe that nobody reads
-                cmd.send(b"x" * 65535 + b"\n")
-            outcome.append("all sent")
-        except OSError as exc:
-            outcome.append(exc)
-
-    sender = threading.Thread(target=flood, daemon=True)
-    sender.start()
-    sender.join(60)  # a hang detector far above the 1 s limit, not a timing assertion
+    outcome = flood_until_it_fails(cmd.send)  # 64 MiB against a 64 KiB pipe that nobody reads
     assert outcome and isinstance(outcome[0], transport.StdinStalled), outcome
     result = cmd.wait(10)
     assert result.timed_out and "stopped reading its stdin" in result.error, result
