@@ -153,6 +153,7 @@ class Runner:
         if self.o.local:
             node.ssh_facts = {"connected": True, "local": True, "hostname": socket.gethostname(),
                               "address": "127.0.0.1"}
+            self._preload(node)  # starts this machine's agent
             return
         transport = node.transport
         assert isinstance(transport, (SSHTransport, SrunTransport))
@@ -176,13 +177,7 @@ class Runner:
         step = "shared" if node.agent.adopted else "own"
         if hello is not None:
             probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
-            if self.preload:
-                # torch once per host, at once: it imports while the other hosts connect, and every worker the
-                # agent forks from then on has it (see agent.py). The host checks' request queues behind it.
-                try:
-                    node.agent.preload(["torch"], self.o.timeout)
-                except Exception:  # the host checks' request will meet the same broken channel and say so
-                    pass
+            self._preload(node)
         else:
             probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
         # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
@@ -201,6 +196,17 @@ class Runner:
                                         f"{probe.stderr.strip()[:200]}",
                                   fix="check the user's login shell and ForceCommand on the host",
                                   status="error")
+
+    def _preload(self, node: Node) -> None:
+        """When a selected check uses torch: torch once per host, at connect. It imports while the other hosts
+        connect, and every worker the agent forks from then on has it (see agent.py); the host checks' request
+        queues behind it."""
+        if not self.preload:
+            return
+        try:
+            node.agent.preload(["torch"], self.o.timeout)
+        except Exception:  # the host checks' request will meet the same broken channel and say so
+            pass
 
     def _start_shared_step(self) -> None:
         """With srun, every node's agent starts at once as one step (SharedStep); each node's agent adopts

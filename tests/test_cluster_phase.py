@@ -5,10 +5,13 @@ Fake cluster checks stand in for ports/launcher_ssh (quiet) and iperf3 (measurin
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from types import SimpleNamespace
 from typing import Any, Dict, List
+
+import pytest
 
 from preflight.checks.base import Outcome, Status
 from preflight.config import load_defaults
@@ -88,3 +91,19 @@ def test_a_quiet_check_that_never_returns_costs_its_own_cell_only(monkeypatch):
     assert cells["ports"].status == Status.ERROR and "did not finish" in cells["ports"].message, cells["ports"]
     assert cells["launcher_ssh"].status == Status.PASS and cells["measuring"].status == Status.PASS
     assert time.monotonic() - start < 30
+
+
+def test_a_local_run_preloads_torch_at_connect_as_a_remote_one_does():
+    """Without a hostfile the agent runs here, started at connect; when a check uses torch, that agent imports it
+    once there, so that every worker and rank forked later has it."""
+    pytest.importorskip("torch")
+    runner = Runner(RunOptions(hosts=[HostSpec("localhost", 1, 0)], checks=[], thresholds=load_defaults(),
+                               local=True, python=sys.executable))
+    runner.preload = True
+    runner.nodes = [runner._make_node(spec) for spec in runner.o.hosts]
+    try:
+        runner._connect(runner.nodes[0])
+        loaded = runner.nodes[0].agent.call("agent.loaded", {"names": ["torch"]}, 120)
+        assert loaded["modules"] == {"torch": True}, loaded
+    finally:
+        runner.nodes[0].agent.close()
