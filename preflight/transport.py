@@ -325,6 +325,11 @@ class _LocalCommand(RunningCommand):
         stdin_pipe = self._proc.stdin
         assert stdin_pipe is not None  # stdin=PIPE above
         self._stdin: IO[bytes] = stdin_pipe
+        # Written straight to the descriptor (the buffered writer stays empty), non-blocking, so that a stall
+        # can time out (_write_stdin).
+        os.set_blocking(stdin_pipe.fileno(), False)
+        self._stdin_poll = select.poll()
+        self._stdin_poll.register(stdin_pipe.fileno(), select.POLLOUT)
         self._begin_stdin(stdin, keep_stdin_open)
 
     def _pump(self, stream, is_err: bool) -> None:
@@ -338,13 +343,9 @@ class _LocalCommand(RunningCommand):
         self._finish(rc)
 
     def _write_stdin(self, data: bytes, stall: Optional[float]) -> None:
-        # Straight to the descriptor (the buffered writer stays empty), non-blocking, so a stall can time out.
         if self._stdin.closed:
             raise OSError("the command's stdin is closed")
-        fd = self._stdin.fileno()
-        os.set_blocking(fd, False)
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
+        fd, poller = self._stdin.fileno(), self._stdin_poll
         view = memoryview(data)
         since = time.monotonic()
         while view:

@@ -268,7 +268,6 @@ class SharedStep:
         self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
         self.channels: Dict[str, _StepChannel] = {name: _StepChannel(self, name) for name in self.names}
         self.demux = StepOutput(self.channels)
-        self._send_lock = threading.Lock()
         job = [f"--jobid={self.job_id}"] if self.job_id else []
         self.argv = ["srun", *STEP_FLAGS, f"--nodes={len(self.names)}", f"--ntasks={len(self.names)}", *job,
                      f"--nodelist={','.join(self.names)}", "--", *argv]
@@ -282,8 +281,8 @@ class SharedStep:
 
     def send_to(self, name: str, data: bytes) -> None:
         prefix = b"@" + name.encode() + b" "
-        with self._send_lock:
-            self._cmd.send(b"".join(prefix + line + b"\n" for line in data.splitlines() if line))
+        # One send: the command's own lock keeps each node's lines whole between concurrent senders.
+        self._cmd.send(b"".join(prefix + line + b"\n" for line in data.splitlines() if line))
 
     def _ended(self) -> None:
         """srun is gone: so is every node's agent in it."""
