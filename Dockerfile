@@ -6,7 +6,6 @@ FROM python:3.12-slim
 WORKDIR /src
 COPY pyproject.toml README.md hostfile.example ./
 COPY preflight ./preflight
-COPY checks ./checks
 RUN pip install --no-cache-dir . && rm -rf /src
 
 # No USER: the image's default, root, reads the mounted keys and agent socket whatever their owner's uid.

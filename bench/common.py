@@ -55,13 +55,16 @@ def require_netcluster() -> None:
 
 def checkout(ref: str, into: Path) -> Path:
     """The code of a commit, runnable as `python -m preflight` from the returned folder (for A/B runs against
-    an older commit: `git archive`, no worktree left in .git; checks/ copied to where it installs,
-    preflight/checks, so that the folder imports without an install)."""
+    an older commit: `git archive`, no worktree left in .git; a commit from before the checks moved into
+    preflight/checks has its top-level checks/ copied there, so that the folder imports without an install)."""
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "--", "preflight", "checks"],
+    paths = ["preflight"] + (["checks"] if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:checks"],
+                                                          capture_output=True).returncode == 0 else [])
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "--", *paths],
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    shutil.copytree(into / "checks", into / "preflight" / "checks")
+    if "checks" in paths:
+        shutil.copytree(into / "checks", into / "preflight" / "checks")
     return into
 
 

@@ -9,7 +9,6 @@
 cd "$(dirname "$0")/.."  # the repo root
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-rm -rf preflight/checks && cp -r checks preflight/checks
 nvidia-smi -L; nvidia-smi --query-gpu=driver_version,name --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
 t0=$(date +%s)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import NetCluster, checkout, preflight, require_netcluster, table, write_json  # noqa: E402
 
-from preflight.checks.base import parallel_map  # noqa: E402
+from preflight.hostside.proc import parallel_map  # noqa: E402
 from preflight.config import load_defaults  # noqa: E402
 
 COMPUTE_SECONDS = float(load_defaults()["compute"]["seconds"])

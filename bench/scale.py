@@ -164,8 +164,7 @@ def _timed(argv: list, env: Optional[dict] = None, timeout: float = 1800, cwd: P
 
 def _tree(tool: str) -> Path:
     """The source tree a preflight tool runs from: this one, or DIR for ``preflight@DIR`` (another version of
-    the code, e.g. ``common.checkout(REF, DIR)``: `git archive` of an older commit with its checks/ as
-    preflight/checks)."""
+    the code, e.g. ``common.checkout(REF, DIR)``: `git archive` of an older commit)."""
     return Path(tool.split("@", 1)[1]).resolve() if "@" in tool else ROOT
 
 

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, median, table, write_json  # noqa: E402
 
-from preflight.checks.agent import BOOTSTRAP, RESULT  # noqa: E402
+from preflight.hostside.agent import BOOTSTRAP, RESULT  # noqa: E402
 from preflight.remote import agent_code  # noqa: E402
 from preflight.transport_srun import SrunTransport  # noqa: E402
 from tests.slurmcluster import SlurmCluster, slurm_unavailable_reason  # noqa: E402

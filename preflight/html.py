@@ -18,9 +18,9 @@ import statistics
 from html import escape
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from preflight.checks.fmt import human_bytes
-from preflight.checks.base import Status
-from preflight.checks.fmt import rate
+from preflight.hostside.fmt import human_bytes
+from preflight.hostside.outcome import Status
+from preflight.hostside.fmt import rate
 from preflight import __version__
 from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result, display_host
 from preflight.report import CELL, summary_line

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from preflight.checks.base import Outcome, Status
+from preflight.hostside.outcome import Outcome, Status
 
 CLUSTER = "*"  # the host of a cluster-wide result in the model and the JSON contract
 # Its one display name everywhere else: the terminal matrix, JUnit classnames (CLI and pytest plugin), the HTML

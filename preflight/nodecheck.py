@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
-from preflight.checks.base import Outcome, Status
+from preflight.hostside.outcome import Outcome, Status
 from preflight.remote import Agent, AgentError
 from preflight.transport import LocalTransport, RunningCommand, Transport
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequ
 
 import pytest
 
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result
 from preflight.text import plain, xml_safe
 

@@ -13,8 +13,9 @@ import ipaddress
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.checks import interfaces, validate
-from preflight.checks.base import Status
+from preflight.checks import interfaces
+from preflight.hostside import validate
+from preflight.hostside.outcome import Status
 
 Env = Dict[str, str]
 

@@ -19,16 +19,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from preflight.checks.agent import BOOTSTRAP, FRAME, READY, RESULT
-from preflight import checks as _checks_pkg
+from preflight.hostside.agent import BOOTSTRAP, FRAME, READY, RESULT
 from preflight.transport import RC_TIMEOUT, CommandResult, RunningCommand, Transport
 
-# Where the host-side package lives: preflight/checks when installed, the repository's checks/ in a checkout
-# (setuptools' package-dir maps one onto the other).
-CHECKS_DIR = Path(_checks_pkg.__file__).resolve().parent
-# The name the host-side code is imported under on the host: its imports are relative, so only the agent's
-# BOOTSTRAP (``import preflight.checks.agent``) cares, and a stub ``preflight`` package makes it resolve.
-PACKAGE_PATH = "preflight/checks"
+# What runs on a host: the checks and their host-side support (agent, processes, statistics). Both packages
+# import only each other and the standard library, so they travel without the rest of preflight, under an empty
+# stub ``preflight/__init__.py`` that makes the agent's BOOTSTRAP (``import preflight.hostside.agent``) resolve.
+PACKAGE_ROOT = Path(__file__).resolve().parent
+HOST_PACKAGES = ("checks", "hostside")
 
 
 class AgentError(Exception):
@@ -42,7 +40,8 @@ class AgentError(Exception):
 _AGENT_CODE_LOCK = threading.Lock()
 # What every agent imports before its first request; bytecode of the others (checks that run or not) would
 # make the upload three times bigger for every host.
-_PRECOMPILED = {f"{PACKAGE_PATH}/__init__.py", f"{PACKAGE_PATH}/base.py", f"{PACKAGE_PATH}/agent.py"}
+_PRECOMPILED = {"preflight/hostside/__init__.py", "preflight/hostside/agent.py", "preflight/hostside/proc.py",
+                "preflight/hostside/seams.py", "preflight/hostside/outcome.py"}
 
 
 def agent_code() -> bytes:
@@ -70,10 +69,10 @@ def _agent_code() -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("preflight/__init__.py", b"")
         magic = importlib.util.MAGIC_NUMBER.hex()
-        for path in sorted(CHECKS_DIR.rglob("*.py")):
+        for path in sorted(p for pkg in HOST_PACKAGES for p in (PACKAGE_ROOT / pkg).rglob("*.py")):
             if "__pycache__" in path.parts:
                 continue
-            name = f"{PACKAGE_PATH}/{path.relative_to(CHECKS_DIR).as_posix()}"
+            name = f"preflight/{path.relative_to(PACKAGE_ROOT).as_posix()}"
             source = path.read_bytes()
             zf.writestr(name, source)
             if name not in _PRECOMPILED:

@@ -22,7 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.model import CLUSTER, Report, Result, display_host
 from preflight.runner import Progress
 from preflight.text import plain, xml_safe

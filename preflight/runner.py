@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
-from preflight.checks.base import Outcome, Status, parallel_map
+from preflight.hostside.outcome import Outcome, Status
+from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.model import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Optional, Dict, Sequence
 
-from preflight.checks.agent import FRAME, LINE_FRAME
+from preflight.hostside.agent import FRAME, LINE_FRAME
 from preflight.transport import RunningCommand, Transport, TransportError, _FailedCommand, _LocalCommand
 
 # --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry

@@ -1,4 +1,4 @@
-"""One test double for the coordinator: ``FakeCluster`` implements ``preflight.checks.base.ClusterView``.
+"""One test double for the coordinator: ``FakeCluster`` implements ``preflight.hostside.seams.ClusterView``.
 
 A cluster check's ``coordinate(cluster)`` runs against it without SSH: by default ``call``/``call_all``/``start``
 run the named host-side function in this process (as the agent would on the host), and a test can plant a
@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from preflight.checks.base import HostContext, parallel_map
+from preflight.hostside.seams import HostContext
+from preflight.hostside.proc import parallel_map
 from preflight.runner import Progress
 
 Handler = Callable[[str, Dict[str, Any], float], Any]  # (host, params, timeout) -> value, or raise

@@ -94,8 +94,8 @@ class Host:
 
 @contextlib.contextmanager
 def code_in_run(coordinator: bool = False) -> Iterator[Path]:
-    """A copy of the code under /run for a namespace host to import (put it on PYTHONPATH): checks/ as
-    preflight.checks and, with coordinator=True, the preflight package itself. A host mounts a private /tmp, so
+    """A copy of the code under /run for a namespace host to import (put it on PYTHONPATH): the host-side
+    packages (preflight.checks, preflight.hostside) and, with coordinator=True, the whole preflight package. A host mounts a private /tmp, so
     a checkout under /tmp (as in `git clone . /tmp/fresh`) is invisible inside it; /run is shared."""
     root = Path(__file__).resolve().parent.parent
     code = Path(tempfile.mkdtemp(prefix="pf-code-", dir="/run"))
@@ -106,7 +106,9 @@ def code_in_run(coordinator: bool = False) -> Iterator[Path]:
         else:
             (code / "preflight").mkdir()
             (code / "preflight" / "__init__.py").write_text("")
-        shutil.copytree(root / "checks", code / "preflight" / "checks", ignore=shutil.ignore_patterns("__pycache__"))
+            for pkg in ("checks", "hostside"):
+                shutil.copytree(root / "preflight" / pkg, code / "preflight" / pkg,
+                                ignore=shutil.ignore_patterns("__pycache__"))
         yield code
     finally:
         shutil.rmtree(code, ignore_errors=True)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import uuid
 
-from preflight.checks import agent
+from preflight.hostside import agent
 
 
 def _spawn(argv, env=None) -> subprocess.Popen:

@@ -12,7 +12,7 @@ import pytest
 
 from preflight.checks import allreduce
 from preflight.checks.allreduce import common, coordinator, stragglers, supervisor
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parent.parent
@@ -510,14 +510,14 @@ def _free_port() -> int:
 def local_agent():
     """supervisor.run and rank.run as the agent runs them: children get the checks package as in-memory code."""
     pytest.importorskip("torch")
-    from preflight.checks import base
+    from preflight.hostside import proc as procs
     from preflight.remote import agent_code
-    base.AGENT_CODE = agent_code()
+    procs.AGENT_CODE = agent_code()
     try:
-        yield base
+        yield procs
     finally:
-        base.kill_all()
-        base.AGENT_CODE = None
+        procs.kill_all()
+        procs.AGENT_CODE = None
 
 
 def _group_params(world: int, ranks: int, init_timeout: float = 20.0, start_timeout: float = 60.0) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import clock
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from tests.netcluster import NetCluster
 

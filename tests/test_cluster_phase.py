@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from preflight.checks.base import Outcome, Status
+from preflight.hostside.outcome import Outcome, Status
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import RunOptions, Runner

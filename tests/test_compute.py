@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import compute
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from tests.fakes import FakeCluster
 from tests.netcluster import NetCluster

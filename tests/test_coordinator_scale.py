@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from preflight.checks.base import parallel_map
+from preflight.hostside.proc import parallel_map
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import Progress, RunOptions, Runner

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from preflight.checks import driver_cuda as dc
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 from tests.h100 import FIX, read as _read

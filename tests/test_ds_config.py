@@ -22,7 +22,8 @@ from preflight.checks import ds_config as D
 from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, report
 from preflight.checks.ds_config import host as ds_host
 from preflight.checks.ds_config import keys as K
-from preflight.checks.base import HostContext, Status, ThresholdsError
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
 from preflight.checks.gpu import normalize_nvml_gpu
 from tests import fakes

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from preflight.checks import ds_report as dr
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 from tests.h100 import FIX, read as _read
@@ -235,7 +236,7 @@ def test_collect_falls_back_to_ds_report_on_path(tmp_path, monkeypatch, threshol
 def test_fork_python_inherits_this_processs_imports_and_is_bounded(tmp_path):
     import subprocess
     import sys
-    from preflight.checks.base import LIVE, fork_python
+    from preflight.hostside.proc import LIVE, fork_python
     import colorsys  # noqa: F401 - a module nothing else imports: only a forked child can have it already
     res = fork_python("import sys; print('colorsys' in sys.modules); sys.exit(3)", timeout=30)
     assert (res.rc, res.out.strip()) == (3, "True")

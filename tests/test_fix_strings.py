@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from preflight.checks import iperf3, launcher_ssh, libaio, nvme
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from tests.test_nvme import entry
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import driver_cuda, gpu
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 
 REPO = Path(__file__).resolve().parent.parent
 NO_DRIVER = {"driver": None, "nvml_error": "NVML Shared Library Not Found", "smi_error": "command not found"}
@@ -43,7 +43,7 @@ def test_a_real_device_node_is_evidence(tmp_path):
     script = ("import json, sys, time\n"
               "sys.path.insert(0, %r)\n"
               "from preflight.checks import driver_cuda\n"
-              "from preflight.checks.base import HostContext\n"
+              "from preflight.hostside.seams import HostContext\n"
               "print('FACTS=' + json.dumps(driver_cuda.collect(HostContext({}, time.monotonic() + 60))))\n"
               % str(REPO))
     setup = ("mount -t tmpfs preflight-dev /dev\nmknod /dev/nvidia0 c 195 0\nmknod /dev/null c 1 3\n"

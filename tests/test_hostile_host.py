@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from preflight.checks import validate
+from preflight.hostside import validate
 from preflight.recommend import OWNED_KEYS
 from tests.hostile import wrapper
 from tests.test_cli_cluster import preflight as _preflight

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.html import CELL_MIN_PX, HEATMAP_MAX_PX, STATUS_COLOURS, to_html
 from preflight.model import HostRecord, Report, Result
-from preflight.checks.schedule import pair_rounds
+from preflight.hostside.schedule import pair_rounds
 from tests import test_cli_cluster as cli_cluster  # its CLI run helper; a module import is not re-collected
 
 ROOT = Path(__file__).resolve().parent.parent

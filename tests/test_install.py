@@ -23,8 +23,7 @@ def installed(tmp_path_factory):
     py = env_dir / "bin" / "python"
     build = root / "src"  # a copy, so the build leaves nothing in the checkout
     build.mkdir()
-    for name in ("preflight", "checks"):
-        shutil.copytree(REPO / name, build / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "preflight", build / "preflight", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, build / name)
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(build), "pytest"],
@@ -52,7 +51,8 @@ def test_a_project_with_its_own_checks_package_still_works(installed, tmp_path):
     site = subprocess.run([str(installed), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     assert not (Path(site) / "checks").exists(), "preflight must not install a top-level `checks` package"
-    assert (Path(site) / "preflight" / "checks" / "base.py").is_file()
+    assert (Path(site) / "preflight" / "checks" / "gpu.py").is_file()
+    assert (Path(site) / "preflight" / "hostside" / "agent.py").is_file()
 
     bindir = installed.parent
     for argv in ([str(bindir / "pytest"), "-q"], [str(installed), "-m", "pytest", "-q"]):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import interfaces as itf
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks import fmt, iperf3
-from preflight.checks.base import Status
+from preflight.checks import iperf3
+from preflight.hostside import fmt
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from tests import fakes
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import launcher_ssh as ls
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import libaio
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -350,7 +351,7 @@ def _collect_in_ns(setup: str, tmp: Path) -> dict:
     script = ("import json, sys, time\n"
               "sys.path.insert(0, %r)\n"
               "from preflight.checks import libaio\n"
-              "from preflight.checks.base import HostContext\n"
+              "from preflight.hostside.seams import HostContext\n"
               "print('FACTS=' + json.dumps(libaio.collect(HostContext({}, time.monotonic() + 60))))\n" % str(REPO))
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                         setup + '\nexec "$0" -c "$1"', sys.executable, script],

@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent('''
     import json, sys, threading, time
     sys.path.insert(0, %(root)r)
     from preflight.checks import ports, iperf3
-    from preflight.checks.base import HostContext
+    from preflight.hostside.seams import HostContext
     which, params = sys.argv[1], json.loads(sys.argv[2])
     ready, stop, box, got = {}, threading.Event(), {}, threading.Event()
     def on_ready(info):

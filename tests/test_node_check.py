@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.base import Outcome, Status
+from preflight.hostside.outcome import Outcome, Status
 from preflight.nodecheck import MAX_REASON, reason_line
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import nvme
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,7 +355,7 @@ def test_no_o_direct_on_real_ramfs_is_detected(tmp_path):
     script = ("import json, os, sys, time\n"
               "sys.path.insert(0, %r)\n"
               "from preflight.checks import nvme\n"
-              "from preflight.checks.base import HostContext\n"
+              "from preflight.hostside.seams import HostContext\n"
               "d = os.environ['T']\n"
               "f = nvme.collect(HostContext({'nvme_paths': [d], 'nvme_test_bytes': 8 << 20}, time.monotonic() + 60))\n"
               "print('FACTS=' + json.dumps(f))\n"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 
 from preflight.checks import ports
-from preflight.checks.base import HostContext, Status
+from preflight.hostside.seams import HostContext
+from preflight.hostside.outcome import Status
 from preflight.config import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent

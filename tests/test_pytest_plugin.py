@@ -12,7 +12,7 @@ from pathlib import Path
 import junitparser
 import pytest
 
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.model import CLUSTER, HostRecord, Report, Result
 from tests.test_cli_cluster import assert_nothing_left
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import python as py
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
 FIX = Path(__file__).parent / "fixtures" / "h100-host"
@@ -50,7 +50,7 @@ def test_nccl_version_of_every_torch_shape_is_read_and_torch_is_not_called_broke
     package.mkdir()
     (package / "__init__.py").write_text(STUB.format(torch=info["torch"], cuda=info["cuda"], nccl=nccl,
                                                      count=info["count"], name=info["name"]))
-    code = ("import json, time; from preflight.checks import python as py; from preflight.checks.base import "
+    code = ("import json, time; from preflight.checks import python as py; from preflight.hostside.seams import "
             "HostContext; print(json.dumps(py.collect(HostContext(params={}, deadline=time.monotonic() + 60))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})

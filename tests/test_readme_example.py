@@ -9,7 +9,8 @@ import time
 
 from pathlib import Path
 
-from preflight.checks import base
+from preflight.hostside import outcome as oc
+from preflight.hostside import seams
 from preflight.config import tomllib
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -37,12 +38,12 @@ def test_the_readme_example_check_works():
     (code,) = _blocks("python")
     (toml,) = _blocks("toml")
     module = _load(code)
-    base.validate_check_module(module)
+    seams.validate_check_module(module)
     thresholds = tomllib.loads(toml)
     assert set(thresholds) == {module.NAME} and f"[{module.NAME}]" in module.__doc__
-    facts = module.collect(base.HostContext({}, time.monotonic() + 10))
+    facts = module.collect(seams.HostContext({}, time.monotonic() + 10))
     outcome = module.evaluate(facts, thresholds)
-    assert outcome.status in (base.Status.PASS, base.Status.WARN, base.Status.SKIP) and outcome.message
+    assert outcome.status in (oc.Status.PASS, oc.Status.WARN, oc.Status.SKIP) and outcome.message
     low = module.evaluate({"free_mib": 10, "size_mib": 64}, thresholds)
-    assert low.status == base.Status.WARN and "10 MiB free of 64 (expected >= 512)" in low.message
-    assert module.evaluate({"free_mib": 4096, "size_mib": 8192}, thresholds).status == base.Status.PASS
+    assert low.status == oc.Status.WARN and "10 MiB free of 64 (expected >= 512)" in low.message
+    assert module.evaluate({"free_mib": 4096, "size_mib": 8192}, thresholds).status == oc.Status.PASS

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.recommend import NEVER, recommend, roce_gid_index, socket_ifname
 
 H100 = Path(__file__).parent / "fixtures" / "h100-host"

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from preflight import checks
-from preflight.checks import base, libaio
+from preflight.checks import libaio
+from preflight.hostside import outcome as oc
+from preflight.hostside import seams
 from preflight.config import load_defaults
 
 CHECKS_DIR = Path(checks.__file__).resolve().parent
@@ -18,7 +20,7 @@ CHECKS_DIR = Path(checks.__file__).resolve().parent
 def test_every_registered_check_satisfies_the_protocol_and_has_a_defaults_section():
     defaults = load_defaults()
     for module in checks.all_checks():
-        assert module.SCOPE in base.SCOPES
+        assert module.SCOPE in seams.SCOPES
         assert module.NAME in defaults, f"[{module.NAME}] missing from defaults.toml"
         doc = module.__doc__ or ""
         assert f"[{module.NAME}]" in doc, f"{module.__name__}'s docstring must name its [{module.NAME}] section"
@@ -29,16 +31,16 @@ def test_registry_rejects_a_module_that_breaks_the_protocol_with_a_clear_error()
     bad.NAME, bad.DESCRIPTION, bad.SCOPE, bad.DEFAULT = "broken", "x", "cluster", True
     bad.evaluate = lambda facts, thresholds: None
     with pytest.raises(TypeError, match=r"broken: SCOPE 'cluster' needs a function coordinate\(\)"):
-        base.validate_check_module(bad)
+        seams.validate_check_module(bad)
     bad.SCOPE = "everywhere"
     with pytest.raises(TypeError, match="SCOPE 'everywhere' is not one of host, cluster, connection"):
-        base.validate_check_module(bad)
+        seams.validate_check_module(bad)
 
 
 def test_limits_names_a_missing_section():
-    with pytest.raises(base.ThresholdsError, match=r"no \[nvme\] section"):
-        base.limits({"gpu": {}}, "nvme")
-    assert base.limits({"nvme": {"a": 1}}, "nvme") == {"a": 1}
+    with pytest.raises(oc.ThresholdsError, match=r"no \[nvme\] section"):
+        oc.limits({"gpu": {}}, "nvme")
+    assert oc.limits({"nvme": {"a": 1}}, "nvme") == {"a": 1}
 
 
 def test_checks_never_import_the_coordinator():
@@ -60,13 +62,13 @@ def test_no_threshold_copies_inside_checks():
 def test_libaio_severities_come_from_its_section(thresholds):
     facts = {"runtime": [], "dev_links": [], "headers": [], "compiler": {"argv": ["cc"], "path": "/usr/bin/cc"},
              "search_dirs": ["/usr/lib"], "os_release": {"ID": "debian"}}
-    assert libaio.evaluate(facts, thresholds).status == base.Status.FAIL
+    assert libaio.evaluate(facts, thresholds).status == oc.Status.FAIL
     relaxed = dict(thresholds, libaio=dict(thresholds["libaio"], unusable_status="warn"))
     outcome = libaio.evaluate(facts, relaxed)
-    assert outcome.status == base.Status.WARN and "libaio is not installed" in outcome.message
+    assert outcome.status == oc.Status.WARN and "libaio is not installed" in outcome.message
     no_cc = dict(facts, compiler={"tried": ["cc", "gcc"]})
     strict = dict(thresholds, libaio=dict(thresholds["libaio"], unusable_status="warn", no_compiler_status="fail"))
-    assert libaio.evaluate(no_cc, strict).status == base.Status.FAIL
+    assert libaio.evaluate(no_cc, strict).status == oc.Status.FAIL
 
 
 def test_the_coordinator_cluster_and_the_test_fake_both_satisfy_cluster_view(thresholds):
@@ -75,8 +77,8 @@ def test_the_coordinator_cluster_and_the_test_fake_both_satisfy_cluster_view(thr
     from preflight.runner import Cluster, Node, Progress, RunOptions
     from preflight.transport import LocalTransport
     from tests.fakes import FakeCluster
-    assert isinstance(FakeCluster(3, thresholds=thresholds), base.ClusterView)
+    assert isinstance(FakeCluster(3, thresholds=thresholds), seams.ClusterView)
     node = Node(HostSpec("localhost", 1), LocalTransport("localhost"), Agent(LocalTransport("localhost")))
     real = Cluster([node], RunOptions(hosts=[node.spec], checks=[], thresholds=thresholds), {}, Progress())
-    assert isinstance(real, base.ClusterView)
-    assert not isinstance(object(), base.ClusterView)
+    assert isinstance(real, seams.ClusterView)
+    assert not isinstance(object(), seams.ClusterView)

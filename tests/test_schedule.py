@@ -1,7 +1,7 @@
 """Pair scheduling: rounds are disjoint, cover the ring, and grow linearly with hosts."""
 import pytest
 
-from preflight.checks.schedule import full_mesh_rounds, pair_rounds, probe_targets, ring_rounds
+from preflight.hostside.schedule import full_mesh_rounds, pair_rounds, probe_targets, ring_rounds
 
 
 def assert_disjoint(rounds):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from preflight.checks import agent
+from preflight.hostside import agent
 from preflight.remote import serve_input
 from preflight.transport_srun import StepOutput, _StepChannel
 

@@ -1,8 +1,9 @@
-"""checks/validate.py: the one gate for host-reported names, and its use by interfaces and the recommendation."""
+"""preflight/hostside/validate.py: the one gate for host-reported names, and its use by interfaces and the recommendation."""
 import pytest
 
-from preflight.checks import interfaces, validate
-from preflight.checks.base import Status
+from preflight.checks import interfaces
+from preflight.hostside import validate
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from preflight.recommend import recommend
 from tests.test_recommend import chosen, iface_facts, iperf3_facts, itf, make_cluster

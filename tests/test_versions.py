@@ -9,7 +9,7 @@ import pytest
 
 from preflight.checks import ds_report as dr
 from preflight.checks import versions as v
-from preflight.checks.base import Status
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from tests import fakes
 

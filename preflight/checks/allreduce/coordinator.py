@@ -1,0 +1,637 @@
+"""Coordinator side of the all-reduce check: plan the ranks, run the sweep on every host, and localize failures.
+
+``coordinate(cluster)`` probes every host (``allreduce.supervisor.probe``), starts ``allreduce.supervisor.run`` on
+each with its ranks, collects every rank's result, orders the errors by likely root cause and, when the run fails or
+busbw is flagged, runs pairwise all-reduces over the ring of hosts to name the host. It returns the facts that
+``verdict.evaluate`` judges, e.g.::
+
+    {"status": "failed", "world_size": 3, "backend": "gloo", "failure": {"kind": "rendezvous", "message": "..."},
+     "localization": {"suspects": [{"host": "node01", "kind": "rendezvous", "source": "errors", "reason": "..."}]}}
+
+Thresholds: the ``[allreduce]`` section (and ``[iperf3] straggler_warn_fraction`` for the iperf3 map's stragglers).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ...hostside.outcome import Status, limits
+from ...hostside.fmt import gbps
+from ...hostside.robust import MAD_TO_SIGMA
+from .common import KIND_ORDER, NAME, addresses_in, bandwidth_table, classify, names, rank_list, sweep_sizes
+from .stragglers import describe as describe_straggler
+from .stragglers import find as find_stragglers
+from .stragglers import host_rates
+from .verdict import judge
+
+MAX_RANKS_IN_METRICS = 512
+
+
+def _iperf3(cluster: Any) -> Dict[str, Any]:
+    facts = (cluster.facts.get("*") or {}).get("iperf3")
+    return facts if isinstance(facts, dict) else {}
+
+
+def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: float,
+                       stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    """Stragglers of the iperf3 check's links on the chosen network, by that check's own rule (a host's median link
+    against the median of the links without it: below the fraction, or statistically clear with ``stats``, the
+    [iperf3] thresholds), so that both checks blame the same host."""
+    chosen = iperf.get("chosen") or {}
+    nets = [n for n in iperf.get("networks") or [] if isinstance(n, dict) and n.get("links")]
+    net = next((n for n in nets if n.get("network") == chosen.get("network")), None) or (nets[0] if nets else None)
+    if not net:
+        return []
+    try:
+        from ..iperf3 import find_stragglers
+        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
+    except Exception:  # another check's facts: a schema change there must not break this check
+        return []
+    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f%s"
+             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"],
+                " (robust z %.1f)" % s["z"] if "z" in s else ""),
+             "source": "iperf3", "kind": "slow"} for h, s in found.items()]
+
+
+def _plan_jobs(hosts: Sequence[Any], master_addr: str, port: int) -> Dict[str, List[Dict[str, Any]]]:
+    """Global ranks in hostfile order, one per slot; LOCAL_RANK indexes the host's GPUs (DeepSpeed's layout)."""
+    world = sum(h.slots for h in hosts)
+    jobs: Dict[str, List[Dict[str, Any]]] = {}
+    base_rank = 0
+    for h in hosts:
+        gpus = list(h.gpus or []) or list(range(h.slots))
+        jobs[h.name] = [{"tag": "main", "rank": base_rank + i, "local_rank": i, "local_world_size": h.slots,
+                         "world_size": world, "master_addr": master_addr, "master_port": port,
+                         "device": gpus[i] if i < len(gpus) else i} for i in range(h.slots)]
+        base_rank += h.slots
+    return jobs
+
+
+def _pair_jobs(pairs: Sequence[Tuple[Any, Any]], addr_of: Dict[str, str], port: int) -> Dict[str, List[Dict[str, Any]]]:
+    """Two-rank groups; the first host of a pair is its master, so with the ring every host is a master once and
+    a host that drops inbound TCP fails its own pair's rendezvous."""
+    jobs: Dict[str, List[Dict[str, Any]]] = {}
+    for a, b in pairs:
+        tag = "pair:%s,%s" % (a.name, b.name)
+        for r, h in enumerate((a, b)):
+            mine = jobs.setdefault(h.name, [])
+            gpus = list(h.gpus or []) or [0]
+            mine.append({"tag": tag, "rank": r, "local_rank": 0, "local_world_size": 1, "world_size": 2,
+                         "master_addr": addr_of[a.name], "master_port": port,
+                         "device": gpus[len(mine) % len(gpus)]})
+    return jobs
+
+
+def _host_failed(value: Any) -> bool:
+    if isinstance(value, BaseException):
+        return True
+    return any(not r.get("ok") for r in value.get("ranks", []))
+
+
+def _run_groups(cluster: Any, jobs: Dict[str, List[Dict[str, Any]]], common: Dict[str, Any], grace: float
+                ) -> Dict[str, Any]:
+    """Start supervisor.run on every host, wait for all; after the first failure wait grace seconds, then stop the
+    rest. Every Service is stopped (or killed) before returning, whatever happens."""
+    timeout = float(common["rank_timeout_s"]) + 20
+    services: Dict[str, Any] = {}
+    results: Dict[str, Any] = {}
+    lock = threading.Lock()
+    arrived = threading.Event()  # a host's result came: the loop below looks at once, not at its next tick
+
+    def waiter(host: str) -> None:
+        try:
+            value = services[host].result(timeout + 15)
+        except BaseException as exc:  # noqa: BLE001 - an agent failure is this host's result
+            value = exc
+        with lock:
+            results.setdefault(host, value)
+        arrived.set()
+
+    def stopper(host: str) -> None:
+        try:
+            value = services[host].stop(15)
+        except BaseException as exc:  # noqa: BLE001
+            value = exc
+        with lock:
+            results.setdefault(host, value)
+
+    threads: List[threading.Thread] = []
+    try:
+        for host, host_jobs in jobs.items():
+            params = dict(common, host=host, jobs=host_jobs, ifname=common["ifnames"].get(host))
+            params.pop("ifnames", None)
+            try:
+                services[host] = cluster.start(host, "allreduce.supervisor.run", params, timeout)
+            except Exception as exc:
+                results[host] = exc
+                break
+        if len(services) == len(jobs):
+            for host in services:
+                t = threading.Thread(target=waiter, args=(host,), daemon=True)
+                t.start()
+                threads.append(t)
+            deadline = time.monotonic() + timeout + 20
+            failed_at: Optional[float] = None
+            while len(results) < len(services) and time.monotonic() < deadline:
+                arrived.wait(0.2)
+                arrived.clear()
+                with lock:
+                    if failed_at is None and any(_host_failed(v) for v in results.values()):
+                        failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > grace:
+                    break
+    finally:
+        pending = [h for h in services if h not in results]
+        stoppers = [threading.Thread(target=stopper, args=(h,), daemon=True) for h in pending]
+        for t in stoppers:
+            t.start()
+        for t in stoppers + threads:
+            t.join(20)
+        for svc in services.values():
+            cmd = getattr(svc, "cmd", None)
+            if cmd is None or not cmd.done:
+                try:
+                    svc.kill()  # the last word for an agent that ignored its stdin closing
+                except Exception:
+                    pass
+    for host in jobs:
+        results.setdefault(host, RuntimeError("not started on %s: starting the ranks failed on another host" % host
+                                              if host not in services else "no answer from %s" % host))
+    return results
+
+
+def _collect_ranks(results: Dict[str, Any], jobs: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    ranks: List[Dict[str, Any]] = []
+    for host, value in results.items():
+        if isinstance(value, BaseException):
+            for spec in jobs.get(host, []):
+                ranks.append({"tag": spec["tag"], "rank": spec["rank"], "local_rank": spec["local_rank"],
+                              "world_size": spec["world_size"], "host": host, "ok": False, "kind": "other",
+                              "phase": "start", "error": "the agent on %s failed: %s" % (host, value)})
+        else:
+            ranks.extend(value.get("ranks", []))
+    return ranks
+
+
+def _why(text: str) -> str:
+    low = (text or "").lower()
+    for word, short in (("timed out", "timed out"), ("refused", "refused"), ("unreachable", "unreachable"),
+                        ("no route", "no route to host")):
+        if word in low:
+            return short
+    return "failed"
+
+
+def _rank_errors(ranks: Sequence[Dict[str, Any]], owner: Dict[str, str], init_timeout: float
+                 ) -> List[Dict[str, Any]]:
+    """Failed ranks, most likely root cause first: by kind, then errors naming a peer over a rank's own, by rank."""
+    errors = []
+    for r in ranks:
+        if r.get("ok"):
+            continue
+        text = " ".join(str(r.get(k) or "") for k in ("error", "stderr_tail"))
+        phase = r.get("phase") or r.get("last_phase") or ""
+        kind = r.get("kind") or classify(text, phase)
+        error_text = (r.get("error") or "")[:600]
+        if kind == "stopped" and phase in ("init", "connect") and (r.get("phase_s") or 0) >= 0.9 * init_timeout:
+            # Still connecting to its peers after the whole init timeout: this rank was waiting, not bystanding.
+            kind = "mesh"
+            error_text = "still connecting after %.0fs, phase %s" % (r["phase_s"], phase)
+        targets = [r["target"]] if r.get("target") else addresses_in(r.get("error", ""))
+        errors.append({"tag": r.get("tag"), "rank": r.get("rank"), "local_rank": r.get("local_rank"),
+                       "host": r.get("host"), "kind": kind, "phase": phase, "error": error_text,
+                       "stderr_tail": (r.get("stderr_tail") or "")[-800:],
+                       "targets": [{"address": a, "host": owner.get(a)} for a in targets],
+                       "elapsed_s": r.get("elapsed_s")})
+
+    def order(e: Dict[str, Any]) -> Tuple[int, int, int]:
+        self_only = all(t.get("host") == e["host"] for t in e["targets"]) if e["targets"] else True
+        return (KIND_ORDER.index(e["kind"]) if e["kind"] in KIND_ORDER else 99, 1 if self_only else 0,
+                e["rank"] if isinstance(e["rank"], int) else 0)
+    errors.sort(key=order)
+    return errors
+
+
+def _unreachable(errors: Sequence[Dict[str, Any]], port: int) -> Dict[str, Dict[str, Any]]:
+    """{host: {"from": [(rank, host)], "why"}} for hosts whose rendezvous port a rank could not connect to."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for e in errors:
+        if e["kind"] != "rendezvous":
+            continue
+        for t in e["targets"]:
+            if t.get("host"):
+                entry = found.setdefault(t["host"], {"from": [], "why": _why(e["error"]), "port": port})
+                entry["from"].append((e["rank"], e["host"]))
+    return found
+
+
+def _describe_unreachable(host: str, entry: Dict[str, Any], where: str = "") -> str:
+    peers = [h for _, h in entry["from"] if h != host]
+    who = ("%s on %s" % (rank_list([r for r, h in entry["from"] if h != host]), names(peers))) if peers \
+        else "its own rank %s" % entry["from"][0][0]
+    return "connections from %s to its port %s %s%s" % (who, entry["port"], entry["why"], where)
+
+
+def _group_table(ranks: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Per size, the slowest rank's time (all ranks agreed on it already; max() keeps it right if not)."""
+    by_size: Dict[int, Dict[str, Any]] = {}
+    stopped = None
+    for r in ranks:
+        stopped = stopped or r.get("stopped_early")
+        for row in r.get("sizes") or []:
+            cur = by_size.get(row["bytes"])
+            if cur is None or row["time_s"] > cur["time_s"]:
+                by_size[row["bytes"]] = dict(row)
+    return [by_size[b] for b in sorted(by_size)], stopped
+
+
+def _failure_suspects(errors: Sequence[Dict[str, Any]], port: int) -> List[Dict[str, Any]]:
+    """Hosts named by the errors alone: whose MASTER_ADDR port the others could not reach, or a host's own problem
+    (port in use, no torch, no GPU, out of memory)."""
+    suspects: List[Dict[str, Any]] = []
+    for host, entry in _unreachable(errors, port).items():
+        suspects.append({"host": host, "reason": _describe_unreachable(host, entry, " in the full run"),
+                         "source": "errors", "kind": "rendezvous"})
+    for e in errors:
+        if e["kind"] in ("port_in_use", "torch_missing", "no_gpu", "oom", "wrong_result") \
+                and e["host"] not in [x["host"] for x in suspects]:
+            suspects.append({"host": e["host"], "reason": e["error"][:300], "source": "errors", "kind": e["kind"]})
+    return suspects
+
+
+def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
+                   stats: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    """From pairwise runs: a host a peer could not reach, a host that fails with every peer, or (bandwidth mode)
+    a host whose best pair is below fraction x the median host's best pair."""
+    suspects: Dict[str, Dict[str, Any]] = {}
+    per_host: Dict[str, List[Dict[str, Any]]] = {}
+    for p in pairs:
+        for h in p["hosts"]:
+            per_host.setdefault(h, []).append(p)
+    for p in pairs:
+        for h, reason in (p.get("unreachable") or {}).items():
+            suspects.setdefault(h, {"host": h, "reason": reason, "source": "pairwise", "kind": "rendezvous"})
+    for h, ps in per_host.items():
+        if len(ps) >= 2 and all(not p["ok"] for p in ps) and h not in suspects:
+            suspects[h] = {"host": h, "reason": "its all-reduce fails with every peer tried (%s)"
+                           % ", ".join(o for p in ps for o in p["hosts"] if o != h), "source": "pairwise",
+                           "kind": "mesh"}
+    if mode == "bandwidth":
+        best = {h: max([p["busbw_GBps"] for p in ps if p["ok"] and p.get("busbw_GBps")] or [0.0])
+                for h, ps in per_host.items()}
+        if len(best) >= 3:
+            median = statistics.median(best.values())
+            # The same rule as the iperf3 map: below the fraction, or a statistically clear deficit (robust z
+            # against the hosts' spread, 1.4826 x MAD, at least noise_floor) that is also larger than min_deficit.
+            spread = MAD_TO_SIGMA * statistics.median([abs(b - median) for b in best.values()])
+            sigma = max(spread, float((stats or {}).get("noise_floor", 1.0)) * median, 1e-12)
+            for h, b in best.items():
+                z = (b - median) / sigma
+                clear = stats is not None and z < -float(stats["z_threshold"]) \
+                    and b < (1 - float(stats["min_deficit"])) * median
+                if (b < fraction * median or clear) and h not in suspects:
+                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, %.0f%% "
+                                   "of the median host's %s GB/s (robust z %.1f)" % (gbps(b), 100 * b / median if
+                                                                                    median else 0, gbps(median), z),
+                                   "source": "pairwise", "kind": "slow"}
+    return list(suspects.values())
+
+
+def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], common: Dict[str, Any],
+              cfg: Dict[str, Any], mode: str, nbytes: int, owner: Dict[str, str]) -> Dict[str, Any]:
+    """Bounded pairwise all-reduce runs: the ring (each host paired with both neighbours). For a failure, all ring
+    pairs at once (only connectivity matters); for bandwidth, rounds of disjoint pairs (2 or 3 rounds)."""
+    from ...hostside.schedule import ring_rounds
+    n = len(hosts)
+    rounds = ring_rounds(n)
+    if mode == "failure":
+        rounds = [[p for rnd in rounds for p in rnd]]
+    rank_params = dict(common["rank_params"], sizes=[int(nbytes)], init_timeout_s=float(cfg["pair_init_timeout_s"]),
+                       iters=1 if mode == "failure" else int(cfg["iters"]), stragglers=None)
+    # Joining (start + init at most), init, the first collective, the one size: as in the main run.
+    rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["pair_init_timeout_s"]) \
+        + 2 * float(cfg["size_budget_s"]) + 15
+    out: List[Dict[str, Any]] = []
+    for rnd in rounds:
+        pairs = [(hosts[a], hosts[b]) for a, b in rnd]
+        jobs = _pair_jobs(pairs, addr_of, int(common["port"]))
+        results = _run_groups(cluster, jobs, dict(common, rank_params=rank_params, rank_timeout_s=rank_timeout),
+                              float(cfg["grace_s"]))
+        ranks = _collect_ranks(results, jobs)
+        for a, b in pairs:
+            tag = "pair:%s,%s" % (a.name, b.name)
+            mine = [r for r in ranks if r.get("tag") == tag]
+            entry: Dict[str, Any] = {"hosts": [a.name, b.name], "master": a.name,
+                                     "ok": len(mine) == 2 and all(r.get("ok") for r in mine)}
+            if entry["ok"]:
+                table = bandwidth_table(_group_table(mine)[0], 2)
+                if table:
+                    entry.update(bytes=table[-1]["bytes"], busbw_GBps=table[-1]["busbw_GBps"])
+            else:
+                errs = _rank_errors(mine, owner, float(cfg["pair_init_timeout_s"]))
+                primary = errs[0] if errs else {"error": "no result", "kind": "other", "targets": []}
+                entry["error"] = "rank %s on %s: %s" % (primary.get("rank"), primary.get("host"), primary["error"])
+                entry["kind"] = primary["kind"]
+                where = " in the pair %s+%s" % (a.name, b.name)
+                entry["unreachable"] = {h: _describe_unreachable(h, u, where)
+                                        for h, u in _unreachable(errs, int(common["port"])).items()}
+            out.append(entry)
+    return {"mode": mode, "bytes": int(nbytes), "pairs": out,
+            "suspects": _pair_suspects(out, mode, float(cfg["straggler_fraction"]), cfg)}
+
+
+def _straggler_plan(hosts: Sequence[Any], cfg: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The straggler rounds the main run's ranks do after the sweep (rank.py): the hosts paired around the ring
+    (checks/schedule.py, 2 rounds of disjoint pairs for an even host count, 3 for odd), each pair the two hosts'
+    first global ranks (hostfile order, as ``_plan_jobs``). None below 3 hosts or when turned off."""
+    if not cfg["straggler_rounds"] or len(hosts) < 3:
+        return None
+    from ...hostside.schedule import ring_rounds
+    first, base = [], 0
+    for h in hosts:
+        first.append(base)
+        base += h.slots
+    return {"bytes": int(cfg["straggler_bytes"]) // 4 * 4, "iters": int(cfg["straggler_iters"]),
+            "rounds": [[[first[a], first[b]] for a, b in rnd] for rnd in ring_rounds(len(hosts))]}
+
+
+def _list(value: Any) -> List[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _straggler_facts(plan: Dict[str, Any], ranks: Sequence[Dict[str, Any]], hosts: Sequence[Any]) -> Dict[str, Any]:
+    """The rounds' per-pair iteration times as ``stragglers.find`` reads them: {"bytes", "iters", "rounds",
+    "pairs": [{"hosts": [a, b], "ok", "iter_s"}], "duration_s"}. Both ranks of a pair report the pair's times
+    (the hosts' output: only numbers are kept, at most ``iters`` of them; the names come from the plan)."""
+    by_rank = {r.get("rank"): r for r in ranks if isinstance(r, dict)}
+    name_of: Dict[int, str] = {}
+    base = 0
+    for h in hosts:
+        name_of[base] = h.name
+        base += h.slots
+    pairs: List[Dict[str, Any]] = []
+    for i, rnd in enumerate(plan["rounds"]):
+        for ra, rb in rnd:
+            a, b = by_rank.get(ra) or {}, by_rank.get(rb) or {}
+            entry: Dict[str, Any] = {"hosts": [name_of.get(ra), name_of.get(rb)], "round": i}
+            got = [p for r in (a, b) for p in _list(r.get("stragglers"))
+                   if isinstance(p, dict) and p.get("round") == i and p.get("ranks") == [ra, rb]]
+            times = [[float(t) for t in _list(p.get("iter_s"))
+                      if isinstance(t, (int, float)) and not isinstance(t, bool)][:int(plan["iters"])] for p in got]
+            times = [t for t in times if t]
+            if times:
+                entry.update(ok=True, iter_s=[max(ts) for ts in zip(*times)])
+            else:
+                why = a.get("stragglers_error") or b.get("stragglers_error") or "no timing reported"
+                entry.update(ok=False, error=str(why)[:300])
+            pairs.append(entry)
+    spent = [float(r["stragglers_s"]) for r in ranks if isinstance(r.get("stragglers_s"), (int, float))]
+    return {"bytes": plan["bytes"], "iters": plan["iters"], "rounds": len(plan["rounds"]), "pairs": pairs,
+            "duration_s": max(spent) if spent else None}
+
+
+def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Hosts that the ports or iperf3 check already proved unreachable over TCP on the addresses the all-reduce
+    will use: a full run including them can only wait out init_timeout_s, so they are left out and named."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for check in ("ports", "iperf3"):
+        facts = cluster_facts.get(check)
+        if not isinstance(facts, dict):
+            continue
+        try:
+            if check == "ports":
+                from ..ports import blocked_hosts
+                hits = blocked_hosts(facts, addr_of)
+            else:
+                from ..iperf3 import unreachable_hosts
+                hits = unreachable_hosts(facts, addr_of)
+        except Exception:  # another check's facts: a schema change there must not break this check
+            continue
+        for h, why in hits.items():
+            if h in found:
+                found[h]["reason"] += "; " + why
+                found[h]["sources"].append(check)
+            else:
+                found[h] = {"host": h, "reason": why, "sources": [check], "kind": "mesh"}
+    return [found[h] for h in addr_of if h in found]
+
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    cfg = limits(cluster.thresholds, NAME)
+    t0 = time.monotonic()
+    hosts = list(cluster.hosts)
+    reachable = {x.name for x in hosts}
+    port = int(cluster.options.get("master_port") or 29500)
+    iperf = _iperf3(cluster)
+    chosen = iperf.get("chosen") or {}
+    chosen_addr = chosen.get("addresses") or {}
+    # Fail fast: what the ports and iperf3 checks already proved is not waited out again (init_timeout_s, then
+    # pairwise runs). Those hosts are named, and the all-reduce runs among the others.
+    excluded: List[Dict[str, Any]] = []
+    if cfg["exclude_unreachable"] and len(hosts) >= 2:
+        excluded = known_unreachable(cluster.facts.get("*") or {}, {
+            h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
+        if excluded:
+            cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
+                names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
+            hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
+    facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
+                             "world_size": sum(h.slots for h in hosts), "master_port": port,
+                             "min_busbw": cluster.options.get("min_busbw"), "excluded": excluded,
+                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable]}
+
+    def done(status: str, **more: Any) -> Dict[str, Any]:
+        facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
+        return facts
+
+    if not hosts:
+        return done("skipped", reason="no host is left to run it on")
+    master = cluster.master if cluster.master.name in facts["slots"] else hosts[0]
+    master_addr = chosen_addr.get(master.name) or cluster.address(master.name)
+    addr_of = {h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts}
+    owner = {a: h for h, a in addr_of.items()}
+    owner.update({cluster.address(h.name): h.name for h in hosts})
+    facts.update(master=master.name, master_addr=master_addr, network=chosen.get("network"),
+                 iperf3_median_gbps=chosen.get("median_gbps"), init_timeout_s=float(cfg["init_timeout_s"]))
+    if facts["world_size"] <= 1:
+        return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
+                                      "copy), so it measures no bandwidth" % facts["world_size"])
+    # 1. probe: torch, GPUs and interface on every host, so that every rank gets the same backend.
+    where = {h.name: {"master_addr": master_addr, "bind_address": chosen_addr.get(h.name)} for h in hosts}
+    seen = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("rank_view") for h in hosts}
+    if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
+        cluster.progress.note("allreduce: choosing interfaces on %d hosts" % len(hosts))
+        ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
+        probes: Dict[str, Any] = {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
+                                  for h, iface in ifaces.items()}
+    else:
+        cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
+        probes = cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))
+    broken = {h: str(v) for h, v in probes.items() if isinstance(v, BaseException)}
+    if broken:
+        return done("error", reason="could not probe torch on %s: %s" % (names(list(broken)),
+                                                                          next(iter(broken.values()))[:300]))
+    facts["torch"] = {h: p.get("torch") for h, p in probes.items()}
+    no_torch = {h: p["error"] for h, p in probes.items() if p.get("torch") is None}
+    if no_torch:
+        return done("no_torch", hosts_without_torch=sorted(no_torch), reason=next(iter(no_torch.values())),
+                    python=cluster.options.get("python"))
+    facts["interfaces"] = {h: p.get("interface") for h, p in probes.items()}
+    ifnames = {h: (p.get("interface") or {}).get("ifname") for h, p in probes.items()}
+    cuda = {h: bool(p.get("cuda")) for h, p in probes.items()}
+    # GPUs that the gpu check found but torch cannot use would silently turn this into a CPU (gloo) measurement.
+    blind = {h.name: len(((cluster.facts.get(h.name) or {}).get("gpu") or {}).get("gpus") or []) for h in hosts}
+    blind = {h: n for h, n in blind.items() if n and not cuda[h]}
+    if blind:
+        return done("failed", backend="none", errors=[], failure={"kind": "no_gpu", "message": "; ".join(
+            "%s has %d GPU(s) but torch %s there sees none (torch.cuda.is_available() is False%s)"
+            % (h, n, probes[h].get("torch"), ": " + probes[h]["cuda_error"] if probes[h].get("cuda_error") else
+               ": a CPU-only torch build?") for h, n in blind.items())},
+            localization={"suspects": [{"host": h, "reason": "torch does not see its %d GPU(s)" % n,
+                                        "source": "probe", "kind": "no_gpu"} for h, n in blind.items()]})
+    if all(cuda.values()):
+        backend = "nccl"
+        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus or []),
+                                                                       probes[h.name]["device_count"])
+                 for h in hosts if max(list(h.gpus or []) or [h.slots - 1]) >= probes[h.name]["device_count"]}
+        if short:
+            return done("failed", backend=backend, failure={"kind": "no_gpu", "message": "; ".join(
+                "%s: %s" % kv for kv in short.items())}, errors=[],
+                localization={"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
+                                           for h, why in short.items()]})
+        facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus or []) or range(h.slots))]
+                              for h in hosts}
+        facts["nccl"] = {h: p.get("nccl") for h, p in probes.items()}
+    elif any(cuda.values()):
+        without = sorted(h for h, c in cuda.items() if not c)
+        return done("failed", backend="mixed", failure={"kind": "no_gpu", "message": "torch sees no CUDA GPU on %s "
+                                                        "while the other hosts have GPUs: NCCL cannot run there"
+                                                        % names(without)}, errors=[],
+                    localization={"suspects": [{"host": h, "reason": "torch.cuda.is_available() is False",
+                                                "source": "probe", "kind": "no_gpu"} for h in without]})
+    else:
+        backend = "gloo"
+    facts["backend"] = backend
+    # 2. the all-reduce itself.
+    max_bytes = int(cfg["gpu_max_bytes"] if backend == "nccl" else cfg["max_bytes"])
+    plan = _straggler_plan(hosts, cfg)
+    rank_params = {"backend": backend, "sizes": sweep_sizes(int(cfg["min_bytes"]), max_bytes),
+                   "iters": int(cfg["iters"]), "size_budget_s": float(cfg["size_budget_s"]),
+                   "sweep_budget_s": float(cfg["sweep_budget_s"]), "init_timeout_s": float(cfg["init_timeout_s"]),
+                   "start_timeout_s": float(cfg["start_timeout_s"]), "stragglers": plan}
+    # Joining ends by start + init (every rank's own deadline); init and the first collective get init each; the
+    # straggler rounds get what supervisor._allowance gives them.
+    rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["init_timeout_s"]) \
+        + float(cfg["sweep_budget_s"]) + 2 * float(cfg["size_budget_s"]) + 15
+    if plan is not None:
+        rank_timeout += len(plan["rounds"]) * (float(cfg["size_budget_s"]) + float(cfg["init_timeout_s"])) \
+            + float(cfg["init_timeout_s"]) + 10
+    common = {"rank_params": rank_params, "rank_timeout_s": rank_timeout, "grace_s": float(cfg["grace_s"]),
+              "ifnames": ifnames, "port": port}
+    jobs = _plan_jobs(hosts, master_addr, port)
+    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts%s" % (
+        facts["world_size"], backend, len(hosts), ", then %d straggler rounds" % len(plan["rounds"]) if plan else ""))
+    results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
+    ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
+    layout = [{"rank": r.get("rank"), "local_rank": r.get("local_rank"), "host": r.get("host"), "pid": r.get("pid"),
+               "device": r.get("device"), "torch_preloaded": r.get("torch_preloaded")}
+              for r in sorted(ranks, key=lambda r: r.get("rank") or 0)]
+    facts["ranks"] = layout[:MAX_RANKS_IN_METRICS]
+    agent_errors = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
+    errors = _rank_errors(ranks, owner, float(cfg["init_timeout_s"]))
+    ok = not errors and not agent_errors and len(ranks) == facts["world_size"]
+    sizes, stopped = _group_table(ranks)
+    facts.update(sizes=sizes, stopped_early=stopped, errors=errors[:64], error_count=len(errors))
+    localization: Dict[str, Any] = {"suspects": []}
+    iperf_limits = limits(cluster.thresholds, "iperf3")
+    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(iperf_limits["straggler_warn_fraction"]),
+                                        iperf_limits)
+    if not ok:
+        primary = errors[0] if errors else {"kind": "other", "error": "; ".join(agent_errors.values())}
+        facts["failure"] = {"kind": primary["kind"], "message": _failure_message(errors, facts, agent_errors)}
+        if agent_errors and not any(e["kind"] not in ("other", "stopped", "aborted") for e in errors):
+            # preflight's own machinery failed (the agent could not start the ranks): not a verdict on the cluster
+            return done("error", reason=facts["failure"]["message"])
+        localization["suspects"] = _failure_suspects(errors, port)
+        if cfg["pairwise"] and len(hosts) >= 3 and primary["kind"] not in ("torch_missing", "no_gpu", "port_in_use"):
+            cluster.progress.note("allreduce: failed; pairwise runs to find the host")
+            localization["pairwise"] = _pairwise(cluster, hosts, addr_of, common, cfg, "failure",
+                                                 int(cfg["min_bytes"]), owner)
+            _merge(localization["suspects"], localization["pairwise"]["suspects"])
+        if not localization["suspects"]:  # a slow link rarely breaks a run, but a dead one does: a hint at least
+            _merge(localization["suspects"], iperf_suspects)
+        facts["localization"] = localization
+        return done(facts.get("status") or "failed")
+    if plan is not None:
+        facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
+    named = find_stragglers(facts.get("stragglers"), cfg)
+    findings, _ = judge(facts, cfg)
+    if any(f.status in (Status.WARN, Status.FAIL) for f in findings) and len(hosts) >= 2:
+        _merge(localization["suspects"], iperf_suspects)
+        _merge(localization["suspects"], [{"host": h, "reason": describe_straggler(h, s, facts["stragglers"], cfg),
+                                           "source": "stragglers", "kind": "slow"} for h, s in named.items()])
+        # The straggler rounds measured every ring pair already: the pairwise runs would measure them again.
+        if cfg["pairwise"] and len(hosts) >= 3 and len(host_rates(facts.get("stragglers") or {})) < 3:
+            cluster.progress.note("allreduce: busbw low; pairwise runs to find the slow host")
+            nbytes = min(int(sizes[-1]["bytes"]), int(cfg["pair_max_bytes"]))
+            localization["pairwise"] = _pairwise(cluster, hosts, addr_of, common, cfg, "bandwidth", nbytes, owner)
+            _merge(localization["suspects"], localization["pairwise"]["suspects"])
+    facts["localization"] = localization
+    return done("ok")
+
+
+def _merge(into: List[Dict[str, Any]], more: Sequence[Dict[str, Any]]) -> None:
+    seen = {s["host"]: s for s in into}
+    for s in more:
+        if s["host"] in seen:
+            if s["reason"] not in seen[s["host"]]["reason"]:
+                seen[s["host"]]["reason"] += "; " + s["reason"]
+        else:
+            into.append(dict(s))
+            seen[s["host"]] = into[-1]
+
+
+def _failure_message(errors: Sequence[Dict[str, Any]], facts: Dict[str, Any], agent_errors: Dict[str, str]) -> str:
+    """One sentence naming the rank(s), host(s), what they tried and what happened."""
+    if not errors:
+        return "the all-reduce did not run: %s" % "; ".join("%s: %s" % kv for kv in agent_errors.items())[:500]
+    primary = errors[0]
+    kind = primary["kind"]
+    same = [e for e in errors if e["kind"] == kind]
+    if kind == "rendezvous":
+        peers = [e for e in same if not all(t.get("host") == e["host"] for t in e["targets"])] or same
+        selves = [e for e in same if e not in peers]
+        text = peers[0]["error"]
+        if "could not connect to MASTER_ADDR" not in text:  # torch's own message (rank 0 included)
+            text = "could not connect to MASTER_ADDR %s:%s within %.0fs (%s)" % (
+                facts.get("master_addr"), facts.get("master_port"), facts.get("init_timeout_s") or 0,
+                _why(text) if _why(text) != "failed" else text[:200])
+        msg = "%s on %s %s" % (rank_list([e["rank"] for e in peers]), names([e["host"] for e in peers]), text)
+        if selves:
+            msg += "; so did %s on %s itself" % (rank_list([e["rank"] for e in selves]),
+                                                 names([e["host"] for e in selves]))
+        if "timed out" in text and "firewall" not in text:
+            msg += ": is inbound TCP to %s (MASTER_ADDR's host) blocked?" % facts.get("master")
+    else:
+        who = "%s on %s" % (rank_list([e["rank"] for e in same]), names([e["host"] for e in same]))
+        if kind == "incomplete":
+            joined = re.search(r"(\d+)/(\d+) clients joined", " ".join(e["error"] for e in same))
+            msg = "%s waited in vain for the other ranks at the rendezvous%s within %.0fs: a rank did not start, or " \
+                  "could not reach MASTER_ADDR %s:%s" % (
+                      who, " (%s of %s ranks arrived)" % joined.groups() if joined else "",
+                      facts.get("init_timeout_s") or 0, facts.get("master_addr"), facts.get("master_port"))
+        elif kind == "mesh":
+            msg = "%s could not connect to the other ranks after the rendezvous (%s): does a host drop inbound TCP " \
+                  "on the ephemeral ports (1024-65535) gloo/NCCL connect to?" % (who, primary["error"][:200])
+        elif kind in ("hung", "torch_missing"):
+            msg = "%s: %s" % (who, primary["error"])
+        else:
+            msg = "%s failed in phase %s: %s" % (who, primary.get("phase"), primary["error"][:300])
+    others = len(errors) - len(same)
+    if others:
+        msg += " (%d other rank(s) failed or were stopped after it)" % others
+    return msg
+

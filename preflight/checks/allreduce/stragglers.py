@@ -1,0 +1,105 @@
+"""The all-reduce's straggler detector (pure): repeated per-link timings of the straggler rounds in, named hosts out.
+
+After the sweep, ``coordinator`` pairs the hosts around the ring (every host with both neighbours, all pairs of a
+round at once) and times a few all-reduces per pair, each iteration on its own. A host's rate is its best pair's
+median busbw: a slow host drags down both of its pairs, a healthy neighbour of it still has its other, fast pair.
+Each host is compared with the other hosts' rates (leave-one-out: in a small fleet a straggler would pull the
+median and widen the MAD it is judged by) by the robust z of ``checks/robust.py``; sigma is at least the
+measurement's own noise (the spread of the pairs' iterations) and ``noise_floor``. A host is named when:
+
+- its rate is below ``straggler_fail_fraction`` of the others' median: FAIL, whatever the statistics;
+- below ``straggler_fraction``: WARN, whatever the statistics;
+- its deficit is statistically clear (z < -``z_threshold``) AND larger than ``min_deficit``: WARN.
+
+For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
+
+    find({"bytes": 16777216, "pairs": [{"hosts": ["node01", "node02"], "ok": true, "iter_s": [0.155, ...]}, ...]},
+         limits)  ->  {"node02": {"ratio": 0.898, "z": -6.8, "p": 6.2e-12, "status": "warn", "by": "statistics", ...}}
+
+(tests/fixtures/allreduce/straggler-rounds.json).
+
+Thresholds: ``[allreduce]`` in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Dict, List, Optional
+
+from ...hostside.fmt import gbps, human_bytes
+from ...hostside.robust import MEDIAN_SE, p_text, p_value, rel_noise, robust_z
+
+
+def pair_rates(facts: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each successful pair's busbw per iteration (GB/s; a 2-rank all-reduce's bus factor is 1), its median and
+    the relative standard error of that median."""
+    nbytes = int(facts.get("bytes") or 0)
+    out = []
+    for p in facts.get("pairs") or []:
+        if not isinstance(p, dict) or not p.get("ok") or len(p.get("hosts") or []) != 2:
+            continue
+        times = [float(t) for t in p.get("iter_s") or [] if isinstance(t, (int, float)) and t > 0]
+        if not times or nbytes <= 0:
+            continue
+        samples = [nbytes / t / 1e9 for t in times]
+        noise = rel_noise(samples)
+        out.append({"hosts": list(p["hosts"]), "busbw_GBps": statistics.median(samples), "samples": len(samples),
+                    "noise": MEDIAN_SE * noise / math.sqrt(len(samples)) if noise is not None else 0.0})
+    return out
+
+
+def host_rates(facts: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{host: its best pair's rate, that pair's partner and noise, and how many pairs it had}."""
+    best: Dict[str, Dict[str, Any]] = {}
+    for p in pair_rates(facts):
+        for h in p["hosts"]:
+            partner = p["hosts"][1] if p["hosts"][0] == h else p["hosts"][0]
+            mine = best.get(h)
+            if mine is None or p["busbw_GBps"] > mine["busbw_GBps"]:
+                best[h] = {"busbw_GBps": p["busbw_GBps"], "partner": partner, "noise": p["noise"],
+                           "samples": p["samples"], "pairs": (mine or {}).get("pairs", 0) + 1}
+            else:
+                mine["pairs"] += 1
+    return best
+
+
+def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "z", "p", "sigma", "status", "by"}} for the hosts
+    named slow (see the module docstring); {} with fewer than 3 measured hosts (median/MAD cannot tell the odd one
+    of two)."""
+    rates = host_rates(facts or {})
+    if len(rates) < 3:
+        return {}
+    z_limit, floor = float(cfg["z_threshold"]), float(cfg["min_deficit"])
+    warn_below, fail_below = float(cfg["straggler_fraction"]), float(cfg["straggler_fail_fraction"])
+    # The typical pair's own noise (median over the hosts, so that one noisy pair does not set it for all).
+    typical = statistics.median(r["noise"] for r in rates.values())
+    named: Dict[str, Dict[str, Any]] = {}
+    for h, r in rates.items():
+        peers = [o["busbw_GBps"] for k, o in rates.items() if k != h]
+        # Both the host's rate and the others' median are measured: their noises add.
+        rel_floor = max(float(cfg["noise_floor"]), math.hypot(r["noise"], typical))
+        med, sigma, z = robust_z(peers, r["busbw_GBps"], rel_floor)
+        ratio = r["busbw_GBps"] / med if med > 0 else 1.0
+        if ratio < fail_below:
+            status, by = "fail", "fail_fraction"
+        elif ratio < warn_below:
+            status, by = "warn", "fraction"
+        elif z < -z_limit and ratio < 1.0 - floor:
+            status, by = "warn", "statistics"
+        else:
+            continue
+        named[h] = dict(r, reference_GBps=med, ratio=ratio, z=z, p=p_value(z), sigma=sigma, status=status, by=by)
+    return named
+
+
+def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:
+    """One line: the measured ratio, why it is named, and the confidence (z and p)."""
+    why = {"fail_fraction": "below %.0f%%" % (100 * float(cfg["straggler_fail_fraction"])),
+           "fraction": "below %.0f%%" % (100 * float(cfg["straggler_fraction"])),
+           "statistics": "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(cfg["min_deficit"]), s["z"],
+                                                                          float(cfg["z_threshold"]))}[s["by"]]
+    return ("straggler: its best ring pair (with %s) reaches %s GB/s busbw, %.0f%% of the other hosts' median %s GB/s "
+            "(%s x %d iterations per pair; %s; confidence: z %.1f, %s)"
+            % (s["partner"], gbps(s["busbw_GBps"]), 100 * s["ratio"], gbps(s["reference_GBps"]),
+               human_bytes(int(facts.get("bytes") or 0)), s["samples"], why, s["z"], p_text(s["z"])))

@@ -1,0 +1,222 @@
+"""The all-reduce check's verdict (pure): recorded facts in, one outcome for the cluster row and one per suspect.
+
+Reads the facts ``coordinator.coordinate`` returns, e.g. ``{"status": "ok", "world_size": 3, "sizes": [{"bytes":
+8388608, "time_s": 0.48}], ...}``, and judges busbw against ``--min-busbw``, the published single-node baselines and
+the iperf3 measurement, and each host by the straggler rounds (``stragglers.py``). Thresholds: the ``[allreduce]``
+section of preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ...hostside.fmt import gbps, human_bytes
+from .common import NAME, bandwidth_table, names
+from .stragglers import describe as describe_straggler
+from .stragglers import find as find_stragglers
+from .stragglers import host_rates
+
+def _gpu_baseline(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Optional[Tuple[str, float]]:
+    names = [n for ns in (facts.get("gpu_names") or {}).values() for n in ns]
+    if not names or len(set(names)) != 1:
+        return None
+    model = names[0][len("NVIDIA "):] if names[0].startswith("NVIDIA ") else names[0]
+    table = cfg["single_node_busbw"]
+    return (model, float(table[model])) if model in table else None
+
+
+def judge(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Tuple[List[Finding], Dict[str, Any]]:
+    """Bandwidth findings for a completed run: --min-busbw, the single-node per-GPU baseline, the iperf3 cross-check."""
+    n = int(facts.get("world_size") or 0)
+    table = bandwidth_table(facts.get("sizes") or [], n)
+    notes: Dict[str, Any] = {}
+    findings: List[Finding] = []
+    if not table:
+        return findings, notes
+    last = table[-1]
+    busbw, size = last["busbw_GBps"], human_bytes(last["bytes"])
+    min_busbw = facts.get("min_busbw")
+    if min_busbw:
+        if busbw < float(min_busbw):
+            findings.append(Finding(Status.FAIL, "busbw %s GB/s at %s < --min-busbw %s GB/s"
+                                    % (gbps(busbw), size, gbps(float(min_busbw))),
+                                    "look at the suspect host(s) named here (the iperf3 check measures each link); "
+                                    "with GPUs check NCCL_SOCKET_IFNAME/NCCL_IB_HCA (NCCL_DEBUG=INFO shows the NIC)"))
+        else:
+            findings.append(Finding(Status.PASS, "busbw >= --min-busbw %s GB/s" % gbps(float(min_busbw))))
+    single = len(facts.get("hosts") or []) == 1
+    baseline = _gpu_baseline(facts, cfg) if facts.get("backend") == "nccl" else None
+    if baseline and single and n == int(cfg["baseline_ranks"]):
+        model, expected = baseline
+        notes["baseline"] = {"gpu": model, "busbw_GBps": expected}
+        if last["bytes"] < int(cfg["baseline_min_bytes"]):
+            notes["baseline_note"] = ("not compared: the largest size measured (%s) is below baseline_min_bytes (%s),"
+                                      " where busbw has not plateaued" % (size, human_bytes(cfg["baseline_min_bytes"])))
+        elif busbw < float(cfg["baseline_fail_fraction"]) * expected:
+            findings.append(Finding(Status.FAIL, "busbw %s GB/s at %s is below %.0f%% of the published %d x %s "
+                                    "single-node baseline %s GB/s" % (gbps(busbw), size,
+                                                                      100 * float(cfg["baseline_fail_fraction"]),
+                                                                      n, model, gbps(expected)),
+                                    "check nvidia-smi topo -m (NVLink/NVSwitch), nvidia-fabricmanager, and GPU clocks"))
+        elif busbw < expected:
+            findings.append(Finding(Status.WARN, "busbw %s GB/s at %s is below the published %d x %s single-node "
+                                    "baseline %s GB/s" % (gbps(busbw), size, n, model, gbps(expected)),
+                                    "NVLS disabled (NCCL_NVLS_ENABLE=0) or a degraded NVLink gives this; compare "
+                                    "with nccl-tests all_reduce_perf -b 1G -e 16G"))
+    elif baseline and not single:
+        notes["baseline_note"] = "single-node baselines do not apply to a %d-host run" % len(facts.get("hosts") or [])
+    iperf_gbps = facts.get("iperf3_median_gbps")
+    if facts.get("backend") == "nccl" and not single and isinstance(iperf_gbps, (int, float)) and iperf_gbps > 0:
+        expected = float(iperf_gbps) / 8
+        if busbw < float(cfg["min_fraction_of_iperf3"]) * expected:
+            findings.append(Finding(Status.WARN, "busbw %s GB/s is below %.0f%% of the %s GB/s TCP bandwidth iperf3 "
+                                    "measured on the chosen network" % (gbps(busbw),
+                                                                        100 * float(cfg["min_fraction_of_iperf3"]),
+                                                                        gbps(expected)),
+                                    "NCCL may use a slower interface: set NCCL_SOCKET_IFNAME/NCCL_IB_HCA as "
+                                    "recommended, and check NCCL_DEBUG=INFO's 'NET/' lines"))
+    return findings, notes
+
+
+
+_FIX = {
+    "rendezvous": "open TCP port {port} on {master} to the other hosts (and 1024-65535 between all hosts: gloo and "
+                  "NCCL connect on ephemeral ports), or pick a reachable MASTER_ADDR network",
+    "mesh": "allow inbound TCP 1024-65535 between the hosts on the chosen network (firewalld/nftables/security "
+            "groups); set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to an interface every host can reach",
+    "incomplete": "look at the ranks that did not arrive (their errors are listed with -v); check that every host "
+                  "can reach MASTER_ADDR {master}:{port}",
+    "port_in_use": "another process holds port {port} on {master}: stop it or pass --master-port",
+    "hung": "look at the host named above (load, firewall, NCCL_DEBUG=INFO output); raise init_timeout_s only if "
+            "the hosts are merely slow",
+    "torch_missing": "pass --python with the job's interpreter, or pip install torch on every host",
+    "no_gpu": "fix the hostfile's slots or the GPUs (see the gpu check)",
+    "oom": "free the GPUs (nvidia-smi shows who holds them)",
+    "wrong_result": "a GPU or NIC corrupts data: run nccl-tests with -c 1 and check dmesg for Xid errors",
+}
+
+
+def _host_fix(suspect: Dict[str, Any], facts: Dict[str, Any], default: str) -> str:
+    host = suspect["host"]
+    if suspect.get("kind") in ("rendezvous", "mesh"):
+        return ("allow inbound TCP from the other hosts on %s: port %s and 1024-65535 (gloo and NCCL connect on "
+                "ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there"
+                % (host, facts.get("master_port")))
+    if suspect.get("kind") == "slow":
+        return ("check %s's link: ethtool (speed), ip -s link (errors, drops), the cable and switch port; compare "
+                "with the iperf3 check" % host)
+    return _FIX.get(suspect.get("kind") or "", default).format(port=facts.get("master_port"), master=host)
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    """The run among the hosts that took part, then the hosts left out because ports/iperf3 proved them unreachable
+    (each FAILs with that evidence, and so does the cluster row: the job's all-reduce would hang at init)."""
+    result = _evaluate_run(facts, thresholds)
+    excluded = [e for e in facts.get("excluded") or [] if isinstance(e, dict) and e.get("host")]
+    if not excluded:
+        return result
+    fix = _host_fix(excluded[0], facts, "")
+    for e in excluded:
+        result[e["host"]] = Outcome(Status.FAIL, "all-reduce: left out, already found unreachable: %s" % e["reason"],
+                                    _host_fix(e, facts, fix))
+    rest = result["*"]
+    others = len(facts.get("hosts") or [])
+    if rest.status == Status.SKIP:
+        tail = "no all-reduce among the other %d host%s (%s)" % (others, "" if others == 1 else "s", rest.message)
+    else:
+        tail = "among the other %d host%s: %s" % (others, "" if others == 1 else "s", rest.message)
+    message = "left out %s: %s; a job including %s hangs at init; %s" % (
+        names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded[:4]),
+        "it" if len(excluded) == 1 else "them", tail)
+    metrics = dict(rest.metrics, excluded=excluded)
+    result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
+                          else fix, metrics, rest.findings)
+    return result
+
+
+def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    cfg = limits(thresholds, NAME)
+    status = facts.get("status")
+    base_metrics = {k: facts.get(k) for k in ("backend", "world_size", "hosts", "master", "master_addr",
+                                              "master_port", "network", "unreachable", "duration_s")}
+    base_metrics["interfaces"] = {h: (i or {}).get("ifname") for h, i in (facts.get("interfaces") or {}).items()}
+    if status == "skipped":
+        return {"*": skip(facts.get("reason", "not run"), **base_metrics)}
+    if status == "no_torch":
+        hosts = facts.get("hosts_without_torch") or []
+        msg = "torch is not importable on %s (%s): the all-reduce cannot run" % (names(hosts), facts.get("reason"))
+        fix = "pass --python with the job's interpreter, or pip install torch on every host"
+        # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
+        if limits(thresholds, "python")["require_torch"]:
+            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
+        return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
+    if status == "error":
+        return {"*": error("could not run the all-reduce: %s" % (facts.get("reason") or
+                                                                (facts.get("failure") or {}).get("message")),
+                           "rerun with -v; check that --python works on every host", **base_metrics)}
+    suspects = (facts.get("localization") or {}).get("suspects") or []
+    metrics = dict(base_metrics)
+    metrics["localization"] = facts.get("localization")
+    if status == "failed":
+        failure = facts.get("failure") or {}
+        kind = failure.get("kind", "other")
+        msg = failure.get("message", "the all-reduce failed")
+        if suspects:
+            msg += "; suspect%s: %s" % ("s" if len(suspects) > 1 else "",
+                                        "; ".join("%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4]))
+        fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
+            port=facts.get("master_port"), master=facts.get("master"))
+        metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
+        by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
+        for s in suspects:
+            by_host[s["host"]] = Outcome(Status.FAIL, "all-reduce: %s" % s["reason"], _host_fix(s, facts, fix))
+        return by_host
+    n = int(facts.get("world_size") or 0)
+    table = bandwidth_table(facts.get("sizes") or [], n)
+    if not table:
+        return {"*": error("the all-reduce ran but reported no timing", "rerun with -v", **base_metrics)}
+    findings, notes = judge(facts, cfg)
+    last = table[-1]
+    ifnames = sorted({v for v in (base_metrics["interfaces"] or {}).values() if v})
+    summary = "busbw %s GB/s (algbw %s GB/s) at %s; %d ranks on %d host%s, %s%s" % (
+        gbps(last["busbw_GBps"]), gbps(last["algbw_GBps"]), human_bytes(last["bytes"]), n,
+        len(facts.get("hosts") or []), "" if len(facts.get("hosts") or []) == 1 else "s", facts.get("backend"),
+        (" over " + ",".join(ifnames)) if ifnames else "")
+    if facts.get("stopped_early"):
+        summary += " (sweep stopped early: %s)" % facts["stopped_early"]
+    metrics.update(sizes=table, largest_bytes=last["bytes"], busbw_GBps=last["busbw_GBps"],
+                   algbw_GBps=last["algbw_GBps"], stopped_early=facts.get("stopped_early"), ranks=facts.get("ranks"),
+                   min_busbw=facts.get("min_busbw"), **notes)
+    flagged = [f for f in findings if f.status in (Status.WARN, Status.FAIL)]
+    if flagged and suspects:
+        findings.append(Finding(flagged[0].status, "suspect: " + "; ".join(
+            "%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4])))
+    rounds = facts.get("stragglers")
+    named = find_stragglers(rounds, cfg)
+    slow_fix = "check the named host's link: ethtool (speed), ip -s link (errors, drops), the cable and switch " \
+               "port; compare with the iperf3 check"
+    if isinstance(rounds, dict):
+        # The raw rounds (each pair's iteration times) as well: the detector can be rerun on a report.
+        metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named)
+        if named:
+            findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
+                                    "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
+                                        "%s at %.0f%% of the others (z %.1f)" % (h, 100 * s["ratio"], s["z"])
+                                        for h, s in list(named.items())[:4])), slow_fix))
+    out = combine(findings, summary, metrics)
+    if out.status != Status.PASS:
+        out.message = summary + ": " + out.message
+    result: Dict[str, Outcome] = {"*": out}
+    if flagged:
+        for s in suspects:
+            result[s["host"]] = Outcome(max((f.status for f in flagged), key=lambda st: st.rank),
+                                        "all-reduce: %s" % s["reason"], _host_fix(s, facts, flagged[0].fix))
+    for h, s in named.items():
+        status = Status.FAIL if s["status"] == "fail" else Status.WARN
+        prev = result.get(h)
+        if prev is not None:  # already a suspect of the flagged busbw: its reason includes this (coordinator)
+            result[h] = Outcome(max((prev.status, status), key=lambda st: st.rank), prev.message, prev.fix)
+        else:
+            result[h] = Outcome(status, "all-reduce: %s" % describe_straggler(h, s, rounds or {}, cfg),
+                                _host_fix({"host": h, "kind": "slow"}, facts, slow_fix))
+    return result

@@ -1,0 +1,207 @@
+"""The checkpoint directory (--checkpoint-dir) on every host: exists, writable, room for a checkpoint, shared or not.
+
+On each host ``probe`` writes a small test file into the directory (fsync'd) and reports ``os.statvfs`` (free
+bytes, f_fsid), ``st_dev`` and the filesystem from /proc/self/mounts; ``look`` then lists which hosts' test files
+it sees, and ``cleanup`` removes its own. Facts, e.g.::
+
+    {"path": "/ckpt", "hosts": ["node01", "node02"], "model_params": 7e9, "world_size": 16,
+     "probes": {"node01": {"exists": true, "writable": true, "free_bytes": 812345678848, "fsid": 4242,
+                           "st_dev": 2049, "fstype": "nfs4", "source": "nas:/ckpt", "test_file": "..."}},
+     "seen": {"node01": ["node01", "node02"], "node02": ["node01", "node02"]}}
+
+A DeepSpeed ZeRO checkpoint holds 16 bytes/param of optimizer state (fp32 master weights, Adam's two moments)
+plus 2 bytes/param of bf16/fp16 weights, spread over the ranks. Thresholds: [checkpoint] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text
+
+NAME = "checkpoint"
+DESCRIPTION = "--checkpoint-dir on every host: exists, writable, free space for a checkpoint, one shared filesystem"
+SCOPE = "cluster"
+DEFAULT = True
+# Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
+QUIET = True
+
+CLUSTER = "*"
+PREFIX = ".preflight-ckpt-"
+
+
+# --- host side ---------------------------------------------------------------------------------------------------
+
+def _mount_of(path: str) -> Dict[str, Optional[str]]:
+    """The /proc/self/mounts entry with the longest mount point containing path: {"fstype", "source", "target"}."""
+    best: Dict[str, Optional[str]] = {"fstype": None, "source": None, "target": None}
+    real = os.path.realpath(path)
+    for line in (read_text("/proc/self/mounts", "") or "").splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        target = parts[1].replace("\\040", " ")
+        if (real == target or real.startswith(target.rstrip("/") + "/")) and \
+                len(target) >= len(best["target"] or ""):
+            best = {"fstype": parts[2], "source": parts[0], "target": target}
+    return best
+
+
+def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    path = str(params["path"])
+    out: Dict[str, Any] = {"exists": os.path.isdir(path), "writable": False, "error": None, "test_file": None}
+    if not out["exists"]:
+        out["error"] = "no such directory" if not os.path.exists(path) else "not a directory"
+        return out
+    st, vfs = os.stat(path), os.statvfs(path)
+    out.update(st_dev=st.st_dev, fsid=getattr(vfs, "f_fsid", None), free_bytes=vfs.f_bavail * vfs.f_frsize,
+               size_bytes=vfs.f_blocks * vfs.f_frsize, **_mount_of(path))
+    name = os.path.join(path, "%s%s-%s" % (PREFIX, params["token"], params["host"]))
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"preflight checkpoint-dir test %s\n" % str(time.time()).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        out.update(writable=True, test_file=name)
+    except OSError as exc:
+        out["error"] = "cannot write a file there: %s" % (exc.strerror or exc)
+    return out
+
+
+def look(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Which of the hosts' test files this host sees (a shared filesystem shows all of them)."""
+    path = str(params["path"])
+    prefix = "%s%s-" % (PREFIX, params["token"])
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        return {"seen": [], "error": str(exc)}
+    return {"seen": sorted(n[len(prefix):] for n in names if n.startswith(prefix))}
+
+
+def cleanup(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    removed = []
+    for name in params.get("files") or []:
+        if os.path.basename(name).startswith(PREFIX):  # never anything but our own test file
+            try:
+                os.unlink(name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return {"removed": removed}
+
+
+# --- coordinator side --------------------------------------------------------------------------------------------
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    import secrets
+    path = cluster.options.get("checkpoint_dir")
+    hosts = [h.name for h in cluster.hosts]
+    facts: Dict[str, Any] = {"path": path, "hosts": hosts, "model_params": cluster.options.get("model_params"),
+                             "world_size": sum(h.slots for h in cluster.hosts),
+                             "slots": {h.name: h.slots for h in cluster.hosts},
+                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in hosts],
+                             "probes": {}, "seen": {}, "errors": {}}
+    if not path:
+        facts["skipped"] = "no --checkpoint-dir given"
+        return facts
+    token = secrets.token_hex(4)
+    probes = cluster.call_all(NAME + ".probe", {h: {"path": path, "token": token, "host": h} for h in hosts}, 60.0)
+    written: Dict[str, List[str]] = {}
+    try:
+        for h, value in probes.items():
+            if isinstance(value, BaseException):
+                facts["errors"][h] = str(value) or type(value).__name__
+            else:
+                facts["probes"][h] = value
+                if value.get("test_file"):
+                    written[h] = [value["test_file"]]
+        if written:
+            seen = cluster.call_all(NAME + ".look", {h: {"path": path, "token": token} for h in written}, 60.0)
+            facts["seen"] = {h: (v.get("seen") if isinstance(v, dict) else None) for h, v in seen.items()}
+    finally:
+        # Every host removes its own test file (a shared directory would also let one host remove all of them).
+        if written:
+            cluster.call_all(NAME + ".cleanup", {h: {"files": f} for h, f in written.items()}, 60.0)
+    return facts
+
+
+# --- evaluate (pure) ---------------------------------------------------------------------------------------------
+
+def _gib(n: float) -> str:
+    return "%.1f GiB" % (n / (1 << 30))
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    lim = limits(thresholds, NAME)
+    out: Dict[str, Outcome] = {}
+    for h in facts.get("unreachable") or []:
+        out[h] = error("not run: the host is unreachable (see its ssh result)")
+    if facts.get("skipped"):
+        out[CLUSTER] = skip(facts["skipped"])
+        return out
+    path = facts.get("path")
+    for h, why in (facts.get("errors") or {}).items():
+        out[h] = error("could not look at %s on %s: %s" % (path, h, why), "rerun with -v")
+    probes: Dict[str, Dict[str, Any]] = facts.get("probes") or {}
+    seen: Dict[str, Optional[List[str]]] = facts.get("seen") or {}
+    writers = sorted(h for h, p in probes.items() if p.get("writable"))
+    shared = bool(writers) and all(set(seen.get(h) or []) >= set(writers) for h in writers)
+    # The size of one checkpoint: 16 B/param optimizer state + 2 B/param weights over all ranks (ZeRO shards).
+    params = facts.get("model_params")
+    per_param = float(lim["optimizer_bytes_per_param"]) + float(lim["weight_bytes_per_param"])
+    total = float(params) * per_param if params else None
+    world = int(facts.get("world_size") or 0) or 1
+    for h, p in probes.items():
+        findings: List[Finding] = []
+        metrics = {k: p.get(k) for k in ("free_bytes", "size_bytes", "fstype", "source", "st_dev", "fsid")}
+        if not p.get("exists"):
+            findings.append(Finding(Status.FAIL, "%s: checkpoint dir %s: %s" % (h, path, p.get("error")),
+                                    "create it on %s (mkdir -p %s), or mount the shared checkpoint filesystem there"
+                                    % (h, path)))
+        elif not p.get("writable"):
+            findings.append(Finding(Status.FAIL, "%s: checkpoint dir %s: %s" % (h, path, p.get("error")),
+                                    "fix the permissions for the job's user on %s (ls -ld %s; is it mounted "
+                                    "read-only?)" % (h, path)))
+        if total is not None and p.get("exists"):
+            # On one shared filesystem the whole checkpoint lands there; on local disks each host keeps its ranks'.
+            need = total if shared else total * int((facts.get("slots") or {}).get(h, 1)) / world
+            need *= float(lim["free_margin"])
+            metrics["needed_bytes"] = int(need)
+            if p.get("free_bytes") is not None and p["free_bytes"] < need:
+                findings.append(Finding(Status.FAIL, "%s: %s has %s free, a checkpoint of %.3g params needs %s "
+                                        "there (%s)" % (h, path, _gib(p["free_bytes"]), float(params or 0),
+                                                        _gib(need), "the whole checkpoint: shared filesystem"
+                                                        if shared else "this host's %d of %d ranks' shards"
+                                                        % (int((facts.get("slots") or {}).get(h, 1)), world)),
+                                        "free space on %s or point --checkpoint-dir (the job's save_checkpoint "
+                                        "path) at a larger filesystem" % h))
+        ok = "%s writable on %s (%s, %s free)" % (path, h, p.get("fstype") or "?", _gib(p.get("free_bytes") or 0))
+        out[h] = combine(findings, ok, metrics)
+    summary_metrics = {"shared": shared, "writers": writers, "seen": seen,
+                       "checkpoint_bytes": int(total) if total is not None else None}
+    if len(probes) >= 2 and writers and not shared:
+        lonely = sorted(h for h in writers if set(seen.get(h) or []) < set(writers))
+        status = Status.WARN if lim["require_shared"] else Status.PASS
+        out[CLUSTER] = Outcome(status, "%s is not one shared filesystem: %s see%s only %s (st_dev/fsid: %s); a file "
+                               "written by rank 0 (a config, the 'latest' tag) is not visible to the other ranks, so "
+                               "they wait or load stale state" % (
+                                   path, ", ".join(lonely[:6]), "s" if len(lonely) == 1 else "",
+                                   "its own test file" if all(seen.get(h) == [h] for h in lonely) else
+                                   "some of the others' test files",
+                                   ", ".join("%s %s/%s" % (h, probes[h].get("st_dev"), probes[h].get("fsid"))
+                                             for h in writers[:4])),
+                               "mount one shared filesystem (NFS/Lustre/GPFS) at %s on every host, or set DeepSpeed's "
+                               "checkpoint.use_node_local_storage and save on every node" % path, summary_metrics)
+    else:
+        out[CLUSTER] = Outcome(Status.PASS, "%s is %s%s" % (
+            path, "one shared filesystem on all %d hosts" % len(writers) if shared and len(writers) > 1 else
+            "writable" if writers else "not writable anywhere",
+            "; a checkpoint of %.3g params takes %s" % (float(params or 0), _gib(total)) if total else ""),
+            metrics=summary_metrics)
+    return out

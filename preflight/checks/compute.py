@@ -1,0 +1,479 @@
+"""Compute stragglers: GEMM throughput and memory bandwidth of every GPU (or CPU) against its peers and baselines.
+
+On each host, ``collect`` (the only code that touches the host) times with torch, for a fixed short time:
+
+- per GPU: dense bf16 GEMM TFLOPS, HBM bandwidth (device-to-device copy), pinned host<->device GB/s;
+- on a host without GPUs: CPU float32 GEMM GFLOPS and memory bandwidth (tensor copy).
+
+and returns, e.g.::
+
+    {"torch": "2.13.0+cu128", "cpu": {"model": "AMD EPYC 9654", "threads": 2},
+     "gpus": [{"index": 0, "uuid": "GPU-5f1c...", "name": "NVIDIA H100 80GB HBM3", "gemm_tflops": 712.4,
+               "hbm_gbps": 2890.1, "h2d_gbps": 53.2, "d2h_gbps": 52.8}]}
+    {"torch": "2.13.0+cpu", "cpu": {"model": "Intel(R) Xeon(R) ...", "threads": 2, "gemm_gflops": 61.2,
+     "mem_gbps": 9.8}}
+
+Judging needs the whole cluster, so this is a cluster check: ``coordinate`` runs ``collect`` on the hosts
+(``parallel_hosts`` at a time) and ``evaluate`` compares every device with the median of the same model across
+the cluster (robust z from median/MAD, with a practical floor), and GPUs with the published peak of their model.
+Thresholds: the ``[compute]`` section of preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text
+from ..hostside.robust import MAD_TO_SIGMA, p_text, robust_z
+
+NAME = "compute"
+DESCRIPTION = "GEMM TFLOPS and memory bandwidth per GPU (bf16, HBM, pinned H2D/D2H) or CPU; names slow devices"
+SCOPE = "cluster"
+DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
+
+CLUSTER = "*"
+# (fact key, unit, label) of each metric, GPU then CPU.
+GPU_METRICS = (("gemm_tflops", "TFLOPS", "bf16 GEMM"), ("hbm_gbps", "GB/s", "HBM copy"),
+               ("h2d_gbps", "GB/s", "pinned H2D"), ("d2h_gbps", "GB/s", "pinned D2H"))
+CPU_METRICS = (("gemm_gflops", "GFLOPS", "CPU fp32 GEMM"), ("mem_gbps", "GB/s", "CPU memory copy"))
+
+
+# --- host side ---------------------------------------------------------------------------------------------------
+
+def _cpu_info() -> Dict[str, Any]:
+    model = None
+    for line in (read_text("/proc/cpuinfo", "") or "").splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    try:
+        threads = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        threads = os.cpu_count() or 1
+    return {"model": model or "unknown CPU", "threads": threads}
+
+
+def _rates(fn: Any, work: float, seconds: float, sync: Any, chunks: int) -> Tuple[float, float]:
+    """Call fn() (``work`` units each: flops or bytes) for about ``seconds`` after one warm-up call, in ``chunks``
+    equal time slices: (median rate per second over the slices, their relative robust spread). The spread is this
+    device's own measurement noise; ``evaluate`` never names a deficit smaller than that noise."""
+    fn()
+    sync()
+    slice_s = seconds / max(1, chunks)
+    rates: List[float] = []
+    for _ in range(max(1, chunks)):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            if calls < 8 or calls % 8 == 0:  # a sync per call would time the sync; every 8th is enough
+                sync()
+                elapsed = time.perf_counter() - start
+                if elapsed >= slice_s:
+                    break
+        rates.append(work * calls / elapsed)
+    med = statistics.median(rates)
+    mad = statistics.median([abs(r - med) for r in rates])
+    return med, (MAD_TO_SIGMA * mad / med) if med else 0.0
+
+
+def _measure_cpu(torch: Any, seconds: float, chunks: int, n: int, copy_mib: int, threads: int) -> Dict[str, Any]:
+    if threads > 0:
+        torch.set_num_threads(threads)
+    a = torch.randn(n, n, dtype=torch.float32)
+    b = torch.randn(n, n, dtype=torch.float32)
+    out: Dict[str, Any] = {"gemm_n": n, "torch_threads": torch.get_num_threads()}
+    rate, noise = _rates(lambda: torch.mm(a, b), 2.0 * n ** 3, seconds, lambda: None, chunks)
+    out.update(gemm_gflops=round(rate / 1e9, 3), gemm_gflops_noise=round(noise, 4))
+    src = torch.ones(copy_mib << 18, dtype=torch.float32)  # copy_mib MiB of 4-byte elements
+    dst = torch.empty_like(src)
+    # A copy reads and writes every byte: count both, as STREAM's Copy does.
+    rate, noise = _rates(lambda: dst.copy_(src), 2.0 * src.numel() * 4, seconds / 2, lambda: None, chunks)
+    out.update(mem_gbps=round(rate / 1e9, 3), mem_gbps_noise=round(noise, 4))
+    return out
+
+
+def _gpu_info(torch: Any, index: int) -> Dict[str, Any]:
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)  # torch >= 2.1; "GPU-" + it is what nvidia-smi -L prints
+    return {"index": index, "name": props.name, "uuid": ("GPU-%s" % uuid) if uuid else None,
+            "memory_gib": round(props.total_memory / (1 << 30), 1)}
+
+
+def _record(out: Dict[str, Any], key: str, scale: float, rate_noise: Tuple[float, float]) -> None:
+    out[key] = round(rate_noise[0] / scale, 2)
+    out[key + "_noise"] = round(rate_noise[1], 4)
+
+
+def _gpu_compute(torch: Any, index: int, seconds: float, chunks: int, n: int, hbm_mib: int) -> Dict[str, Any]:
+    """bf16 GEMM and HBM copy on one GPU; the GPUs of a host run this at once (nothing is shared between them)."""
+    dev = torch.device("cuda", index)
+    out: Dict[str, Any] = {}
+
+    def sync() -> None:
+        torch.cuda.synchronize(dev)
+
+    def gemm() -> Tuple[float, float]:
+        a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+        b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+        return _rates(lambda: torch.mm(a, b), 2.0 * n ** 3, seconds, sync, chunks)
+
+    def hbm() -> Tuple[float, float]:
+        src = torch.empty(hbm_mib << 20, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        return _rates(lambda: dst.copy_(src), 2.0 * src.numel(), seconds / 2, sync, chunks)  # read + write
+
+    with torch.cuda.device(index):
+        _record(out, "gemm_tflops", 1e12, gemm())
+        _record(out, "hbm_gbps", 1e9, hbm())
+        torch.cuda.empty_cache()
+    return out
+
+
+def _gpu_pcie(torch: Any, index: int, seconds: float, chunks: int, mib: int) -> Dict[str, Any]:
+    """Pinned host<->device copies of one GPU; one GPU at a time, so that the link is measured, not the host's
+    memory or root complex shared by all of them."""
+    dev = torch.device("cuda", index)
+    out: Dict[str, Any] = {}
+
+    def sync() -> None:
+        torch.cuda.synchronize(dev)
+
+    with torch.cuda.device(index):
+        host = torch.empty(mib << 20, dtype=torch.uint8).pin_memory()
+        gpu = torch.empty(mib << 20, dtype=torch.uint8, device=dev)
+        _record(out, "h2d_gbps", 1e9, _rates(lambda: gpu.copy_(host, non_blocking=True), float(host.numel()),
+                                              seconds, sync, chunks))
+        _record(out, "d2h_gbps", 1e9, _rates(lambda: host.copy_(gpu, non_blocking=True), float(host.numel()),
+                                              seconds, sync, chunks))
+    return out
+
+
+def _measure_gpus(torch: Any, count: int, params: Dict[str, Any], seconds: float, chunks: int,
+                  deadline: float) -> List[Dict[str, Any]]:
+    from ..hostside.proc import parallel_map
+    gpus = [_gpu_info(torch, i) for i in range(count)]
+    computed = parallel_map(lambda i: _gpu_compute(torch, i, seconds, chunks, int(params["gpu_gemm_n"]),
+                                                   int(params["hbm_mib"])),
+                            list(range(count)), count, max(1.0, deadline - time.monotonic()))
+    for g, res in zip(gpus, computed):
+        if isinstance(res, BaseException):  # one GPU that fails (OOM: memory in use) is that GPU's result
+            g["error"] = "%s: %s" % (type(res).__name__, str(res)[:300])
+            continue
+        g.update(res)
+        try:
+            g.update(_gpu_pcie(torch, g["index"], seconds / 4, chunks, int(params["pcie_mib"])))
+        except Exception as exc:
+            g["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+    return gpus
+
+
+def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Measure this host (called by ``coordinate`` through the agent as ``compute.collect``)."""
+    # torch's cuda:N must be nvidia-smi's GPU N (the default orders fastest first), so findings name the right GPU.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    seconds = float(params["seconds"])
+    chunks = int(params["chunks"])
+    out: Dict[str, Any] = {"cpu": _cpu_info(), "seconds": seconds}
+    try:
+        import torch
+    except Exception as exc:  # no torch in --python: nothing to measure with
+        out["torch"] = None
+        out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        return out
+    out["torch"] = torch.__version__
+    start = time.monotonic()
+    try:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # a driver problem: the gpu and driver_cuda checks say more
+        out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        gpus = 0
+    if params.get("start_at"):
+        # Hosts that share CPUs start together, so that whatever else runs slows all of them alike.
+        time.sleep(max(0.0, min(float(params["start_at"]) - time.time(), ctx.deadline - time.monotonic() - 30)))
+    if gpus:
+        out["gpus"] = _measure_gpus(torch, gpus, params, seconds, chunks, ctx.deadline - 5)
+    else:
+        out["cpu"].update(_measure_cpu(torch, seconds, chunks, int(params["cpu_gemm_n"]),
+                                       int(params["cpu_copy_mib"]), int(params["cpu_threads"])))
+    out["elapsed_s"] = round(time.monotonic() - start, 3)
+    return out
+
+
+# --- coordinator side --------------------------------------------------------------------------------------------
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    lim = limits(cluster.thresholds, NAME)
+    hosts = [h.name for h in cluster.hosts]
+    params = {key: lim[key] for key in ("seconds", "chunks", "gpu_gemm_n", "hbm_mib", "pcie_mib", "cpu_gemm_n",
+                                        "cpu_copy_mib", "cpu_threads")}
+    facts: Dict[str, Any] = {"hosts": hosts, "unreachable": [h.name for h in cluster.all_hosts if h.name not in hosts],
+                             "by_host": {}, "errors": {}}
+    # One host's torch import plus ~4 timed loops per GPU; generous, since a cold environment imports slowly.
+    timeout = 120.0 + 8 * 6 * float(lim["seconds"])
+    width = int(lim["parallel_hosts"]) or len(hosts) or 1
+
+    def measure(names: List[str]) -> Dict[str, Any]:
+        found: Dict[str, Any] = {}
+        for i in range(0, len(names), width):
+            batch = names[i:i + width]
+            start = {"start_at": time.time() + float(lim["align_s"])} if float(lim["align_s"]) > 0 else {}
+            got = cluster.call_all(NAME + ".collect", {h: dict(params, **start) for h in batch},
+                                   timeout + float(lim["align_s"]))
+            for h, value in got.items():
+                if isinstance(value, BaseException):
+                    facts["errors"][h] = str(value) or type(value).__name__
+                else:
+                    found[h] = value
+        return found
+
+    facts["by_host"] = measure(hosts)
+    # Further rounds over every host (each device keeps its best): on hosts that share CPUs with other work, load
+    # that comes and goes then hits the rounds of every host alike instead of deciding one host's only number.
+    for _ in range(int(lim["rounds"]) - 1):
+        for h, again in measure([h for h in hosts if h in facts["by_host"]]).items():
+            facts["by_host"][h] = best_of(facts["by_host"][h], again)
+    # While any device looks off (more than min_deficit below its model's median), every host is measured again (up
+    # to `confirm` times), and each device's best result counts: a slow device is slow every time, while a moment of
+    # contention (another process, a periodic job) passes. Every host, not only the low ones: the median and the
+    # spread rest on the peers' measurements too, and a peer caught by contention widens the spread until a real
+    # straggler's z no longer stands out (recorded in tests/test_compute.py). A healthy cluster costs nothing.
+    facts["remeasured"] = {}
+    for _ in range(int(lim["confirm"])):
+        if not looks_off(_devices(facts["by_host"]), lim):
+            break
+        for h, again in measure([h for h in hosts if h in facts["by_host"]]).items():
+            facts["by_host"][h] = best_of(facts["by_host"][h], again)
+            facts["remeasured"][h] = facts["remeasured"].get(h, 0) + 1
+    return facts
+
+
+def looks_off(devices: List[Dict[str, Any]], lim: Dict[str, Any]) -> List[str]:
+    """Hosts with a device more than ``min_deficit`` below the median of its model (in a model with at least
+    ``min_peers`` devices) on any metric: a superset of the hosts ``_peer_findings`` names, whatever the spread."""
+    off: set[str] = set()
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for d in devices:
+        groups.setdefault(d["model"], []).append(d)
+    for members in groups.values():
+        for key, _, _ in GPU_METRICS if members[0]["device"] == "gpu" else CPU_METRICS:
+            values = [float(d[key]) for d in members if isinstance(d.get(key), (int, float))]
+            if len(values) < int(lim["min_peers"]):
+                continue
+            med = statistics.median(values)
+            off.update(d["host"] for d in members if isinstance(d.get(key), (int, float))
+                       and float(d[key]) < (1.0 - float(lim["min_deficit"])) * med)
+    return sorted(off)
+
+
+def best_of(first: Dict[str, Any], second: Dict[str, Any]) -> Dict[str, Any]:
+    """Per device and metric, the better of two measurements (with that measurement's noise)."""
+    out = dict(first)
+
+    def pick(a: Dict[str, Any], b: Dict[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
+        merged = dict(a)
+        for key in keys:
+            if isinstance(b.get(key), (int, float)) and (not isinstance(a.get(key), (int, float)) or b[key] > a[key]):
+                merged[key], merged[key + "_noise"] = b[key], b.get(key + "_noise")
+        return merged
+
+    if isinstance(first.get("cpu"), dict) and isinstance(second.get("cpu"), dict):
+        out["cpu"] = pick(first["cpu"], second["cpu"], [k for k, _, _ in CPU_METRICS])
+    if first.get("gpus") and second.get("gpus"):
+        again = {g.get("index"): g for g in second["gpus"]}
+        out["gpus"] = [pick(g, again.get(g.get("index")) or {}, [k for k, _, _ in GPU_METRICS]) for g in first["gpus"]]
+    return out
+
+
+# --- evaluate (pure) ---------------------------------------------------------------------------------------------
+
+def _model_key(name: Optional[str]) -> str:
+    name = name or "unknown"
+    return name[len("NVIDIA "):] if name.startswith("NVIDIA ") else name
+
+
+def _devices(by_host: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One entry per measured device: {"host", "device", "model", "label", metrics...}."""
+    out: List[Dict[str, Any]] = []
+    for host, facts in by_host.items():
+        if not isinstance(facts, dict) or facts.get("torch") is None:
+            continue
+        gpus = facts.get("gpus")
+        if gpus:
+            for g in gpus:
+                if "error" in g:
+                    continue
+                out.append(dict(g, host=host, device="gpu", model=_model_key(g.get("name")),
+                                label="GPU %s (%s)" % (g.get("index"), g.get("uuid") or "uuid unknown")))
+        elif isinstance(facts.get("cpu"), dict) and "gemm_gflops" in facts["cpu"]:
+            cpu = facts["cpu"]
+            out.append(dict(cpu, host=host, device="cpu", label="CPU",
+                            model="%s x%s threads" % (cpu.get("model"), cpu.get("threads"))))
+    return out
+
+
+def _fmt(value: float, unit: str) -> str:
+    return ("%.3g %s" if value < 100 else "%.0f %s") % (value, unit)
+
+
+def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
+                   remeasured: Optional[Dict[str, int]] = None) -> Dict[Tuple[str, str], List[Finding]]:
+    """{(host, label): findings} from comparing each device with the median of the other devices of its model
+    across the cluster (robust z from their median and MAD)."""
+    remeasured = remeasured or {}
+    out: Dict[Tuple[str, str], List[Finding]] = {}
+    z_limit, floor = float(lim["z_threshold"]), float(lim["min_deficit"])
+    fail_below = float(lim["fail_fraction"])
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for d in devices:
+        groups.setdefault(d["model"], []).append(d)
+    for model, members in groups.items():
+        metrics = GPU_METRICS if members[0]["device"] == "gpu" else CPU_METRICS
+        for key, unit, label in metrics:
+            values = [float(d[key]) for d in members if isinstance(d.get(key), (int, float))]
+            if len(values) < int(lim["min_peers"]):
+                continue
+            # The typical device's own slice-to-slice noise (median over the model's devices, so that one noisy
+            # or throttled device does not set it) bounds sigma from below, with the configured minimum.
+            noise = statistics.median([float(d.get(key + "_noise") or 0.0) for d in members])
+            rel_floor = max(float(lim["noise_floor"]), noise)
+            for d in members:
+                x = d.get(key)
+                if not isinstance(x, (int, float)):
+                    continue
+                # Against the OTHER devices (leave-one-out): in a small fleet a straggler inside its own median and
+                # MAD pulls the one down and widens the other, e.g. 4 hosts at 40/91/95/64 put the limited 40 at
+                # z -1.6 of its own company but at 45% of the others (tests/test_compute.py, recorded).
+                peers = [float(o[key]) for o in members if o is not d and isinstance(o.get(key), (int, float))]
+                med, _sigma, z = robust_z(peers, float(x), rel_floor)
+                ratio = float(x) / med if med else 1.0
+                # The hard floor needs most of the others above it, not their median: of two peers the median is
+                # their mean, and one fast one (or one spared by contention) would fail the other two of three
+                # (CI, salloc -N3: memory copy 5.6/5.7/25.5 GB/s failed the two alike at z -0.7). The lower median
+                # is a value at least half of the others reach.
+                low = statistics.median_low(peers)
+                fail = (float(x) / low if low else 1.0) < fail_below
+                if fail or (z < -z_limit and ratio < 1.0 - floor):
+                    status = Status.FAIL if fail else Status.WARN
+                    out.setdefault((d["host"], d["label"]), []).append(Finding(
+                        status, "%s %s: %s %s is %.0f%% of the median of the other %d %s (%s; robust z %.1f, %s%s)"
+                        % (d["host"], d["label"], label, _fmt(float(x), unit), 100 * ratio, len(peers), model,
+                           _fmt(med, unit), z, p_text(z),
+                           "; the best of %d measurements" % (1 + remeasured[d["host"]])
+                           if remeasured.get(d["host"]) else ""), _fix(d, key)))
+    return out
+
+
+def _baseline_findings(d: Dict[str, Any], lim: Dict[str, Any]) -> List[Finding]:
+    """A GPU against the published peak of its model (``[compute] gpu_peaks``), below ``baseline_warn_fraction``."""
+    peaks = (lim.get("gpu_peaks") or {}).get(d["model"]) if d["device"] == "gpu" else None
+    found: List[Finding] = []
+    if not isinstance(peaks, dict):
+        return found
+    for key, unit, label in GPU_METRICS:
+        peak, x = peaks.get(key), d.get(key)
+        fraction = float(lim["baseline_warn_fraction"].get(key, 0.0))
+        if isinstance(peak, (int, float)) and peak > 0 and isinstance(x, (int, float)) and x < fraction * peak:
+            found.append(Finding(Status.WARN, "%s %s: %s %s is below %.0f%% of the %s peak %s (%.0f%%)"
+                                 % (d["host"], d["label"], label, _fmt(float(x), unit), 100 * fraction, d["model"],
+                                    _fmt(float(peak), unit), 100 * float(x) / float(peak)), _fix(d, key)))
+    return found
+
+
+def _fix(d: Dict[str, Any], key: str) -> str:
+    host = d["host"]
+    if d["device"] == "cpu":
+        return ("on %s: look for CPU limits and load (cgroup cpu.max / cpu.cfs_quota_us, cpupower frequency-info, "
+                "top), or leave the host out of the hostfile" % host)
+    gpu = d.get("index")
+    if key in ("h2d_gbps", "d2h_gbps"):
+        return ("on %s GPU %s: nvidia-smi -q -i %s -d PCIE (link generation and width downtrained?), NUMA binding "
+                "of the process; CPU/NVMe offload runs over this path" % (host, gpu, gpu))
+    if key == "hbm_gbps":
+        return ("on %s GPU %s: nvidia-smi -q -i %s -d ECC,ROW_REMAPPER (a degraded HBM stack), then ask for the GPU "
+                "to be replaced" % (host, gpu, gpu))
+    return ("on %s GPU %s: nvidia-smi -q -i %s -d CLOCK,PERFORMANCE,POWER (clocks held low, power or thermal "
+            "slowdown), then reset or drain the GPU" % (host, gpu, gpu))
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    lim = limits(thresholds, NAME)
+    out: Dict[str, Outcome] = {}
+    for h in facts.get("unreachable") or []:
+        out[h] = error("not run: the host is unreachable (see its ssh result)")
+    for h, why in (facts.get("errors") or {}).items():
+        out[h] = error("could not measure on %s: %s" % (h, why), "rerun with -v for the host-side error")
+    by_host: Dict[str, Any] = facts.get("by_host") or {}
+    devices = _devices(by_host)
+    peers = _peer_findings(devices, lim, facts.get("remeasured"))
+    for h, hf in by_host.items():
+        if not isinstance(hf, dict):
+            continue
+        if hf.get("torch") is None:
+            out[h] = skip("torch is not importable by --python on %s (%s): nothing to measure with"
+                          % (h, hf.get("error")))
+            continue
+        mine = [d for d in devices if d["host"] == h]
+        findings: List[Finding] = []
+        for g in hf.get("gpus") or []:
+            if "error" in g:
+                findings.append(Finding(Status.ERROR, "%s GPU %s: could not measure: %s" % (h, g.get("index"),
+                                                                                             g["error"]),
+                                        "free the GPU (nvidia-smi shows who holds it) and rerun"))
+        for d in mine:
+            findings += peers.get((h, d["label"]), []) + _baseline_findings(d, lim)
+        if not mine and not findings:
+            out[h] = error("no measurement came back from %s" % h, "rerun with -v")
+            continue
+        if mine and mine[0]["device"] == "gpu":
+            ok = "%d GPU%s: %s" % (len(mine), "" if len(mine) == 1 else "s", "; ".join(
+                "GPU %s %s TFLOPS, HBM %s GB/s, H2D/D2H %s/%s GB/s" % (
+                    d.get("index"), d.get("gemm_tflops"), d.get("hbm_gbps"), d.get("h2d_gbps"), d.get("d2h_gbps"))
+                for d in mine[:8]))
+        elif mine:
+            ok = "CPU fp32 GEMM %s GFLOPS, memory copy %s GB/s (%s threads)" % (
+                mine[0].get("gemm_gflops"), mine[0].get("mem_gbps"), mine[0].get("torch_threads"))
+        else:
+            ok = "nothing measured"
+        keys = [k for k, _, _ in (GPU_METRICS if mine and mine[0]["device"] == "gpu" else CPU_METRICS)]
+        metrics = {"devices": [{k: d.get(k) for k in ["device", "index", "uuid", "model", "torch_threads"] + keys
+                                + [k + "_noise" for k in keys] if k in d} for d in mine]}
+        out[h] = combine(findings, ok, metrics)
+    out[CLUSTER] = _summary(devices, out, lim, len(by_host))
+    if devices:
+        # How many times the hosts were measured (rounds, then re-measurements while a device looked off): what the
+        # check's time was spent on.
+        again = [n for n in (facts.get("remeasured") or {}).values() if isinstance(n, int)]
+        out[CLUSTER].metrics["measurements"] = int(lim["rounds"]) + max(again, default=0)
+    return out
+
+
+def _summary(devices: List[Dict[str, Any]], out: Dict[str, Outcome], lim: Dict[str, Any], measured: int) -> Outcome:
+    if not devices:
+        return skip("nothing was measured (no host with torch answered)")
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for d in devices:
+        groups.setdefault(d["model"], []).append(d)
+    parts, medians = [], {}
+    for model, members in groups.items():
+        kinds = GPU_METRICS if members[0]["device"] == "gpu" else CPU_METRICS
+        med = {key: statistics.median([float(d[key]) for d in members if isinstance(d.get(key), (int, float))] or
+                                      [0.0]) for key, _, _ in kinds}
+        medians[model] = med
+        parts.append("%d x %s: median %s" % (len(members), model, ", ".join(
+            "%s %s" % (label, _fmt(med[key], unit)) for key, unit, label in kinds)))
+        if len(members) < int(lim["min_peers"]):
+            parts[-1] += " (fewer than %d: not compared with each other)" % int(lim["min_peers"])
+    named = sorted(h for h, o in out.items() if h != CLUSTER and o.status in (Status.WARN, Status.FAIL))
+    message = "; ".join(parts)
+    metrics = {"medians": medians, "named": named, "hosts_measured": measured}
+    if named:
+        return Outcome(Status.PASS, "slow device(s) on %s (see their rows); %s" % (", ".join(named), message),
+                       metrics=metrics)
+    return Outcome(Status.PASS, message, metrics=metrics)

@@ -1,0 +1,125 @@
+"""The job's DeepSpeed config checked against the real cluster: keys, batch math, precision, ZeRO memory, offload, ops.
+
+Parses the config like DeepSpeed does (hjson: comments allowed; duplicate keys are an error), e.g.::
+
+    {
+      "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,   // x world size = train_batch_size
+      "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}
+    }
+
+Where each part runs: ``coordinate`` (coordinator) gathers facts with ``gather`` (and ``host`` on each host
+through the agent) and DeepSpeed's own models (``deepspeed_models``); ``evaluate`` is pure and reads as the
+list of verdicts: ``keycheck`` (keys, versions, optimizer), ``batch``, ``precision``, ``ops``, ``offload``,
+``memory``. ``parse`` reads the config; ``keys`` holds DeepSpeed's key tables. Thresholds: ``[ds_config]``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+from ...hostside.seams import ClusterView
+from ...hostside.outcome import Finding, Outcome, Status, combine, limits
+from .batch import check_batch
+from .deepspeed_models import validate_with_deepspeed
+from .gather import base_facts, no_config_finding, probe_hosts
+from .keycheck import check_deprecated, check_installed, check_keys, check_optimizer, check_versions
+from .memory import check_memory, stage_label
+from .offload import check_nvme, check_offload_stage
+from .ops import check_ops, required_ops
+from .parse import load_config, nvme_paths, offload_devices, optimizer_type, zero_stage
+from .precision import check_precision
+from .report import Report, gpus_by_host, host_versions, vstr
+
+__all__ = ["NAME", "DESCRIPTION", "SCOPE", "DEFAULT", "coordinate", "evaluate", "load_config", "nvme_paths",
+           "required_ops"]
+
+NAME = "ds_config"
+DESCRIPTION = ("DeepSpeed config (--deepspeed-config): keys, deprecations, batch math, precision vs GPUs, "
+               "ZeRO memory vs GPU/CPU, offload paths, required ops, DeepSpeed version")
+SCOPE = "cluster"
+DEFAULT = False
+# Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
+# (runner.py).
+QUIET = True
+
+CLUSTER = "*"
+
+
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
+    """Gather everything evaluate() needs into plain JSON-able facts (see the schema in evaluate)."""
+    facts = base_facts(cluster)
+    path = facts["config_path"]
+    if not path:
+        facts["load_findings"] = [no_config_finding()]
+        return facts
+    config, found = load_config(str(path))
+    facts["load_findings"] = [f.to_dict() for f in found]
+    if not config:
+        return facts
+    facts["config"] = config
+    try:
+        facts["deepspeed_models"] = validate_with_deepspeed(config)
+    except Exception as exc:  # DeepSpeed importable but broken: fall back to our tables
+        facts["deepspeed_models"] = None
+        facts["deepspeed_models_error"] = "%s: %s" % (type(exc).__name__, exc)
+    probe_hosts(cluster, facts, config, float(limits(cluster.thresholds or {}, NAME)["host_memory_timeout_s"]))
+    return facts
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    """Pure: coordinate()'s facts -> {"*": cluster-wide outcome, host: that host's outcome (only hosts with findings)}.
+
+    facts: {"config_path", "config": dict|None, "load_findings": [finding dicts], "world_size": int,
+            "hosts": [{"name", "slots"}], "model_params", "largest_layer_params",
+            "host_facts": {host: {"gpu", "ds_report", "nvme", "python"}},
+            "host_memory": {host: {"mem_total", "mem_available", "memlock_soft", "memlock_hard", "error"}},
+            "host_probe": {host: {"deepspeed", "deepspeed_found", "paths": [...]} | {"error"}},
+            "model_parallel_size": int | None,
+            "deepspeed_models": None | {"version", "sections", "errors": [...], "param_errors": [...]}}
+    """
+    report = Report()
+    for f in facts.get("load_findings") or []:
+        report.star.append(Finding(Status(f.get("status", "fail")), f.get("message", ""), f.get("fix", "")))
+    config = facts.get("config")
+    if not isinstance(config, dict):
+        if not report.star:
+            report.star.append(Finding(Status.ERROR, "no parsed DeepSpeed config in the facts"))
+        return {CLUSTER: combine(report.star, "")}
+    versions = host_versions(facts)
+    gpus = gpus_by_host(facts)
+    check_installed(facts, report)
+    check_keys(config, facts.get("deepspeed_models"), report)
+    check_deprecated(config, versions, report)
+    check_versions(config, versions, report)
+    batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
+                        [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
+                        facts.get("model_parallel_size"))
+    precision = check_precision(config, gpus, report)
+    check_optimizer(config, versions, report)
+    ops = check_ops(config, facts, report)
+    check_offload_stage(config, report)
+    check_nvme(config, facts, report)
+    memory = check_memory(config, facts, gpus, thresholds, report)
+
+    stage = zero_stage(config)
+    opt_dev, par_dev = offload_devices(config)
+    parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
+    if optimizer_type(config):
+        parts.append("optimizer %s" % optimizer_type(config))
+    parts += [p for p in (batch, ops, memory) if p]
+    if versions:
+        parts.append("DeepSpeed %s on the hosts" % ", ".join(sorted({vstr(v) for v in versions.values()})))
+    ok = "%s: %s" % (os.path.basename(str(facts.get("config_path") or "config")), "; ".join(parts))
+    metrics = {"zero_stage": stage, "offload": {"optimizer": opt_dev, "param": par_dev},
+               "required_ops": required_ops(config), "nvme_paths": nvme_paths(config),
+               "deepspeed_models": (facts.get("deepspeed_models") or {}).get("version")}
+    if not report.star:
+        report.star.append(Finding(Status.PASS, ok))
+    elif all(f.status == Status.SKIP for f in report.star):
+        report.star.append(Finding(Status.PASS, ok))
+    out = {CLUSTER: combine(report.star, ok, metrics)}
+    for host, fs in sorted(report.hosts.items()):
+        out[host] = combine(fs, "%s: ok" % NAME)
+    return out

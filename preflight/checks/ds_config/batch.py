@@ -1,0 +1,166 @@
+"""Batch-size math as DeepSpeedConfig._configure_train_batch_size does it, against the cluster's world size.
+
+E.g. ``"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2`` on 16 GPUs
+-> "64 != 4 * 2 * 16": FAIL with the corrected values. Pure.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from ...hostside.outcome import Status
+from .parse import config_section
+from .report import Report, num
+
+
+def resolve_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float],
+                  world_size: float) -> Tuple[Optional[Dict[str, float]], Optional[str]]:
+    """Mirror _set_batch_related_parameters + _batch_assertion: (resolved values, None) or (values, error)."""
+    ws = world_size
+    if tb is not None and mb is not None and ga is not None:
+        pass
+    elif tb is not None and mb is not None:
+        ga = tb // mb
+        ga //= ws
+    elif tb is not None and ga is not None:
+        mb = tb // ws
+        mb //= ga
+    elif mb is not None and ga is not None:
+        tb = mb * ga
+        tb *= ws
+    elif tb is not None:
+        ga = 1
+        mb = tb // ws
+    elif mb is not None:
+        tb = mb * ws
+        ga = 1
+    else:
+        return None, "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
+    values = {"train_batch_size": tb, "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga}
+    if not tb > 0:
+        return values, "Train batch size: %s has to be greater than 0" % num(tb)
+    if not mb > 0:
+        return values, "Micro batch size per gpu: %s has to be greater than 0" % num(mb)
+    if not ga > 0:
+        return values, "Gradient accumulation steps: %s has to be greater than 0" % num(ga)
+    if tb != mb * ga * ws:
+        return values, ("train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
+                        "%s != %s * %s * %s" % (num(tb), num(mb), num(ga), num(ws)))
+    return values, None
+
+
+def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool, Optional[float]]:
+    """(ok, value): value None when absent or "auto"; ok False when the value is unusable (reported)."""
+    if key not in config or config[key] is None:
+        return True, None
+    v = config[key]
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return True, None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        report.add(Status.FAIL, "%s = %r (expected a positive integer, or \"auto\" with the HF/Accelerate "
+                                "integration)" % (key, v), "set %s to an integer" % key)
+        return False, None
+    return True, v
+
+
+def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report,
+                model_parallel: Optional[int] = None) -> str:
+    """model_parallel: --model-parallel-size (tensor x pipeline degree), None when not given. Known, the
+    data-parallel size is world / (model_parallel x sequence_parallel_size) and a mismatch is a FAIL; unknown,
+    a mismatch that a tensor-parallel degree would explain is a WARN naming the option."""
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    vals: Dict[str, Optional[float]] = {}
+    for k in keys:
+        ok, v = _batch_value(config, k, report)
+        if not ok:
+            return ""
+        vals[k] = v
+    auto = [k for k in keys if isinstance(config.get(k), str)]
+    if config_section(config, "elasticity").get("enabled") is True:
+        return "batch set by elasticity"
+    sp = config.get("sequence_parallel_size")
+    dp: float = world_size
+    dp_note = "world size %d" % world_size
+    if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:
+        dp = world_size / sp  # DeepSpeedConfig: dist.get_world_size() / config["sequence_parallel_size"]
+        dp_note = "world size %d / sequence_parallel_size %d" % (world_size, sp)
+    if model_parallel is not None and model_parallel > 1:
+        # DeepSpeed gets an mpu and uses its data-parallel world size: world / (tensor x pipeline [x sequence]).
+        if dp % model_parallel != 0:
+            report.add(Status.FAIL, "the world size does not divide into model-parallel groups: %s is not a "
+                                    "multiple of --model-parallel-size %d" % (dp_note, model_parallel),
+                       "use a number of GPUs that is a multiple of %d, or fix --model-parallel-size"
+                       % model_parallel)
+            return ""
+        dp = dp / model_parallel
+        dp_note += " / model-parallel size %d" % model_parallel
+    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+
+    if auto:
+        # The HF/Accelerate integration fills "auto" (micro batch and accumulation from its arguments,
+        # train_batch_size = world_size * micro * accumulation); DeepSpeed then asserts the product.
+        if tb is None:
+            return "batch: %s filled by the HF integration" % ", ".join(auto)
+        fixed = [v for v in (mb, ga) if v is not None]
+        unit = dp
+        for v in fixed:
+            unit *= v
+        if tb % unit != 0 or tb < unit:
+            report.add(Status.FAIL,
+                       "train_batch_size %s is not a multiple of %s: no value of %s can make train_batch_size "
+                       "== micro_batch * grad_accum * world_size (%s)"
+                       % (num(tb), ("%s = %s" % (" x ".join([num(v) for v in fixed] + [num(dp)]), num(unit))
+                                     if fixed else "the world size %s" % num(dp)),
+                          " / ".join(auto), dp_note),
+                       'set train_batch_size to "auto", or to a multiple of %s' % num(unit))
+            return ""
+        return "batch %s = %s x %s" % (num(tb), " x ".join(
+            [num(v) if v is not None else "auto" for v in (mb, ga)]), num(dp))
+
+    values, err = resolve_batch(tb, mb, ga, dp)
+    if err is None and values is not None:
+        return "batch %s = %s x %s x %s (%s)" % (num(values["train_batch_size"]),
+                                                 num(values["train_micro_batch_size_per_gpu"]),
+                                                 num(values["gradient_accumulation_steps"]), num(dp), dp_note)
+    if values is None:
+        report.add(Status.FAIL, "no batch size given: %s (DeepSpeed asserts at start)" % err,
+                   "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
+        return ""
+    given = ", ".join("%s=%s" % (k, num(vals[k])) for k in keys if vals[k] is not None)
+    fixes = _batch_fixes(vals, dp)
+    # With tensor parallelism (DeepSpeed gets an mpu) its world size is the data-parallel size. Tensor
+    # parallelism lives inside a node: a degree that divides every host's slots, leaving a data-parallel size
+    # of at least 2 (with 1 nearly any batch fits, which would excuse every mistake), makes this a WARN.
+    per_node = [s for s in slots if s > 0]
+    if model_parallel is not None:  # the user said what the model parallelism is: no degree to guess
+        per_node = []
+    for degree in range(2, (min(per_node) if per_node else 1) + 1):
+        if all(s % degree == 0 for s in per_node) and dp % degree == 0 and dp / degree >= 2 and \
+                resolve_batch(tb, mb, ga, dp / degree)[1] is None:
+            report.add(Status.WARN,
+                       "batch math fails with %s (%s): %s; it holds for a data-parallel size of %s, so it is right "
+                       "only if the job uses tensor parallelism of degree %d (say so with --model-parallel-size %d, "
+                       "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / degree), degree,
+                                                               degree),
+                       "if the job is purely data parallel (--model-parallel-size 1): %s" % fixes)
+            return ""
+    report.add(Status.FAIL, "batch math fails with %s (%s): %s" % (given, dp_note, err), fixes)
+    return ""
+
+
+def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
+    """Corrected values: keep the micro batch and accumulation (new train_batch_size), or keep train_batch_size."""
+    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    out = []
+    m, g = mb or 1, ga or 1
+    if mb is not None or ga is not None:
+        out.append("train_batch_size = %s x %s x %s = %s" % (num(m), num(g), num(dp), num(m * g * dp)))
+    if tb is not None:
+        if mb is not None and tb % (mb * dp) == 0 and tb // (mb * dp) > 0:
+            out.append("gradient_accumulation_steps = %s (keeping train_batch_size %s)" % (
+                num(tb // (mb * dp)), num(tb)))
+        if tb % (g * dp) == 0 and tb // (g * dp) > 0:
+            out.append("train_micro_batch_size_per_gpu = %s (keeping train_batch_size %s)" % (
+                num(tb // (g * dp)), num(tb)))
+        if tb % dp != 0:
+            out.append("a train_batch_size that is a multiple of %s" % num(dp))
+    return "set " + ", or ".join(out) if out else "set train_micro_batch_size_per_gpu and gradient_accumulation_steps"

@@ -1,0 +1,89 @@
+"""Coordinator: the facts evaluate() reads, gathered from the run's options, the host checks' facts and calls
+to the host-side functions in ``host.py``.
+
+E.g. {"world_size": 16, "hosts": [{"name": "node01", "slots": 8}], "host_facts": {"node01": {"gpu": ...}},
+"host_memory": {"node01": {"mem_available": 1.2e11, "memlock_soft": null}}}.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from ...hostside.seams import ClusterView
+from ...hostside.outcome import Finding, Status
+from .parse import nvme_paths, offload_devices
+from .report import host_versions
+
+# The host checks whose facts the verdicts read.
+HOST_FACTS = ("gpu", "ds_report", "nvme", "python")
+
+
+def base_facts(cluster: ClusterView) -> Dict[str, Any]:
+    """The skeleton: options, world size, hosts and the host checks' facts; the config is filled in later."""
+    opts = getattr(cluster, "options", None) or {}
+    hosts = [{"name": h.name, "slots": int(getattr(h, "slots", 0) or 0)} for h in cluster.hosts]
+    facts: Dict[str, Any] = {
+        "config_path": opts.get("deepspeed_config"), "config": None, "load_findings": [],
+        "world_size": int(cluster.world_size), "hosts": hosts,
+        "model_params": opts.get("model_params"), "largest_layer_params": opts.get("largest_layer_params"),
+        "model_parallel_size": opts.get("model_parallel_size"),
+        "host_facts": {}, "host_memory": {}, "host_probe": {}, "deepspeed_models": None,
+    }
+    for h in hosts:
+        per = (cluster.facts or {}).get(h["name"]) or {}
+        facts["host_facts"][h["name"]] = {k: per.get(k) for k in HOST_FACTS}
+    return facts
+
+
+def no_config_finding() -> Dict[str, str]:
+    return Finding(Status.FAIL, "no DeepSpeed config given (ds_config runs with --deepspeed-config PATH)",
+                   "pass --deepspeed-config PATH").to_dict()
+
+
+def call_hosts(cluster: ClusterView, func: str, names: List[str], params: Dict[str, Any],
+               timeout: float) -> Dict[str, Dict[str, Any]]:
+    """func on every named host at once: {host: its dict result, or {"error": why}} (a failure is that host's)."""
+    results: Dict[str, Any] = {}
+    call_all = getattr(cluster, "call_all", None)
+    if callable(call_all):
+        try:
+            results = call_all(func, {n: dict(params) for n in names}, timeout)
+        except Exception as exc:
+            results = {n: exc for n in names}
+    else:
+        for n in names:
+            try:
+                results[n] = cluster.call(n, func, dict(params), timeout)
+            except Exception as exc:
+                results[n] = exc
+    out: Dict[str, Dict[str, Any]] = {}
+    short = func.rpartition(".")[2]
+    for n in names:
+        r = results.get(n)
+        if isinstance(r, BaseException) or not isinstance(r, dict):
+            out[n] = {"error": "host_%s failed: %s" % (short, "%s: %s" % (type(r).__name__, r)
+                                                          if isinstance(r, BaseException) else "no result")}
+        else:
+            out[n] = r
+    return out
+
+
+def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, Any], timeout: float) -> None:
+    """One ds_config.host.probe call per host, when the config needs something the host checks did not bring:
+    the hosts' DeepSpeed version (``--checks ds_config`` alone), offload paths, memory for CPU/NVMe offload."""
+    memory = bool({"cpu", "nvme"} & set(offload_devices(config)))
+    paths = nvme_paths(config)
+    names = [h["name"] for h in facts["hosts"]]
+    known = host_versions(facts)
+    if not (memory or paths or any(n not in known for n in names)):
+        return
+    results = call_hosts(cluster, "ds_config.host.probe", names, {"memory": memory, "nvme_paths": paths}, timeout)
+    for n in names:
+        r = results[n]
+        if "paths" not in r:  # the call failed: that host's facts say why
+            facts["host_probe"][n] = {"error": r.get("error")}
+            if memory:
+                facts["host_memory"][n] = {"error": r.get("error")}
+            continue
+        facts["host_probe"][n] = {k: r.get(k) for k in ("deepspeed", "deepspeed_found", "paths")}
+        if memory:
+            facts["host_memory"][n] = r.get("memory") or {"error": "host_probe returned no memory facts"}

@@ -1,0 +1,79 @@
+"""Verdicts on ZeRO offload: the device and stage combinations, and each nvme_path on every host.
+
+E.g. ``"offload_param": {"device": "cpu"}`` at stage 2 -> WARN (parameter offload is ZeRO-3 only); an
+``nvme_path`` the hosts' facts (``host.paths``, or the nvme check) show missing or read-only -> FAIL naming the host.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+from ...hostside.outcome import Status
+from .parse import nvme_paths, offload_device, offload_devices, zero_section, zero_stage
+from .report import Report, hosts_text
+
+
+def _norm(p: Any) -> str:
+    return os.path.normpath(str(p)) if p not in (None, "") else ""
+
+
+def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> None:
+    zero = zero_section(config)
+    for sec in ("offload_param", "offload_optimizer"):
+        s = zero.get(sec)
+        if isinstance(s, dict) and offload_device(s) == "nvme" and s.get("nvme_path") in (None, ""):
+            report.add(Status.FAIL, "zero_optimization.%s.device is nvme but nvme_path is not set (expected the "
+                                    "directory to swap to)" % sec,
+                       'set zero_optimization.%s.nvme_path, e.g. "/local_nvme"' % sec)
+    for path in nvme_paths(config):
+        bad: Dict[str, str] = {}
+        untested: List[str] = []
+        for h in facts.get("hosts") or []:
+            name = h["name"]
+            nv = ((facts.get("host_facts") or {}).get(name) or {}).get("nvme") or {}
+            probed = (facts.get("host_probe") or {}).get(name) or {}
+            # the nvme check's entry when it ran for this path, else ds_config's own probe of the host
+            entry = next((e for e in list(nv.get("paths") or []) + list(probed.get("paths") or [])
+                          if isinstance(e, dict) and _norm(e.get("path")) == _norm(path)), None)
+            if entry is None:
+                untested.append(name)
+                continue
+            err = entry.get("error")
+            if not entry.get("exists"):
+                bad[name] = "nvme_path %s does not exist on %s%s" % (path, name, " (%s)" % err if err else "")
+            elif not entry.get("is_dir"):
+                bad[name] = "nvme_path %s is not a directory on %s%s" % (path, name, " (%s)" % err if err else "")
+            elif not entry.get("writable"):
+                bad[name] = "nvme_path %s is not writable on %s%s" % (path, name, " (%s)" % err if err else "")
+        if bad:
+            report.add(Status.FAIL, "NVMe offload path %s is unusable on %s: %s" % (
+                path, hosts_text(sorted(bad)), "; ".join(bad[h] for h in sorted(bad)[:3])),
+                "create it on every host as the job's user: mkdir -p %s && chown $USER %s (on the NVMe mount)"
+                % (path, path), bad)
+        if untested:
+            why = ((facts.get("host_probe") or {}).get(untested[0]) or {}).get("error") or "not probed"
+            report.add(Status.SKIP, "NVMe offload path %s not tested on %s (no nvme check result for it; host "
+                                    "probe: %s)" % (path, hosts_text(untested), why))
+
+
+def check_offload_stage(config: Dict[str, Any], report: Report) -> None:
+    stage = zero_stage(config)
+    if stage is None:
+        return
+    zero = zero_section(config)
+    opt_dev, par_dev = offload_devices(config)
+    for dev, name in ((opt_dev, "offload_optimizer"), (par_dev, "offload_param")):
+        if dev not in ("none", "cpu", "nvme"):
+            report.add(Status.FAIL, "zero_optimization.%s.device = %r (expected none, cpu or nvme)"
+                       % (name, (zero.get(name) or {}).get("device")), 'set device to "cpu" or "nvme"')
+    if par_dev in ("cpu", "nvme") and stage != 3:
+        report.add(Status.WARN, "zero_optimization.offload_param (device %s) has no effect at ZeRO stage %d "
+                                "(parameter offload is ZeRO-3 only)" % (par_dev, stage),
+                   "use stage 3 for parameter offload, or remove offload_param")
+    if opt_dev in ("cpu", "nvme") and stage == 0:
+        report.add(Status.WARN, "zero_optimization.offload_optimizer (device %s) at ZeRO stage 0: optimizer offload "
+                                "needs ZeRO stage 1, 2 or 3" % opt_dev,
+                   "set zero_optimization.stage to 1, 2 or 3, or remove offload_optimizer")
+    if stage > 3 or stage < 0:
+        report.add(Status.FAIL, "zero_optimization.stage = %d (expected 0, 1, 2 or 3; DeepSpeed: 'Maximum supported "
+                                "ZeRO stage is 3')" % stage, "set zero_optimization.stage to 0-3")

@@ -1,0 +1,99 @@
+"""Which DeepSpeed ops the config needs (as engine._configure_basic_optimizer picks them), and whether the
+hosts' ds_report shows them usable.
+
+E.g. AdamW with ``"offload_optimizer": {"device": "cpu"}`` -> cpu_adam; NVMe offload -> async_io; against the
+ds_report facts ``"ops": {"cpu_adam": {"installed": false, "compatible": true}}``. Pure.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from ...hostside.outcome import Status
+from .parse import config_section, offload_devices, optimizer_params, optimizer_type
+from .report import Report, hosts_text
+
+
+def required_ops(config: Dict[str, Any]) -> List[str]:
+    """DeepSpeed ops (ds_report names) the config needs, mirroring engine._configure_basic_optimizer.
+
+    async_io: any NVMe offload; gds: aio.use_gds; Adam/AdamW: cpu_adam under optimizer offload (cpu or nvme),
+    else fused_adam (unless params.torch_adam); Adagrad: cpu_adagrad under offload; Lion: cpu_lion / fused_lion;
+    Lamb: fused_lamb; 1-bit optimizers with comm_backend_name "compressed": packbits.
+    """
+    ops: List[str] = []
+
+    def add(op: str) -> None:
+        if op not in ops:
+            ops.append(op)
+
+    opt_dev, par_dev = offload_devices(config)
+    if "nvme" in (opt_dev, par_dev):
+        add("async_io")
+    aio = config_section(config, "aio")
+    if aio.get("use_gds") is True:
+        add("gds")
+    name = (optimizer_type(config) or "").lower()
+    cpu_optimizer = opt_dev in ("cpu", "nvme")
+    params = optimizer_params(config)
+    if name in ("adam", "adamw"):
+        if params.get("torch_adam") is not True:
+            add("cpu_adam" if cpu_optimizer else "fused_adam")
+    elif name == "adagrad":
+        if cpu_optimizer:
+            add("cpu_adagrad")
+    elif name == "lion":
+        add("cpu_lion" if cpu_optimizer else "fused_lion")
+    elif name == "lamb":
+        add("fused_lamb")
+    elif name in ("onebitadam", "zerooneadam", "onebitlamb"):
+        if str(params.get("comm_backend_name", "nccl")).lower() == "compressed":
+            add("packbits")
+    return ops
+
+
+_OP_FIX = {
+    "async_io": "apt install libaio-dev (and a C compiler) on the host so DeepSpeed can build async_io; "
+                "ds_report must show async_io [OKAY]",
+    "gds": "install libaio-dev and the GPUDirect Storage (cufile) libraries, or set aio.use_gds false",
+    "cpu_adam": "install a C++ compiler and ninja (JIT), or pre-build: DS_BUILD_CPU_ADAM=1 pip install deepspeed",
+    "fused_adam": "install the CUDA toolkit (nvcc) matching torch and ninja, or DS_BUILD_FUSED_ADAM=1 pip install "
+                  "deepspeed; or set optimizer.params.torch_adam true",
+}
+
+
+def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> str:
+    ops = required_ops(config)
+    if not ops:
+        return ""
+    bad: Dict[str, Dict[str, str]] = {}
+    unknown_hosts: List[str] = []
+    for h in facts.get("hosts") or []:
+        name = h["name"]
+        dr = ((facts.get("host_facts") or {}).get(name) or {}).get("ds_report") or {}
+        host_ops = dr.get("ops") or {}
+        if not host_ops:
+            unknown_hosts.append(name)
+            continue
+        for op in ops:
+            e = host_ops.get(op)
+            if not isinstance(e, dict):
+                bad.setdefault(op, {})[name] = "%s is not in this DeepSpeed's op list (ds_report)" % op
+            elif not (e.get("installed") or e.get("compatible")):
+                note = e.get("note") or ""
+                bad.setdefault(op, {})[name] = "%s is neither pre-built nor JIT-compatible (ds_report [NO] / [NO])%s" \
+                    % (op, (": " + str(note)[:160]) if note else "")
+    why = {"async_io": "NVMe offload", "gds": "aio.use_gds", "cpu_adam": "the optimizer runs on the CPU (offload)",
+           "fused_adam": "Adam/AdamW on the GPU is DeepSpeed's FusedAdam", "cpu_adagrad": "Adagrad under offload",
+           "cpu_lion": "Lion under offload", "fused_lion": "Lion on the GPU", "fused_lamb": "Lamb",
+           "packbits": "the 'compressed' 1-bit comm backend"}
+    for op, per in sorted(bad.items()):
+        report.add(Status.FAIL, "the config needs op %s (%s) but it is not usable on %s: %s"
+                   % (op, why.get(op, "required by the config"), hosts_text(sorted(per)),
+                      next(iter(per.values()))),
+                   _OP_FIX.get(op, "fix the prerequisites ds_report lists for %s, or pre-build it with "
+                                   "DS_BUILD_%s=1 pip install deepspeed" % (op, op.upper())),
+                   {h: "config needs op %s (%s): %s" % (op, why.get(op, ""), m) for h, m in per.items()})
+    if unknown_hosts:
+        report.add(Status.SKIP, "ops %s not checked on %s: no ds_report facts (DeepSpeed missing or ds_report "
+                                "not run)" % (", ".join(ops), hosts_text(unknown_hosts)))
+    return "ops %s" % ", ".join(ops)

@@ -1,0 +1,47 @@
+"""Verdicts on precision: fp16 with bf16, bf16 on GPUs older than Ampere, static fp16 loss scaling without clipping.
+
+Reads ``"bf16": {"enabled": true}`` against the gpu facts' compute capability, e.g. ``"cc": [7, 0]`` (V100).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from ...hostside.outcome import Status
+from .parse import enabled
+from .report import Report, hosts_text, num
+
+
+def check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]]], report: Report) -> str:
+    fp16 = enabled(config.get("fp16"))
+    bf16_sec = config.get("bf16") if "bf16" in config else config.get("bfloat16")
+    bf16 = enabled(bf16_sec)
+    if fp16 and bf16:
+        report.add(Status.FAIL, "fp16.enabled and bf16.enabled are both true (DeepSpeed asserts 'bfloat16 and fp16 "
+                                "modes cannot be simultaneously enabled')",
+                   "keep one: bf16 on Ampere (compute capability 8.0) or newer, fp16 otherwise")
+    if bf16:
+        old: Dict[str, str] = {}
+        for host, lst in sorted(gpus.items()):
+            bad = [g for g in lst if isinstance(g.get("cc"), (list, tuple)) and len(g["cc"]) >= 1
+                   and (g["cc"][0], (g["cc"][1] if len(g["cc"]) > 1 else 0)) < (8, 0)]
+            if bad:
+                g = bad[0]
+                old[host] = "%d GPU(s) of compute capability %s (%s): bf16 needs >= 8.0" % (
+                    len(bad), ".".join(str(x) for x in g["cc"]), g.get("name") or "?")
+        if old:
+            report.add(Status.FAIL, "bf16 is enabled but %s ha%s GPUs without bf16 support (compute capability "
+                                    "< 8.0; %s)" % (hosts_text(sorted(old)), "s" if len(old) == 1 else "ve",
+                                                    "; ".join("%s: %s" % (h, m) for h, m in sorted(old.items()))),
+                       'use "fp16": {"enabled": true} with dynamic loss scaling on these GPUs, or exclude the hosts',
+                       old)
+    if fp16:
+        sec = config.get("fp16") or {}
+        ls = sec.get("loss_scale", 0)
+        clip = config.get("gradient_clipping")
+        clip_set = isinstance(clip, str) or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0)
+        if isinstance(ls, (int, float)) and not isinstance(ls, bool) and ls != 0 and not clip_set:
+            report.add(Status.WARN, "fp16 uses a static loss_scale of %s without gradient_clipping (expected "
+                                    "dynamic scaling, loss_scale 0, or clipping): overflows are not caught" % num(ls),
+                       'set "fp16": {"loss_scale": 0} (dynamic), add "gradient_clipping": 1.0, or use bf16 on '
+                       "Ampere or newer")
+    return "bf16" if bf16 else "fp16" if fp16 else "precision auto" if (bf16 is None or fp16 is None) else "fp32"

@@ -1,0 +1,333 @@
+"""DeepSpeed op compatibility (what ``ds_report`` shows), ninja for JIT builds, and the /dev/shm size.
+
+Asks DeepSpeed's own API (ALL_OPS[name].is_compatible(False)) in a child Python; falls back to running
+``ds_report`` and parsing its coloured text (ANSI codes stripped):
+
+    [WARNING]  async_io requires the dev libaio .so object and headers but these were not found.
+    async_io ............... [NO] ....... [NO]
+    fused_adam ............. [NO] ....... [OKAY]
+    ...
+    deepspeed info ................... 0.19.8, unknown, unknown
+    shared memory (/dev/shm) size .... 128.00 GB
+
+Thresholds: [ds_report] in preflight/defaults.toml (required_ops, ignore_ops, shm_min_mib). Required ops are
+``thresholds["ds_report"]["required_ops"]`` plus any ``required_ops`` the coordinator passed in ctx.params
+(recorded in facts), so evaluate stays a pure function of facts and thresholds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import re
+import shutil
+import sys
+from typing import Any, Dict, List, Optional
+
+from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
+from ..hostside.seams import HostContext
+from ..hostside.proc import fork_python, sh
+
+NAME = "ds_report"
+DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"
+SCOPE = "host"
+DEFAULT = True
+# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+USES_TORCH = True
+
+# Mirrors [ds_report] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
+
+_MARK = "@@PREFLIGHT_DS_REPORT@@"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_OP_ROW = re.compile(r"^(\w+)\s+\.+\s+\[(YES|NO)\]\s+\.+\s+\[(OKAY|NO)\]\s*$")
+_NINJA_ROW = re.compile(r"^ninja\s+\.+\s+\[(OKAY|FAIL|NO)\]\s*$")
+_ENV_ROW = re.compile(r"^(.+?)\s+\.{3,}\s+(.*)$")
+_UNITS = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "TB": 1024 ** 4}
+
+# What DeepSpeed's builders need when is_compatible() says no (op_builder/*.py and their warnings).
+OP_FIXES = {
+    "async_io": "sudo apt-get install -y libaio-dev gcc (RHEL: sudo dnf install -y libaio-devel gcc); the runtime "
+                "libaio1/libaio.so.1 alone is not enough, DeepSpeed links a test program with -laio",
+    "gds": "install libaio-dev as for async_io and NVIDIA GPUDirect Storage (libcufile: sudo apt-get install -y "
+           "nvidia-gds)",
+    "evoformer_attn": "pip install nvidia-cutlass, or clone CUTLASS and export CUTLASS_PATH=/path/to/cutlass",
+    "sparse_attn": "sparse_attn needs torch 1.x with triton 1.0; it is not available on torch 2.x",
+    "fp_quantizer": "install the triton version the ds_report warning names (pip install triton==VERSION)",
+}
+
+_API_SCRIPT = r'''
+import importlib.util, json, sys
+out = {"deepspeed": None, "torch": None, "torch_cuda": None, "ops": {}, "installed": None,
+       "import_error": None, "ninja_module": None}
+try:
+    import torch
+    out["torch"] = str(torch.__version__)
+    out["torch_cuda"] = getattr(torch.version, "cuda", None)
+except Exception as exc:
+    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+try:
+    import ninja  # noqa: F401 - what DeepSpeed's jit_load and ds_report test
+    out["ninja_module"] = True
+except Exception:
+    out["ninja_module"] = False
+try:
+    out["installed"] = importlib.util.find_spec("deepspeed") is not None
+except Exception as exc:
+    out["installed"] = False
+if out["installed"]:
+    try:
+        import deepspeed
+        out["deepspeed"] = str(deepspeed.__version__)
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+        try:
+            from deepspeed.git_version_info import installed_ops, accelerator_name
+            from deepspeed.accelerator import get_accelerator
+            same_acc = accelerator_name == get_accelerator()._name
+        except Exception:
+            installed_ops, same_acc = {}, False
+        for name, builder in ALL_OPS.items():
+            entry = {"installed": bool(installed_ops.get(name, False)) and same_acc}
+            try:
+                entry["compatible"] = bool(builder.is_compatible(False))
+                note = getattr(builder, "error_log", None)
+                entry["note"] = str(note)[:500] if note else None
+            except Exception as exc:
+                entry["compatible"] = False
+                entry["note"] = "is_compatible raised %s: %s" % (type(exc).__name__, str(exc)[:300])
+            out["ops"][name] = entry
+    except Exception as exc:
+        out["import_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:500])
+else:
+    out["import_error"] = "ModuleNotFoundError: No module named 'deepspeed'"
+sys.stdout.flush()
+print("\n" + MARK + json.dumps(out))
+'''
+
+
+# --- pure parsers ----------------------------------------------------------------------------
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def parse_size(text: Optional[str]) -> Optional[int]:
+    """DeepSpeed's human_readable_size ('128.00 GB', 1024-based) -> bytes."""
+    if not text:
+        return None
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?B)\b", text.strip())
+    if not m:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_ds_report(text: str) -> Dict[str, Any]:
+    """``ds_report`` stdout -> {"ninja", "ops": {name: {installed, compatible, note}}, "deepspeed", "torch",
+    "torch_cuda", "nvcc", "shm_bytes", "env": {label: value}}. Warnings printed before an op's row become its note."""
+    result: Dict[str, Any] = {"ninja": None, "ops": {}, "deepspeed": None, "torch": None, "torch_cuda": None,
+                              "nvcc": None, "shm_bytes": None, "env": {}}
+    pending: List[str] = []
+    in_env = False
+    for raw in strip_ansi(text).splitlines():
+        line = raw.strip()
+        if not line or set(line) == {"-"}:
+            continue
+        if line.startswith("DeepSpeed general environment info"):
+            in_env = True
+            continue
+        m = _NINJA_ROW.match(line)
+        if m and not in_env:
+            result["ninja"] = m.group(1) == "OKAY"
+            continue
+        m = _OP_ROW.match(line)
+        if m and not in_env:
+            result["ops"][m.group(1)] = {"installed": m.group(2) == "YES", "compatible": m.group(3) == "OKAY",
+                                         "note": " ".join(pending)[:500] or None}
+            pending = []
+            continue
+        if in_env:
+            m = _ENV_ROW.match(line)
+            if m:
+                result["env"][m.group(1).strip()] = m.group(2).strip()
+            continue
+        if result["ops"] or line.startswith("[WARNING]") or pending:
+            if not line.startswith("op name"):
+                pending.append(re.sub(r"^\[WARNING\]\s*", "", line))
+    env = result["env"]
+    if env.get("deepspeed info"):
+        result["deepspeed"] = env["deepspeed info"].split(",")[0].strip() or None
+    result["torch"] = env.get("torch version")
+    result["torch_cuda"] = env.get("torch cuda version")
+    nvcc = env.get("nvcc version")
+    result["nvcc"] = nvcc if nvcc and re.match(r"^\d+\.\d+", nvcc) else None
+    result["shm_bytes"] = parse_size(env.get("shared memory (/dev/shm) size"))
+    return result
+
+
+def parse_api_output(stdout: str) -> Optional[Dict[str, Any]]:
+    """The child's last marker line -> its JSON (None when it crashed before printing it)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(_MARK):
+            try:
+                return json.loads(line[len(_MARK):])
+            except ValueError:
+                return None
+    return None
+
+
+# --- host side -------------------------------------------------------------------------------
+
+def _shm_bytes() -> Optional[int]:
+    """As DeepSpeed's env_report.get_shm_size: f_frsize * f_blocks of /dev/shm."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, ValueError):
+        return None
+    return int(st.f_frsize * st.f_blocks)
+
+
+def collect(ctx: HostContext) -> Dict[str, Any]:
+    facts: Dict[str, Any] = {
+        "deepspeed": None, "torch": None, "torch_cuda": None, "ops": {}, "ninja": False, "ninja_module": None,
+        "ninja_binary": shutil.which("ninja"), "shm_bytes": _shm_bytes(), "source": None, "installed": None,
+        "import_error": None, "python": sys.executable, "api_error": None, "ds_report_error": None,
+        "tool_timeout": None, "required_ops": list(ctx.params.get("required_ops") or []),
+    }
+    script = _API_SCRIPT.replace("MARK", repr(_MARK))
+    if "torch" in sys.modules and hasattr(os, "fork"):
+        # The python check imported torch in this process: a forked child has it already, and imports only
+        # DeepSpeed. Otherwise (no torch here, or it failed) a fresh interpreter, as ds_report itself runs.
+        res = fork_python(script, timeout=ctx.remaining(240))
+    else:
+        res = sh([sys.executable, "-c", script], timeout=ctx.remaining(240))
+    api = parse_api_output(res.out)
+    if api is None:
+        facts["api_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()[-500:]))
+        if res.rc == 124:
+            facts["tool_timeout"] = "DeepSpeed op report timed out after %.0fs" % res.duration
+    else:
+        for key in ("deepspeed", "torch", "torch_cuda", "installed", "import_error", "ninja_module"):
+            facts[key] = api.get(key)
+        if api.get("deepspeed") and not api.get("import_error"):
+            facts["ops"] = api.get("ops") or {}
+            facts["source"] = "api"
+
+    if facts["source"] is None:
+        # DeepSpeed may live in another environment whose ds_report is on PATH (or the child crashed).
+        rep = sh(["ds_report"], timeout=ctx.remaining(240))
+        if rep.ok and "op name" in strip_ansi(rep.out):
+            parsed = parse_ds_report(rep.out)
+            facts.update(deepspeed=parsed["deepspeed"], torch=parsed["torch"], torch_cuda=parsed["torch_cuda"],
+                         ops=parsed["ops"], source="ds_report", ds_report_path=shutil.which("ds_report"))
+            facts["ninja_module"] = parsed["ninja"]
+            if parsed["shm_bytes"] is not None and facts["shm_bytes"] is None:
+                facts["shm_bytes"] = parsed["shm_bytes"]
+        else:
+            facts["ds_report_error"] = ("rc=%d: %s" % (rep.rc, (rep.err or rep.out).strip()[-300:]))
+            if rep.rc == 124:
+                facts["tool_timeout"] = "ds_report timed out after %.0fs" % rep.duration
+    facts["ninja"] = bool(facts["ninja_module"]) and facts["ninja_binary"] is not None
+    return facts
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def _t(thresholds: Dict[str, Any], key: str) -> Any:
+    return limits(thresholds, NAME)[key]
+
+
+def _op_fix(name: str) -> str:
+    return OP_FIXES.get(name, "run `ds_report` on this host to see why %s is not compatible and install what its "
+                              "warning names" % name)
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    required: List[str] = []
+    for op in list(_t(thresholds, "required_ops")) + list(facts.get("required_ops") or []):
+        if op not in required:
+            required.append(op)
+    ignore = set(_t(thresholds, "ignore_ops"))
+    python = facts.get("python") or "python3"
+    metrics: Dict[str, Any] = {"deepspeed": facts.get("deepspeed"), "torch": facts.get("torch"),
+                               "source": facts.get("source"), "shm_bytes": facts.get("shm_bytes"),
+                               "required_ops": required}
+
+    if not facts.get("deepspeed"):
+        if facts.get("installed") and facts.get("import_error"):
+            return combine([Finding(Status.FAIL, "DeepSpeed is installed for %s but `import deepspeed` fails: %s"
+                                    % (python, facts["import_error"]),
+                                    "%s -m pip install --force-reinstall deepspeed, then check with %s -c 'import "
+                                    "deepspeed'" % (python, python))], "", metrics)
+        if facts.get("tool_timeout"):
+            return error("could not get DeepSpeed's op report: %s" % facts["tool_timeout"],
+                         "run `ds_report` on the host by hand", **metrics)
+        if facts.get("installed") is None and facts.get("api_error"):
+            return error("could not run the DeepSpeed op report (child %s: %s; ds_report: %s)" % (
+                python, facts["api_error"], facts.get("ds_report_error")),
+                "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % shlex.quote(str(python)),
+                **metrics)
+        reason = "DeepSpeed is not installed for %s (%s) and no ds_report is on PATH" % (
+            python, facts.get("import_error") or facts.get("api_error") or "not importable")
+        fix = "%s -m pip install deepspeed" % shlex.quote(str(python))
+        if required:
+            return combine([Finding(Status.FAIL, reason + ", but required_ops = %s" % required, fix)], "", metrics)
+        return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)
+
+    if not facts.get("source"):
+        return error("DeepSpeed %s imports but its op table could not be read (%s; ds_report: %s)" % (
+            facts.get("deepspeed"), facts.get("import_error") or facts.get("api_error"), facts.get("ds_report_error")),
+            "run `ds_report` on the host by hand", **metrics)
+
+    ops: Dict[str, Dict[str, Any]] = facts.get("ops") or {}
+    findings: List[Finding] = []
+    for op in required:
+        entry = ops.get(op)
+        if entry is None:
+            findings.append(Finding(Status.FAIL, "required op %r is not a DeepSpeed %s op (known: %s)" % (
+                op, facts.get("deepspeed"), ", ".join(sorted(ops))),
+                "fix the name in [ds_report] required_ops"))
+        elif not entry.get("installed") and not entry.get("compatible"):
+            findings.append(Finding(Status.FAIL, "required op %s is neither pre-built nor compatible for a JIT "
+                                                 "build (installed NO, compatible NO)%s" % (
+                                                     op, ": " + entry["note"] if entry.get("note") else ""),
+                                    _op_fix(op)))
+    for op, entry in sorted(ops.items()):
+        if op in required or op in ignore:
+            continue
+        if not entry.get("installed") and not entry.get("compatible"):
+            findings.append(Finding(Status.WARN, "op %s is not compatible (cannot be JIT-built here)%s" % (
+                op, ": " + entry["note"] if entry.get("note") else ""),
+                _op_fix(op) + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
+
+    if not facts.get("ninja"):
+        needs_jit = [op for op in required if op in ops and not ops[op].get("installed")]
+        missing = []
+        if not facts.get("ninja_module"):
+            missing.append("the ninja Python package (DeepSpeed checks `import ninja`)")
+        if not facts.get("ninja_binary") and facts.get("source") == "api":
+            missing.append("the ninja binary on PATH (torch's JIT build runs `ninja --version`)")
+        findings.append(Finding(
+            Status.FAIL if needs_jit else Status.WARN,
+            "ninja is missing (%s): ops that are not pre-built cannot be JIT-compiled%s" % (
+                "; ".join(missing) or "not found", "; required ops needing JIT: %s" % needs_jit if needs_jit else ""),
+            "%s -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)" % python))
+
+    shm = facts.get("shm_bytes")
+    shm_min = int(_t(thresholds, "shm_min_mib")) * 1024 * 1024
+    if shm is None:
+        findings.append(Finding(Status.WARN, "/dev/shm is missing or unreadable; NCCL and DataLoader workers use it",
+                                "mount a tmpfs: sudo mount -t tmpfs -o size=16g tmpfs /dev/shm (docker: "
+                                "--shm-size=16g or --ipc=host)"))
+    elif shm < shm_min:
+        findings.append(Finding(Status.WARN, "/dev/shm is %d MiB, below %d MiB (DeepSpeed's ds_report warns below "
+                                             "512 MiB; NCCL's shared-memory transport needs it)" % (
+                                                 shm // 1048576, shm_min // 1048576),
+                                "docker run --shm-size=16g (or --ipc=host); on a host: sudo mount -o remount,size=16g "
+                                "/dev/shm"))
+
+    compatible = sum(1 for e in ops.values() if e.get("compatible") or e.get("installed"))
+    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s; ninja present; /dev/shm %s MiB" % (
+        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), compatible, len(ops),
+        ", required %s usable" % required if required else "", (shm or 0) // 1048576)
+    metrics["ops_usable"] = compatible
+    metrics["ops_total"] = len(ops)
+    return combine(findings, ok, metrics)

@@ -1,0 +1,680 @@
+"""TCP bandwidth between hosts over every shared IPv4 network, measured with real iperf3; finds stragglers.
+
+Parses ``iperf3 -c ADDR -p PORT -J -t 2`` (iperf3 >= 3.1) on the sending host, e.g.::
+
+    {"start": {"connected": [{"local_host": "198.18.1.1", "remote_host": "198.18.1.2", ...}], ...},
+     "end": {"sum_sent": {"bits_per_second": 199733114.2, "retransmits": 0, ...},
+             "sum_received": {"seconds": 2.04, "bytes": 49414728, "bits_per_second": 193624470.1, ...}}}
+    {"start": {"connected": []}, "intervals": [], "end": {},
+     "error": "unable to connect to server: Connection refused"}
+
+and ``/proc/net/tcp{,6}`` (state 0A = LISTEN) to know when the server listens, without connecting to it::
+
+      sl  local_address rem_address   st tx_queue rx_queue ...
+       0: 00000000:1451 00000000:0000 0A 00000000:00000000 ...
+
+Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the whole check), ``client``
+(one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
+side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
+
+Thresholds: [iperf3] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import shlex
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..hostside import validate
+from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text, sh, spawn, stop
+from ..hostside.fmt import rate
+from ..hostside.robust import MAD_TO_SIGMA, MEDIAN_SE, p_text, p_value, rel_noise
+
+NAME = "iperf3"
+DESCRIPTION = "TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC"
+SCOPE = "cluster"
+DEFAULT = True
+
+CLUSTER = "*"
+# Interfaces NCCL must never use for inter-host traffic: NCCL's own default also avoids lo and docker*.
+# A veth is NOT excluded: in containers (and in network namespaces) the veth is the host's only NIC.
+EXCLUDED_KINDS = ("loopback", "docker", "bridge")
+EXCLUDED_PREFIXES = ("lo", "docker", "virbr", "br-", "cni", "flannel", "cilium", "kube-ipvs")
+LISTEN = "0A"
+SERVER_READY_S = 15.0     # iperf3 -s listens within milliseconds; the margin covers a loaded host
+AGENT_MARGIN_S = 20.0     # SSH channel + interpreter start + shipping the checks zip, per call
+
+
+# --- pure helpers (coordinator and host) ---------------------------------------------------------------
+
+def parse_client_json(text: str) -> Dict[str, Any]:
+    """``iperf3 -c ... -J`` stdout -> {"gbps", "sent_gbps", "retransmits", "seconds", "bytes", "error", ...}.
+
+    ``gbps`` is what the receiver got (end.sum_received): the sender's count includes bytes still in its
+    socket buffer when the test ends, which overstates a shaped or lossy link.
+    """
+    out: Dict[str, Any] = {"gbps": None, "sent_gbps": None, "retransmits": None, "seconds": None, "bytes": None,
+                           "error": None, "local": None, "remote": None, "version": None}
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        tail = (text or "").strip().splitlines()[-1:] or ["no output"]
+        out["error"] = "iperf3 printed no JSON: %s" % tail[0][:200]
+        return out
+    if not isinstance(data, dict):
+        out["error"] = "iperf3 printed unexpected JSON"
+        return out
+    start = data.get("start") or {}
+    out["version"] = start.get("version")
+    conn = (start.get("connected") or [{}])[0]
+    out["local"], out["remote"] = conn.get("local_host"), conn.get("remote_host")
+    if data.get("error"):
+        out["error"] = str(data["error"])
+        return out
+    end = data.get("end") or {}
+    recv, sent = end.get("sum_received") or {}, end.get("sum_sent") or {}
+    if recv.get("bits_per_second") is None:
+        out["error"] = "iperf3 JSON has no end.sum_received (the test did not finish)"
+        return out
+    out["gbps"] = round(float(recv["bits_per_second"]) / 1e9, 6)
+    out["seconds"] = recv.get("seconds")
+    out["bytes"] = recv.get("bytes")
+    if sent.get("bits_per_second") is not None:
+        out["sent_gbps"] = round(float(sent["bits_per_second"]) / 1e9, 6)
+    out["retransmits"] = sent.get("retransmits")  # absent on non-Linux senders
+    # Per-interval rates (-i): repeated measurements of the one link, for the straggler detector's noise estimate.
+    # The first interval holds TCP's slow start, and a last one shorter than the others is a remainder: both go.
+    rates = []
+    for iv in data.get("intervals") or []:
+        summ = iv.get("sum") if isinstance(iv, dict) else None
+        if isinstance(summ, dict) and isinstance(summ.get("bits_per_second"), (int, float)):
+            rates.append((float(summ.get("seconds") or 0.0), float(summ["bits_per_second"]) / 1e9))
+    if len(rates) > 2:
+        full = max(sec for sec, _ in rates)
+        out["samples_gbps"] = [round(g, 6) for sec, g in rates[1:] if sec >= 0.9 * full]
+    return out
+
+
+def listening_ports(texts: Sequence[str]) -> List[int]:
+    """Local ports in LISTEN state in /proc/net/tcp and /proc/net/tcp6 contents."""
+    ports = set()
+    for text in texts:
+        for line in (text or "").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == LISTEN and ":" in f[1]:
+                try:
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+                except ValueError:
+                    continue
+    return sorted(ports)
+
+
+def usable_interface(itf: Dict[str, Any]) -> bool:
+    """May NCCL use this interface between hosts? Not loopback, docker, bridges (or their ports), down links."""
+    name = itf.get("name") or ""
+    if itf.get("kind") in EXCLUDED_KINDS or itf.get("bridge_master"):
+        return False
+    if name == "lo" or any(name.startswith(p) for p in EXCLUDED_PREFIXES if p != "lo"):
+        return False
+    return (itf.get("operstate") or "").lower() not in ("down", "lowerlayerdown", "notpresent", "dormant")
+
+
+def host_subnets(iface_facts: Dict[str, Any]) -> List[Tuple[str, str, str, Optional[int]]]:
+    """(network, device, address, speed_mbps) for each usable IPv4 address of one host."""
+    out = []
+    for itf in (iface_facts or {}).get("interfaces") or []:
+        if not usable_interface(itf):
+            continue
+        for cidr in itf.get("ipv4") or []:
+            try:
+                iface = ipaddress.ip_interface(cidr)
+            except ValueError:
+                continue
+            if iface.ip.is_loopback or iface.ip.is_link_local or iface.network.prefixlen >= 32:
+                continue
+            out.append((str(iface.network), itf["name"], str(iface.ip), itf.get("speed_mbps")))
+    return out
+
+
+def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[str],
+                    limit: int) -> Tuple[List[Dict[str, Any]], Dict[str, List[str]]]:
+    """Candidate networks: every IPv4 subnet on a usable interface of every host.
+
+    Returns (networks as {"network", "devices": {host: dev}, "addresses": {host: ip}}, {host: [subnet (dev)]}).
+    At most ``limit`` networks, the fastest reported link speed first (a NIC without a speed, e.g. a veth,
+    counts as unknown, not slow), then by address for a stable order.
+    """
+    per_host = {h: host_subnets(facts_by_host.get(h) or {}) for h in hosts}
+    subnets = {h: ["%s (%s)" % (net, dev) for net, dev, _, _ in entries] for h, entries in per_host.items()}
+    if not hosts:
+        return [], subnets
+    common = set(net for net, _, _, _ in per_host[hosts[0]])
+    for h in hosts[1:]:
+        common &= set(net for net, _, _, _ in per_host[h])
+    networks: List[Dict[str, Any]] = []
+    for net in common:
+        devices: Dict[str, str] = {}
+        addresses: Dict[str, str] = {}
+        speeds: List[float] = []
+        for h in hosts:
+            # Two NICs of one host on the same subnet: the first (by name) is measured; routing picks one too.
+            net_dev, ip, speed = sorted((d, a, s) for n, d, a, s in per_host[h] if n == net)[0]
+            devices[h], addresses[h] = net_dev, ip
+            speeds.append(speed or 0)
+        networks.append({"network": net, "devices": devices, "addresses": addresses,
+                         "min_speed_mbps": min(speeds) or None})
+    networks.sort(key=lambda n: (-float(n["min_speed_mbps"] or 0), ipaddress.ip_network(str(n["network"]))))
+    return networks[:max(1, limit)], subnets
+
+
+def _median(values: Sequence[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+def ok_links(network: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [ln for ln in network.get("links") or [] if not ln.get("error") and ln.get("gbps") is not None]
+
+
+def reaches_all(network: Dict[str, Any], hosts: Sequence[str]) -> bool:
+    """Every host sent or received at least one successful test on this network."""
+    good = ok_links(network)
+    return all(any(h in (ln["src"], ln["dst"]) for ln in good) for h in hosts)
+
+
+def choose(networks: List[Dict[str, Any]], hosts: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """The network that reaches all hosts with the best measured median; one without failed tests first."""
+    def failed(n: Dict[str, Any]) -> int:
+        return sum(1 for ln in n.get("links") or [] if ln.get("error"))
+
+    candidates = [n for n in networks if n.get("median_gbps") is not None and reaches_all(n, hosts)]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda n: (failed(n) > 0, -n["median_gbps"], n["network"]))
+    return {"network": best["network"], "devices": [best["devices"][h] for h in hosts],
+            "addresses": dict(best["addresses"]), "median_gbps": best["median_gbps"], "hosts": list(hosts)}
+
+
+def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
+                    stats: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+    """Hosts whose links are consistently slow, with the slowness attributed to the host the slow links share.
+
+    A slow host drags down every link it is part of, so its partners look slow too. Each step compares every
+    host's median link rate with the median of the links that do not involve it (its ``ratio``), flags only the
+    worst host, then forgets the flagged host's links (they are explained) and repeats. A partner of the straggler
+    keeps its other, fast links and is not flagged.
+
+    A host is flagged when its ratio is below ``fraction`` (the hard floor), or, with ``stats`` (``z_threshold``,
+    ``min_deficit``, ``noise_floor``), when its deficit is statistically clear and large enough: robust z =
+    (ratio - median ratio) / sigma below -z_threshold and ratio below 1 - min_deficit. sigma is the largest of the
+    fleet's spread (1.4826 x MAD of the hosts' ratios), the measurement's own noise (each link's interval rates give
+    its spread; a host's median over n links is known to about 1.25 x spread / sqrt(n), and the reference as well)
+    and noise_floor. Returns {host: {"median_gbps", "links", "reference_gbps", "ratio", "z", "p", "sigma", "by"}},
+    "by" being "fraction" or "statistics".
+    """
+    good = [ln for ln in links if not ln.get("error") and ln.get("gbps") is not None]
+    flagged: Dict[str, Dict[str, Any]] = {}
+    while True:
+        active = [ln for ln in good if ln["src"] not in flagged and ln["dst"] not in flagged]
+        entries: Dict[str, Dict[str, Any]] = {}
+        for h in hosts:
+            if h in flagged:
+                continue
+            own = [ln for ln in active if h in (ln["src"], ln["dst"])]
+            rest = [ln for ln in active if h not in (ln["src"], ln["dst"])]
+            ref = _median([ln["gbps"] for ln in rest])
+            if not own or not ref:
+                continue  # nothing to compare with (2 hosts, or every other link failed)
+            med = _median([ln["gbps"] for ln in own]) or 0.0
+            noise = [n for n in (rel_noise(ln.get("samples_gbps") or []) for ln in own + rest) if n is not None]
+            meas = MEDIAN_SE * statistics.median(noise) * math.sqrt(1.0 / len(own) + 1.0 / len(rest)) if noise else 0.0
+            entries[h] = {"median_gbps": med, "links": len(own), "reference_gbps": ref, "ratio": med / ref,
+                          "noise": meas}
+        worst = None
+        ratios = [e["ratio"] for e in entries.values()]
+        if ratios:
+            center = statistics.median(ratios)
+            spread = MAD_TO_SIGMA * statistics.median([abs(r - center) for r in ratios])
+        for h, e in entries.items():
+            if stats:
+                sigma = max(spread, e["noise"], float(stats["noise_floor"]))
+                e.update(sigma=sigma, z=(e["ratio"] - center) / sigma)
+                e["p"] = p_value(e["z"])
+                clear = e["z"] < -float(stats["z_threshold"]) and e["ratio"] < 1.0 - float(stats["min_deficit"])
+            else:
+                clear = False
+            if e["ratio"] < fraction or clear:
+                e["by"] = "fraction" if e["ratio"] < fraction else "statistics"
+                if worst is None or e["ratio"] < worst[1]["ratio"]:
+                    worst = (h, e)
+        if worst is None:
+            return flagged
+        flagged[worst[0]] = worst[1]
+
+
+def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """{host: [failed links attributed to it]}: a failed test is blamed on its known culprit ("blame"), else on
+    the end that also fails elsewhere; when neither (or both equally) does, on both ends."""
+    failed = [ln for ln in links if ln.get("error")]
+    count: Dict[str, int] = {}
+    for ln in failed:
+        for h in (ln["src"], ln["dst"]):
+            count[h] = count.get(h, 0) + 1
+    blamed: Dict[str, List[Dict[str, Any]]] = {}
+    for ln in failed:
+        a, b = count[ln["src"]] - 1, count[ln["dst"]] - 1
+        ends = [ln["src"]] if a > b else [ln["dst"]] if b > a else [ln["src"], ln["dst"]]
+        if ln.get("blame") in (ln["src"], ln["dst"]):
+            ends = [ln["blame"]]  # the cause is known: no server there, or no iperf3 on the client
+        for h in ends:
+            blamed.setdefault(h, []).append(ln)
+    return blamed
+
+
+def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
+    """{host: why} for hosts that no iperf3 test could connect to, on the network whose addresses are given
+    ({host: address}): every inbound test to the host failed (two at least), the failures are blamed on it (its
+    peers succeed elsewhere), and its server was up (so it is the network, not a missing iperf3). Pure; used by
+    the all-reduce to leave such hosts out."""
+    found: Dict[str, str] = {}
+    for net in facts.get("networks") or []:
+        if not isinstance(net, dict) or not net.get("links"):
+            continue
+        net_addrs = net.get("addresses") or {}
+        hosts = [h for h in addresses if net_addrs.get(h) == addresses[h]]
+        if not hosts:
+            continue
+        links = [ln for ln in net["links"] if isinstance(ln, dict)]
+        blamed = blame_failures(links)
+        for h in hosts:
+            inbound = [ln for ln in links if ln.get("dst") == h]
+            bad = [ln for ln in blamed.get(h, []) if ln.get("dst") == h and ln.get("blame") is None
+                   and not ln.get("agent_failed")]
+            # Two failed tests at least: one lost connect under load must not take a host out of a run.
+            if len(bad) >= 2 and len(bad) == len(inbound) and h not in found:
+                found[h] = "iperf3: every test to %s on %s failed (%s)" % (
+                    h, net.get("network"), "; ".join("%s->%s: %s" % (ln["src"], h, str(ln.get("error"))[:120])
+                                                     for ln in bad[:2]))
+    return found
+
+
+# --- host side -------------------------------------------------------------------------------------------
+
+def _help_text() -> Optional[str]:
+    """iperf3's usage text (to use newer flags only where supported), or None when iperf3 is not installed."""
+    res = sh(["iperf3", "--help"], timeout=5)
+    return None if res.rc in (126, 127) else res.out + res.err
+
+
+def _free_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def _listening(port: int) -> bool:
+    return port in listening_ports([read_text("/proc/net/tcp", "") or "", read_text("/proc/net/tcp6", "") or ""])
+
+
+def _drain(stream: Any, tail: List[bytes]) -> None:
+    """Keep the last few KB of the server's stderr (an undrained pipe would block iperf3 after 64 KB)."""
+    try:
+        for chunk in iter(lambda: stream.read(4096), b""):
+            tail.append(chunk)
+            while sum(len(c) for c in tail) > 4096 and len(tail) > 1:
+                tail.pop(0)
+    except (OSError, ValueError):
+        pass
+
+
+def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Run ``iperf3 -s`` on every address of this host until the coordinator says stop (or the deadline).
+
+    params: {"port": 0 (any free port) or N, "bind": this host's address on the network under test}. Reports
+    {"port": p} through ctx.ready once it listens.
+    """
+    wanted = int(params.get("port") or 0)
+    help_text = _help_text()
+    if help_text is None:
+        raise RuntimeError("iperf3 is not installed on this host (iperf3: command not found)")
+    proc = None
+    tail: List[bytes] = []
+    started = time.monotonic()
+    try:
+        for _ in range(1 if wanted else 3):  # a free port can be taken between probing and binding: retry
+            port = wanted or _free_port()
+            argv = ["iperf3", "-s", "-p", str(port)]
+            if params.get("bind") and validate.ip_address(params["bind"]):
+                # Only the address of the network under test, not every address of the host (issue 16).
+                argv += ["-B", str(params["bind"])]
+            if "--idle-timeout" in help_text:
+                # Lets a server wedged by a vanished client accept the next test (iperf3 >= 3.8 only).
+                argv += ["--idle-timeout", str(int(params.get("idle_timeout_s", 30)))]
+            proc = spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            tail = []
+            threading.Thread(target=_drain, args=(proc.stderr, tail), daemon=True).start()
+            deadline = time.monotonic() + min(SERVER_READY_S, max(1.0, ctx.deadline - time.monotonic() - 1))
+            while time.monotonic() < deadline and proc.poll() is None and not _listening(port):
+                time.sleep(0.02)
+            if proc.poll() is None and _listening(port):
+                break
+            stop(proc, grace=0.5)
+            proc = None
+        if proc is None:
+            err = b"".join(tail).decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError("iperf3 -s did not start listening: %s" % err[0][:300])
+        ctx.ready({"port": port, "pid": proc.pid})
+        # Stop a little before the agent's own deadline so that the finally below, not SIGALRM, cleans up.
+        ctx.wait_stop(max(0.5, ctx.deadline - time.monotonic() - 2.0))
+        exited = proc.poll()
+        return {"port": port, "served_s": round(time.monotonic() - started, 3),
+                "exited": exited, "stderr": b"".join(tail).decode(errors="replace")[-1000:]}
+    finally:
+        if proc is not None:
+            stop(proc, grace=1.0)
+
+
+def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """One test from this host to params["addr"]:params["port"]; a failure is a result, never an exception.
+
+    params: {"addr", "port", "duration_s", "bind" (this host's address on the network), "connect_timeout_s",
+             "streams"}
+    """
+    duration = max(1, int(round(float(params.get("duration_s", 2)))))
+    connect_timeout = float(params.get("connect_timeout_s", 3.0))
+    for key in ("addr", "bind"):  # host-reported addresses: only a real IP address reaches iperf3's argv
+        if key in params and params[key] and not validate.ip_address(params[key]):
+            return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
+    argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
+    if params.get("interval_s"):
+        argv += ["-i", "%g" % float(params["interval_s"])]
+    if params.get("bind"):
+        argv += ["-B", str(params["bind"])]  # keep the test on the network under test whatever the routes say
+    if int(params.get("streams", 1)) > 1:
+        argv += ["-P", str(int(params["streams"]))]
+    help_text = _help_text()
+    if help_text is None:
+        return dict(parse_client_json(""), error="iperf3 is not installed on this host", missing=True)
+    if "--connect-timeout" in help_text:  # iperf3 >= 3.5; older ones fall back on the sh() deadline below
+        argv += ["--connect-timeout", str(int(connect_timeout * 1000))]
+    budget = ctx.remaining(duration + connect_timeout + 10.0)
+    res = sh(argv, timeout=budget)
+    out = parse_client_json(res.out)
+    if res.rc == 124:
+        out["error"] = "iperf3 -c %s:%s timed out after %.0fs" % (params["addr"], params["port"], budget)
+    elif out["error"] and "no JSON" in out["error"] and res.err.strip():
+        out["error"] = "iperf3 failed (rc %d): %s" % (res.rc, res.err.strip().splitlines()[-1][:300])
+    out["argv"] = argv
+    out["wall_s"] = round(res.duration, 3)
+    return out
+
+
+def interfaces(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """The interfaces check's facts, for runs where that check was not selected."""
+    from . import interfaces as itf
+    return itf.collect(HostContext(params={}, deadline=ctx.deadline))
+
+
+# --- coordinator side ------------------------------------------------------------------------------------
+
+def _err(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
+    from ..hostside.proc import parallel_map
+    return parallel_map(fn, list(items), max(1, len(items)), timeout)
+
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    from ..hostside.schedule import pair_rounds
+
+    t = limits(cluster.thresholds, NAME)
+    hosts = [h.name for h in cluster.hosts]
+    duration = float(t["duration_s"])
+    connect_timeout = float(t["connect_timeout_s"])
+    facts: Dict[str, Any] = {"hosts": hosts, "networks": [], "chosen": None, "errors": {}, "subnets": {},
+                             "unreachable": [h.name for h in getattr(cluster, "all_hosts", cluster.hosts)
+                                             if h.name not in hosts],
+                             "duration_s": duration, "rounds": 0}
+    if len(hosts) < 2:
+        facts["skipped"] = ("needs at least 2 reachable hosts to measure between them (reachable: %s)"
+                            % (", ".join(hosts) or "none"))
+        return facts
+
+    iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
+    missing = [h for h in hosts if not iface[h]]
+    if missing:  # the interfaces check did not run (or failed): list them ourselves
+        got = cluster.call_all(NAME + ".interfaces", {h: {} for h in missing}, timeout=30)
+        for h, value in got.items():
+            if isinstance(value, BaseException):
+                facts["errors"][h] = "could not list the interfaces: %s" % _err(value)
+            else:
+                iface[h] = value
+    usable = [h for h in hosts if iface.get(h)]
+    networks, facts["subnets"] = shared_networks({h: v for h, v in iface.items() if v}, usable,
+                                                   int(t["max_networks"]))
+    if len(usable) < 2 or not networks:
+        return facts
+
+    rounds = pair_rounds(len(usable), int(t["extra_rounds"]), 0)
+    facts["rounds"] = len(rounds)
+    per_call = duration + connect_timeout + AGENT_MARGIN_S
+    serve_budget = len(rounds) * (per_call + 5) + SERVER_READY_S + 60
+    progress = getattr(cluster, "progress", None)
+    if progress is not None:
+        # +1: the runner advances once more when the check ends.
+        progress.phase("iperf3 (%d network%s x %d round%s)" % (len(networks), "s"[:len(networks) != 1],
+                                                              len(rounds), "s"[:len(rounds) != 1]),
+                       len(networks) * len(rounds) + 1)
+    for net in networks:
+        # The servers of one network listen on that network's addresses only, and only while it is measured.
+        services: Dict[str, Any] = {}
+        ports: Dict[str, int] = {}
+        try:
+            def start(h: str, services: Dict[str, Any] = services, net: Dict[str, Any] = net) -> int:
+                services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
+                                                                 "bind": net["addresses"][h]}, serve_budget)
+                return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
+
+            for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
+                if isinstance(res, BaseException):
+                    facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
+                else:
+                    ports[h] = res
+            links: List[Dict[str, Any]] = []
+            for rnd in rounds:
+                params: Dict[str, Dict[str, Any]] = {}
+                for a, b in rnd:
+                    src, dst = usable[a], usable[b]
+                    if dst not in ports:
+                        links.append({"src": src, "dst": dst, "gbps": None, "retransmits": None, "blame": dst,
+                                      "error": "no iperf3 server on %s (%s)" % (dst, facts["errors"].get(dst))})
+                        continue
+                    params[src] = {"addr": net["addresses"][dst], "port": ports[dst], "dst": dst,
+                                   "bind": net["addresses"][src], "duration_s": duration,
+                                   "connect_timeout_s": connect_timeout, "streams": int(t["streams"]),
+                                   "interval_s": float(t["interval_s"])}
+                got = cluster.call_all(NAME + ".client", params, per_call) if params else {}
+                for src, value in got.items():
+                    link = {"src": src, "dst": params[src]["dst"], "gbps": None, "retransmits": None,
+                            "error": None}
+                    if isinstance(value, BaseException):
+                        link["error"] = "the client on %s did not report: %s" % (src, _err(value))
+                        link["agent_failed"] = True  # preflight's machinery, not evidence about the network
+                    else:
+                        link.update(gbps=value.get("gbps"), retransmits=value.get("retransmits"),
+                                    error=value.get("error"), sent_gbps=value.get("sent_gbps"))
+                        if value.get("samples_gbps"):
+                            link["samples_gbps"] = value["samples_gbps"]
+                        if value.get("missing"):
+                            link["blame"] = src
+                    links.append(link)
+                if progress is not None:
+                    progress.advance(net["network"], "round of %d pair%s" % (len(rnd), "s"[:len(rnd) != 1]))
+            net["links"] = links
+            net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
+            facts["networks"].append(net)
+        finally:
+            def halt(h: str, services: Dict[str, Any] = services) -> Any:
+                try:
+                    return services[h].stop(15)
+                except BaseException:
+                    services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
+                    raise
+            done = _parallel(halt, list(services), 30)
+            for h, res in zip(list(services), done):
+                if isinstance(res, BaseException) and h in ports:
+                    facts.setdefault("stop_errors", {})[h] = _err(res)
+    facts["chosen"] = choose(facts["networks"], usable)
+    return facts
+
+
+# --- evaluation ------------------------------------------------------------------------------------------
+
+def _confidence(s: Dict[str, Any]) -> str:
+    if "z" not in s:
+        return "n/a"
+    return "z %.1f, %s" % (s["z"], p_text(s["z"]))
+
+
+def _fix_slow(host: str, dev: Optional[str]) -> str:
+    d = shlex.quote(str(dev)) if validate.ifname(dev) else "<nic>"
+    return ("on %s: ethtool %s (negotiated speed/duplex), ip -s link show %s (errors/drops), tc qdisc show dev %s "
+            "(a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or leave "
+            "the host out of the hostfile" % (host, d, d, d))
+
+
+def _network_line(net: Dict[str, Any]) -> str:
+    devs = sorted(set(net["devices"].values()))
+    good = ok_links(net)
+    failed = len(net.get("links") or []) - len(good)
+    return "%s (%s): median %s over %d links%s" % (
+        net["network"], ",".join(devs), rate(net.get("median_gbps")), len(good),
+        (", %d failed" % failed) if failed else "")
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    t = limits(thresholds, NAME)
+    warn_frac, fail_frac = float(t["straggler_warn_fraction"]), float(t["straggler_fail_fraction"])
+    min_gbps = float(t["min_gbps"])
+    hosts: List[str] = list(facts.get("hosts") or [])
+    errors: Dict[str, str] = facts.get("errors") or {}
+    out: Dict[str, Outcome] = {}
+    for h in facts.get("unreachable") or []:
+        out[h] = Outcome(Status.ERROR, "not run: the host is unreachable (see its ssh result)")
+    if facts.get("skipped"):
+        out[CLUSTER] = skip(facts["skipped"])
+        return out
+    for h, msg in errors.items():
+        installed = "not installed" not in msg and "command not found" not in msg
+        out[h] = Outcome(Status.ERROR, msg, "rerun with -v for the host-side error" if installed
+                         else "install iperf3 on %s (apt-get install iperf3 / dnf install iperf3)" % h)
+    networks: List[Dict[str, Any]] = facts.get("networks") or []
+    if not networks:
+        listing = "; ".join("%s: %s" % (h, ", ".join(s) or "none") for h, s in (facts.get("subnets") or {}).items())
+        out[CLUSTER] = Outcome(Status.FAIL, "no IPv4 network is shared by all hosts (usable subnets per host: %s)"
+                               % (listing or "unknown"),
+                               "put every host on one common subnet on a non-virtual NIC (NCCL needs direct "
+                               "TCP between all hosts); see each host's interfaces result")
+        return out
+    measured = [h for h in hosts if h not in errors or any(h in n["devices"] for n in networks)]
+    chosen = facts.get("chosen")
+    net = next((n for n in networks if chosen and n["network"] == chosen["network"]), None)
+    # Without a network that reaches everyone, judge hosts on the one with the most successful tests.
+    judged = net or max(networks, key=lambda n: (len(ok_links(n)), n.get("median_gbps") or 0))
+    links = judged.get("links") or []
+    good = ok_links(judged)
+    cluster_median = judged.get("median_gbps")
+    stragglers = find_stragglers(links, measured, warn_frac, t)
+    blamed = blame_failures(links)
+    where = "%s" % judged["network"]
+    by_network = {n["network"]: n.get("median_gbps") for n in networks}
+
+    for h in measured:
+        if h in out:
+            continue
+        dev = judged["devices"].get(h)
+        mine = [ln for ln in links if h in (ln["src"], ln["dst"])]
+        mine_ok = [ln["gbps"] for ln in mine if not ln.get("error") and ln.get("gbps") is not None]
+        med = _median(mine_ok)
+        findings: List[Finding] = []
+        if h in stragglers:
+            s = stragglers[h]
+            status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
+            why = ("below %.0f%%" % (warn_frac * 100) if s["by"] == "fraction" else
+                   "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(t["min_deficit"]), s["z"],
+                                                                      float(t["z_threshold"])))
+            findings.append(Finding(status, "%s: median %s over %d links vs cluster median %s (%.0f%%) on %s via %s "
+                                    "(straggler: %s; confidence: %s)"
+                                    % (h, rate(s["median_gbps"]), s["links"], rate(s["reference_gbps"]),
+                                       s["ratio"] * 100, where, dev, why, _confidence(s)), _fix_slow(h, dev)))
+        if min_gbps > 0 and med is not None and med < min_gbps:
+            findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
+                                    % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
+        if h in blamed:
+            bad = blamed[h]
+            shown = "; ".join("%s->%s: %s" % (ln["src"], ln["dst"], ln["error"]) for ln in bad[:3])
+            what = ("every iperf3 test to and from %s failed" % h if not mine_ok
+                    else "%d of %d iperf3 tests with %s failed" % (len(bad), len(mine), h))
+            findings.append(Finding(Status.FAIL, "%s on %s (%s)" % (what, where, shown),
+                                    "check the firewall on %s: NCCL and torch.distributed need TCP on arbitrary "
+                                    "ports between all hosts (nft list ruleset / iptables -S); is iperf3 "
+                                    "installed and the address %s up?" % (h, judged["addresses"].get(h))))
+        peers = ", ".join("%s %s %s" % ("->" if ln["src"] == h else "<-", ln["dst"] if ln["src"] == h else ln["src"],
+                                       rate(ln["gbps"]))
+                          for ln in mine if not ln.get("error"))
+        ok_msg = "median %s over %d links on %s via %s (%s); cluster median %s" % (
+            rate(med), len(mine_ok), where, dev, peers or "none", rate(cluster_median))
+        metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
+                   "median_gbps": med, "cluster_median_gbps": cluster_median,
+                   "links": [{k: ln.get(k) for k in ("src", "dst", "gbps", "retransmits", "error")} for ln in mine],
+                   "by_network": {n["network"]: _median([ln["gbps"] for ln in ok_links(n)
+                                                         if h in (ln["src"], ln["dst"])]) for n in networks}}
+        if h in stragglers:
+            metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3),
+                           z=round(stragglers[h].get("z", 0.0), 2), detected_by=stragglers[h]["by"])
+        out[h] = combine(findings, ok_msg, metrics)
+
+    summary = "; ".join(_network_line(n) for n in networks)
+    metrics = {"networks": [{"network": n["network"], "devices": n["devices"], "median_gbps": n.get("median_gbps"),
+                             "links": len(n.get("links") or []), "ok": len(ok_links(n))} for n in networks],
+               "chosen": chosen, "stragglers": {h: round(s["ratio"], 3) for h, s in stragglers.items()},
+               "by_network": by_network, "rounds": facts.get("rounds"), "duration_s": facts.get("duration_s")}
+    if not chosen:
+        out[CLUSTER] = Outcome(Status.FAIL, "no network reaches all hosts with iperf3 (%s)" % summary,
+                               "see the hosts' iperf3 results: a firewall or a down interface blocks the tests",
+                               metrics)
+        return out
+    devs = sorted(set(chosen["devices"]))
+    message = "chosen %s via %s: median %s between hosts (%d of %d tests ok); measured %s" % (
+        chosen["network"], ",".join(devs), rate(chosen["median_gbps"]), len(good), len(links), summary)
+    if stragglers:
+        message += "; stragglers: %s" % ", ".join("%s (%.0f%%)" % (h, s["ratio"] * 100) for h, s in stragglers.items())
+    elif len(measured) == 2:
+        message += " (2 hosts: a slow link cannot be attributed to either of them)"
+    status, problems, fixes = Status.PASS, [], []
+    if min_gbps > 0 and chosen["median_gbps"] < min_gbps:
+        status = Status.FAIL
+        problems.append("the best network's median %s is below the minimum %s" % (rate(chosen["median_gbps"]),
+                                                                                 rate(min_gbps)))
+        fixes.append("check the NICs and switch ports (ethtool); a faster network may lack IPv4 addresses on "
+                     "some hosts")
+    if len(good) < len(links):
+        status = Status.FAIL if status == Status.FAIL else Status.WARN
+        problems.append("%d of %d tests on the chosen network failed (see the hosts' results)"
+                        % (len(links) - len(good), len(links)))
+        fixes.append("see the failing hosts' iperf3 results")
+    return dict(out, **{CLUSTER: Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)})

@@ -1,0 +1,245 @@
+"""Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it.
+
+Runs ``ssh -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=N HOST hostname`` on the first
+host and classifies ssh's rc and stderr, e.g.::
+
+    root@node03: Permission denied (publickey,password).                 -> key refused
+    Host key verification failed.                                        -> unknown or changed host key
+    ssh: Could not resolve hostname node09: Name or service not known    -> name does not resolve
+    ssh: connect to host node04 port 22: Connection timed out            -> network / firewall
+
+Thresholds: [launcher_ssh] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import re
+import shutil
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..hostside.seams import HostContext
+from ..hostside.outcome import Outcome, Status, error, limits, skip
+from ..hostside.proc import sh
+
+NAME = "launcher_ssh"
+DESCRIPTION = "passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)"
+SCOPE = "cluster"
+DEFAULT = True
+# Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
+QUIET = True
+
+STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report
+
+
+
+def ssh_argv(host: str, connect_timeout: int) -> List[str]:
+    # The check DeepSpeed's runner itself makes (ssh -o PasswordAuthentication=no HOST hostname), plus BatchMode
+    # so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use them.
+    # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
+    return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
+            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", "--", host, "hostname"]
+
+
+# --- pure classification ---------------------------------------------------------------------
+
+_RULES: List[Tuple[str, "re.Pattern[str]"]] = [
+    ("no_client", re.compile(r"^ssh: command not found", re.M)),
+    ("host_key_changed", re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key for \S+ has changed")),
+    ("host_key_unknown", re.compile(r"Host key verification failed|No \S+ host key is known for")),
+    ("perms", re.compile(r"Bad owner or permissions on|UNPROTECTED PRIVATE KEY FILE")),
+    ("auth", re.compile(r"Permission denied|Too many authentication failures|"
+                        r"No more authentication methods to try")),
+    ("unresolved", re.compile(r"Could not resolve hostname|Name or service not known|"
+                              r"Temporary failure in name resolution|nodename nor servname")),
+    ("refused", re.compile(r"Connection refused")),
+    ("unreachable", re.compile(r"No route to host|Network is unreachable")),
+    ("timeout", re.compile(r"Connection timed out|Operation timed out|timed out after")),
+    ("closed", re.compile(r"Connection closed by|Connection reset by|kex_exchange_identification|"
+                          r"banner exchange")),
+]
+
+
+def classify(rc: int, stderr: str) -> str:
+    """ssh's failure kind from its rc and stderr; 'ok' for rc 0, 'other' when nothing matches."""
+    if rc == 0:
+        return "ok"
+    if rc == 127:
+        return "no_client"
+    for kind, pattern in _RULES:
+        if pattern.search(stderr or ""):
+            return kind
+    if rc == 124:
+        return "timeout"
+    return "other"
+
+
+def _auth_methods(stderr: str) -> str:
+    m = re.search(r"Permission denied \(([^)]*)\)", stderr or "")
+    return m.group(1) if m else ""
+
+
+def q(host: str) -> str:
+    # A host name inside a printed command is one shell word (the hostfile parser refuses '-'-leading names).
+    return shlex.quote(host)
+
+
+def explain(kind: str, host: str, master: str, stderr: str) -> Tuple[str, str]:
+    """(why, fix) for a failure kind, naming the target host and the first host."""
+    last = next((ln.strip() for ln in reversed((stderr or "").splitlines()) if ln.strip()), "").rstrip(".")
+    if kind == "auth":
+        methods = _auth_methods(stderr)
+        asks = " (it would ask for a password)" if "password" in methods or "keyboard" in methods else ""
+        return ("the key was refused: %s%s" % (last or "Permission denied", asks),
+                "on %s: ssh-copy-id %s (or append %s's ~/.ssh/id_*.pub to %s:~/.ssh/authorized_keys, mode 600, "
+                "~/.ssh mode 700)" % (master, q(host), master, host))
+    if kind == "host_key_unknown":
+        return ("%s's host key is not in %s's known_hosts (Host key verification failed)" % (host, master),
+                "on %s: ssh-keyscan -H %s >> ~/.ssh/known_hosts (compare the fingerprint with the host's)"
+                % (master, q(host)))
+    if kind == "host_key_changed":
+        return ("%s's host key CHANGED since %s recorded it" % (host, master),
+                "if %s was reinstalled, on %s: ssh-keygen -R %s && ssh-keyscan -H %s >> ~/.ssh/known_hosts"
+                % (host, master, q(host), q(host)))
+    if kind == "unresolved":
+        return ("the name %s does not resolve on %s (%s)" % (host, master, last),
+                "make the hostfile name resolvable on %s: /etc/hosts or DNS (DeepSpeed uses the hostfile names)"
+                % master)
+    if kind == "refused":
+        return ("connection to port 22 refused: no sshd listening (%s)" % last,
+                "start sshd on %s (systemctl start ssh), or set its Port for %s in %s:~/.ssh/config"
+                % (host, host, master))
+    if kind in ("timeout", "unreachable"):
+        return ("%s cannot reach %s's SSH port (%s)" % (master, host, last or "timed out"),
+                "allow TCP 22 from %s to %s (firewall, routing); check that the hostfile name maps to the "
+                "cluster network" % (master, host))
+    if kind == "closed":
+        return ("sshd on %s closed the connection (%s)" % (host, last),
+                "check sshd on %s: MaxStartups, AllowUsers/DenyUsers, TCP wrappers (journalctl -u ssh)" % host)
+    if kind == "perms":
+        return ("ssh on %s refuses its own files: %s" % (master, last),
+                "on %s: chmod 700 ~/.ssh; chmod 600 ~/.ssh/id_* ~/.ssh/config ~/.ssh/authorized_keys" % master)
+    if kind == "no_client":
+        return ("no ssh client on %s" % master, "install it on %s: apt-get install openssh-client pdsh" % master)
+    return ("ssh failed: %s" % (last or "no error output"), "run on %s: ssh -v %s hostname" % (master, host))
+
+
+# --- host side -------------------------------------------------------------------------------
+
+def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """ssh to every host of ``hosts`` with at most ``parallel`` at once; all done before ctx.deadline."""
+    hosts = [str(h) for h in params.get("hosts", [])]
+    connect = int(params.get("connect_timeout", 10))
+    per_host = float(params.get("command_timeout", 20.0))
+    end = min(ctx.deadline - 2.0, time.monotonic() + float(params.get("budget_s", 300.0)))
+    version = sh(["ssh", "-V"], timeout=5)  # OpenSSH prints its version on stderr
+    out: Dict[str, Any] = {"client": (version.err or version.out).strip()[:120] if version.rc != 127 else None,
+                           "pdsh": shutil.which("pdsh"), "user": os.environ.get("USER") or str(os.getuid()),
+                           "results": {}}
+    if version.rc == 127:
+        out["client_error"] = version.err.strip()
+        return out
+    results: Dict[str, Dict[str, Any]] = {}
+    lock = threading.Lock()
+    queue = list(hosts)
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                if not queue:
+                    return
+                host = queue.pop(0)
+            left = end - time.monotonic()
+            if left < 1.0:
+                continue  # out of time: reported as not probed
+            res = sh(ssh_argv(host, connect), timeout=min(per_host, left))
+            lines = [ln.strip() for ln in res.out.splitlines() if ln.strip()]
+            results[host] = {"rc": res.rc, "hostname": lines[-1] if lines else "",
+                             "stderr": res.err.strip()[-STDERR_KEEP:], "duration_s": round(res.duration, 3)}
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(int(params.get("parallel", 64)), len(hosts))))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, end + 1.0 - time.monotonic()))
+    finally:
+        stop.set()  # on Abort (deadline, Ctrl-C) no new ssh starts; the agent kills the running ones
+    out["results"] = dict(results)
+    return out
+
+
+# --- coordinator -----------------------------------------------------------------------------
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    lim = limits(cluster.thresholds, NAME)
+    names = [h.name for h in cluster.all_hosts]
+    master = cluster.master.name
+    facts: Dict[str, Any] = {"master": master, "targets": names, "results": {}, "error": None, "limits": lim}
+    if len(names) == 1:
+        facts["single_host"] = True
+        return facts
+    if cluster.options.get("transport") == "srun":
+        facts["launcher"] = "srun"  # inside a Slurm allocation the job is launched by srun, not pdsh over SSH
+        return facts
+    if master not in {h.name for h in cluster.hosts}:
+        facts["error"] = "the first host %s is unreachable, so SSH from it could not be tested" % master
+        return facts
+    rounds = math.ceil(len(names) / max(1, int(lim["parallel"])))
+    timeout = min(float(lim["max_total_s"]), rounds * (float(lim["command_timeout_s"]) + 1) + 10)
+    try:
+        value = cluster.call(master, NAME + ".probe",
+                             {"hosts": names, "connect_timeout": int(lim["connect_timeout_s"]),
+                              "command_timeout": float(lim["command_timeout_s"]),
+                              "parallel": int(lim["parallel"]), "budget_s": timeout - 5}, timeout)
+        facts.update(value)
+    except Exception as exc:  # the agent failed: every target is unchecked, not failed
+        facts["error"] = "the probe on %s failed: %s" % (master, exc)
+    return facts
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    master = facts.get("master", "?")
+    targets: List[str] = facts.get("targets", [])
+    if facts.get("single_host"):
+        return {h: skip("single host: DeepSpeed launches locally, without SSH") for h in targets}
+    if facts.get("launcher") == "srun":
+        return {h: skip("the job runs inside a Slurm allocation and is launched by srun (deepspeed --launcher "
+                        "slurm), not by pdsh over SSH: passwordless SSH between nodes is not needed") for h in targets}
+    if facts.get("error"):
+        return {h: error("not checked: %s" % facts["error"], "rerun with -v; check %s" % master) for h in targets}
+    if facts.get("client") is None:
+        why, fix = explain("no_client", master, master, facts.get("client_error", ""))
+        failed: Dict[str, Outcome] = {h: error("not checked: %s" % why, fix) for h in targets}
+        failed[master] = Outcome(Status.FAIL, "%s: DeepSpeed's pdsh launcher cannot reach any host" % why, fix)
+        return failed
+    out: Dict[str, Outcome] = {}
+    results = facts.get("results", {})
+    for h in targets:
+        r: Optional[Dict[str, Any]] = results.get(h)
+        if r is None:
+            out[h] = error("not checked: ssh from %s to %s did not run within the time budget" % (master, h),
+                           "raise [launcher_ssh] max_total_s or parallel")
+            continue
+        metrics = {"from": master, "hostname": r.get("hostname", ""), "rc": r.get("rc"),
+                   "duration_s": r.get("duration_s"), "client": facts.get("client"), "pdsh": facts.get("pdsh")}
+        kind = classify(int(r.get("rc", 255)), r.get("stderr", ""))
+        metrics["kind"] = kind
+        if kind == "ok" and r.get("hostname"):
+            out[h] = Outcome(Status.PASS, "passwordless SSH %s -> %s ok (hostname %s, %.2fs)"
+                             % (master, h, r["hostname"], r.get("duration_s") or 0.0), metrics=metrics)
+        elif kind == "ok":
+            out[h] = Outcome(Status.FAIL, "ssh %s hostname from %s succeeded but printed nothing" % (h, master),
+                             "check %s's login shell and sshd ForceCommand for the user" % h, metrics)
+        else:
+            why, fix = explain(kind, h, master, r.get("stderr", ""))
+            out[h] = Outcome(Status.FAIL, "passwordless SSH from %s to %s fails: %s; DeepSpeed's pdsh launcher "
+                             "cannot start ranks there" % (master, h, why), fix, metrics)
+    return out

@@ -1,0 +1,472 @@
+"""Whether DeepSpeed's async_io op can build here: libaio runtime vs dev files, loadability, test link.
+
+Parses ``ldconfig -p`` lines and /etc/os-release, e.g.::
+
+        libaio.so.1t64 (libc6,x86-64) => /lib/x86_64-linux-gnu/libaio.so.1t64
+        libaio.so (libc6,x86-64) => /lib/x86_64-linux-gnu/libaio.so
+    ID=ubuntu
+    ID_LIKE=debian
+
+and the compiler's stderr (``/usr/bin/ld: cannot find -laio: No such file or directory``).
+
+Thresholds: [libaio] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import sysconfig
+import tempfile
+from typing import Any, Dict, List, Optional, Set
+
+from ..hostside.outcome import Finding, Outcome, Status, combine, limits
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text, sh
+
+NAME = "libaio"
+DESCRIPTION = "libaio runtime, dev files and a test link with -laio, as DeepSpeed's async_io op builder needs"
+SCOPE = "host"
+DEFAULT = True
+
+# Where distributions install libaio (multiarch dirs are globbed below).
+KNOWN_LIB_DIRS = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64"]
+KNOWN_INCLUDE_DIRS = ["/usr/include", "/usr/local/include"]
+
+# DeepSpeed's OpBuilder.has_function('io_submit', ('aio',)) compiles exactly this and links it with -laio.
+LINK_PROBE_C = "void io_submit(void); int main(int argc, char** argv) { io_submit(); return 0; }\n"
+# The op's sources include <libaio.h>; has_function does not check it, the real build does.
+HEADER_PROBE_C = ("#include <libaio.h>\n"
+                  "int preflight_probe(io_context_t ctx, struct iocb **cbs) { return io_submit(ctx, 1, cbs); }\n")
+REPRODUCE = ("echo 'void io_submit(void); int main(void){io_submit();return 0;}' | ${CC:-cc} $CFLAGS -x c - $LDFLAGS"
+             " -laio -o /dev/null && echo '#include <libaio.h>' | ${CC:-cc} $CFLAGS -x c -fsyntax-only -")
+
+_RUNTIME_RE = re.compile(r"^libaio\.so\.\d")
+
+# Loads libraries in a child interpreter: a corrupt file cannot crash the agent, and the call is bounded.
+_LOADER = r"""
+import ctypes, ctypes.util, json, sys
+out = {"find_library": None, "soname_error": None, "loads": {}}
+try:
+    out["find_library"] = ctypes.util.find_library("aio")
+except Exception as exc:
+    out["find_library_error"] = str(exc)
+if out["find_library"]:
+    try:
+        ctypes.CDLL(out["find_library"])
+    except OSError as exc:
+        out["soname_error"] = str(exc)
+for p in sys.argv[1:]:
+    try:
+        ctypes.CDLL(p)
+        out["loads"][p] = None
+    except OSError as exc:
+        out["loads"][p] = str(exc)
+print(json.dumps(out))
+"""
+
+
+# --- pure parsers ----------------------------------------------------------------------------
+
+def parse_ldconfig(text: str, prefix: str = "libaio.so") -> List[Dict[str, str]]:
+    """Entries of ``ldconfig -p`` whose name starts with prefix: [{"name", "arch", "path"}]."""
+    entries = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S.*?)\s*$", line)
+        if m and m.group(1).startswith(prefix):
+            entries.append({"name": m.group(1), "arch": m.group(2), "path": m.group(3)})
+    return entries
+
+
+def parse_os_release(text: str) -> Dict[str, str]:
+    """KEY=VALUE lines of os-release(5), quotes removed."""
+    out: Dict[str, str] = {}
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def parse_mountpoints(mountinfo: str) -> List[str]:
+    """Mount points of /proc/self/mountinfo (field 5), octal escapes decoded."""
+    points = []
+    for line in (mountinfo or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 5:
+            points.append(_unescape(fields[4]))
+    return points
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def first_error_line(stderr: str) -> str:
+    """The compiler/linker line that says what went wrong (first 'error'/'cannot find' line, else the last line)."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    for ln in lines:
+        low = ln.lower()
+        if ("error" in low and "collect2" not in low) or "cannot find" in low or "undefined reference" in low \
+                or "no such file" in low or "file format not recognized" in low or "file too short" in low:
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def flag_dirs(flags: str, option: str) -> List[str]:
+    """Directories named by -L/-I options in a CFLAGS/LDFLAGS string ("-L/opt/x/lib" or "-L /opt/x/lib")."""
+    try:
+        words = shlex.split(flags or "")
+    except ValueError:
+        words = (flags or "").split()
+    dirs = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == option and i + 1 < len(words):
+            dirs.append(words[i + 1])
+            i += 1
+        elif w.startswith(option) and len(w) > len(option):
+            dirs.append(w[len(option):])
+        i += 1
+    return dirs
+
+
+def package_hint(os_release: Dict[str, str], runtime_names: Optional[List[str]] = None) -> Dict[str, str]:
+    """Install commands for the host's distribution (from os-release ID / ID_LIKE)."""
+    ids = [os_release.get("ID", "").lower()] + os_release.get("ID_LIKE", "").lower().split()
+    version = os_release.get("VERSION_ID", "")
+    major = version.split(".")[0]
+    t64 = any("1t64" in n for n in (runtime_names or []))
+    if any(i in ("debian", "ubuntu") for i in ids):
+        rt = "libaio1t64" if t64 else "libaio1"
+        return {"manager": "apt", "dev": "libaio-dev", "runtime": rt,
+                "install_dev": "apt-get update && apt-get install -y libaio-dev",
+                "reinstall_runtime": "apt-get install --reinstall -y %s" % rt,
+                "install_compiler": "apt-get install -y gcc"}
+    if any(i in ("rhel", "centos", "fedora", "rocky", "almalinux", "ol", "amzn") for i in ids):
+        tool = "yum" if (ids[0] == "amzn" and major == "2") or (ids[0] in ("rhel", "centos", "ol")
+                                                                 and major.isdigit() and int(major) < 8) else "dnf"
+        return {"manager": tool, "dev": "libaio-devel", "runtime": "libaio",
+                "install_dev": "%s install -y libaio-devel" % tool,
+                "reinstall_runtime": "%s reinstall -y libaio" % tool,
+                "install_compiler": "%s install -y gcc" % tool}
+    if any(i in ("arch", "manjaro", "endeavouros") for i in ids):
+        return {"manager": "pacman", "dev": "libaio", "runtime": "libaio",
+                "install_dev": "pacman -S --noconfirm libaio",
+                "reinstall_runtime": "pacman -S --noconfirm libaio",
+                "install_compiler": "pacman -S --noconfirm gcc"}
+    if any(i.startswith("opensuse") or i in ("suse", "sles", "sled") for i in ids):
+        return {"manager": "zypper", "dev": "libaio-devel", "runtime": "libaio1",
+                "install_dev": "zypper install -y libaio-devel",
+                "reinstall_runtime": "zypper install -f -y libaio1",
+                "install_compiler": "zypper install -y gcc"}
+    return {"manager": "", "dev": "libaio-dev / libaio-devel", "runtime": "libaio",
+            "install_dev": "install the libaio development package (apt: libaio-dev; dnf/yum/zypper: libaio-devel;"
+                           " pacman: libaio)",
+            "reinstall_runtime": "reinstall the libaio runtime package",
+            "install_compiler": "install a C compiler (gcc)"}
+
+
+# --- host side -------------------------------------------------------------------------------
+
+def _multiarch_dirs() -> List[str]:
+    dirs = []
+    for base in ("/lib", "/usr/lib", "/usr/local/lib"):
+        dirs.extend(sorted(glob.glob(os.path.join(base, "*-linux-gnu*"))))
+    return dirs
+
+
+def _unique_dirs(dirs: List[str]) -> List[str]:
+    seen, out = set(), []
+    for d in dirs:
+        if not d or not os.path.isdir(d):
+            continue
+        real = os.path.realpath(d)
+        if real in seen:
+            continue
+        seen.add(real)
+        out.append(d)
+    return out
+
+
+def _find_compiler() -> Dict[str, Any]:
+    """The C compiler DeepSpeed's op builder would use: $CC, Python's sysconfig CC, then cc/gcc/clang."""
+    candidates: List[List[str]] = []
+    for _source, value in (("CC", os.environ.get("CC")), ("sysconfig", sysconfig.get_config_var("CC"))):
+        if value:
+            try:
+                candidates.append(shlex.split(value))
+            except ValueError:
+                pass
+    candidates += [["cc"], ["gcc"], ["clang"]]
+    tried = []
+    for argv in candidates:
+        if not argv:
+            continue
+        tried.append(argv[0])
+        path = shutil.which(argv[0])
+        if path:
+            return {"argv": argv, "path": path, "tried": tried}
+    return {"argv": None, "path": None, "tried": tried}
+
+
+def _probe(argv: List[str], tmp: str, timeout: float) -> Dict[str, Any]:
+    res = sh(argv, timeout=timeout, env={"TMPDIR": tmp}, cwd=tmp)
+    return {"argv": argv, "rc": res.rc, "ok": res.ok, "stderr": (res.err or res.out)[-2000:],
+            "timed_out": res.rc == 124}
+
+
+def collect(ctx: HostContext) -> Dict[str, Any]:
+    params = ctx.params or {}
+    extra_dirs = [str(d) for d in (params.get("libaio_search_dirs") or [])]
+    cflags = os.environ.get("CFLAGS", "")
+    ldflags = os.environ.get("LDFLAGS", "")
+    facts: Dict[str, Any] = {"os_release": {}, "ldconfig": None, "find_library": None, "soname_error": None,
+                             "runtime": [], "dev_links": [], "headers": [], "search_dirs": [],
+                             "include_dirs": [], "compiler": None, "cflags": cflags, "ldflags": ldflags,
+                             "link_probe": None, "header_probe": None, "errors": []}
+
+    osr = read_text("/etc/os-release") or read_text("/usr/lib/os-release") or ""
+    facts["os_release"] = {k: v for k, v in parse_os_release(osr).items()
+                           if k in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME")}
+
+    for ldconfig in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        res = sh([ldconfig, "-p"], timeout=ctx.remaining(10))
+        if res.rc != 127:
+            if res.ok:
+                facts["ldconfig"] = parse_ldconfig(res.out)
+            else:
+                facts["errors"].append("ldconfig -p: rc %d %s" % (res.rc, res.err.strip()[:200]))
+            break
+
+    ld_dirs = [os.path.dirname(e["path"]) for e in (facts["ldconfig"] or [])]
+    env_dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    lib_dirs = _unique_dirs(extra_dirs + flag_dirs(ldflags, "-L") + env_dirs + ld_dirs
+                            + KNOWN_LIB_DIRS + _multiarch_dirs())
+    facts["search_dirs"] = lib_dirs
+
+    mountpoints = set(parse_mountpoints(read_text("/proc/self/mountinfo") or ""))
+    seen_real: Set[Any] = set()  # (link, target) pairs of dev links, and real paths of runtimes
+    runtime_paths: List[str] = []
+    for d in lib_dirs:
+        for path in sorted(glob.glob(os.path.join(d, "libaio.so*"))):
+            real = os.path.realpath(path)
+            base = os.path.basename(path)
+            if base == "libaio.so":
+                if (path, real) not in seen_real:
+                    seen_real.add((path, real))
+                    facts["dev_links"].append({"path": path, "realpath": real, "exists": os.path.exists(path)})
+                continue
+            if not _RUNTIME_RE.match(base) or real in seen_real:
+                continue
+            seen_real.add(real)
+            try:
+                size: Optional[int] = os.stat(path).st_size
+            except OSError:
+                size = None
+            facts["runtime"].append({"path": path, "realpath": real, "name": base, "size": size,
+                                     "exists": size is not None, "mounted_over": real in mountpoints or
+                                     path in mountpoints, "loadable": None, "load_error": None})
+            if size is not None:
+                runtime_paths.append(path)
+
+    inc_dirs = [os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
+    inc_dirs += flag_dirs(cflags, "-I")
+    for var in ("CPATH", "C_INCLUDE_PATH"):
+        inc_dirs += [d for d in os.environ.get(var, "").split(":") if d]
+    inc_dirs += KNOWN_INCLUDE_DIRS + sorted(glob.glob("/usr/include/*-linux-gnu*"))
+    inc_dirs = _unique_dirs(inc_dirs)
+    facts["include_dirs"] = inc_dirs
+    facts["headers"] = [os.path.join(d, "libaio.h") for d in inc_dirs if os.path.isfile(os.path.join(d, "libaio.h"))]
+
+    python = sys.executable
+    if python:
+        res = sh([python, "-c", _LOADER] + runtime_paths, timeout=ctx.remaining(20))
+        try:
+            loaded = json.loads(res.out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            loaded = None
+            facts["errors"].append("library load probe: rc %d %s" % (res.rc, res.err.strip()[-300:]))
+        if loaded:
+            facts["find_library"] = loaded.get("find_library")
+            facts["soname_error"] = loaded.get("soname_error")
+            for entry in facts["runtime"]:
+                if entry["path"] in loaded.get("loads", {}):
+                    err = loaded["loads"][entry["path"]]
+                    entry["loadable"] = err is None
+                    entry["load_error"] = err
+    else:
+        facts["errors"].append("no Python interpreter path (sys.executable) to run the load probe")
+
+    compiler = _find_compiler()
+    facts["compiler"] = compiler
+    if compiler["argv"]:
+        cc = list(compiler["argv"])
+        cf = [w for w in _split(cflags) if w]
+        lf = [w for w in _split(ldflags) if w]
+        extra_l = ["-L" + d for d in extra_dirs]
+        extra_i = ["-I" + os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
+        with tempfile.TemporaryDirectory(prefix=".preflight-libaio-") as tmp:
+            # sh() kills the compiler's process group when a signal interrupts it, so the dir can go.
+            with open(os.path.join(tmp, "probe.c"), "w") as fh:
+                fh.write(LINK_PROBE_C)
+            with open(os.path.join(tmp, "header.c"), "w") as fh:
+                fh.write(HEADER_PROBE_C)
+            facts["link_probe"] = _probe(cc + cf + lf + extra_l + [os.path.join(tmp, "probe.c"), "-o",
+                                                                  os.path.join(tmp, "probe.out"), "-laio"],
+                                         tmp, ctx.remaining(30))
+            facts["header_probe"] = _probe(cc + cf + extra_i + ["-c", os.path.join(tmp, "header.c"), "-o",
+                                                                os.path.join(tmp, "header.o")],
+                                           tmp, ctx.remaining(30))
+    return facts
+
+
+def _split(flags: str) -> List[str]:
+    try:
+        return shlex.split(flags or "")
+    except ValueError:
+        return (flags or "").split()
+
+
+NO_COMPILER = "cannot confirm libaio builds: no C compiler found"
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def _other_arch(err: Optional[str]) -> bool:
+    return bool(err) and "wrong ELF class" in str(err)  # a 32-bit copy next to the 64-bit one: not ours to load
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    """The verdict, with the severities of [libaio] applied: unusable_status and no_compiler_status."""
+    lim = limits(thresholds, NAME)
+    outcome = _verdict(facts)
+    severity = {Status.FAIL: Status.WARN if str(lim["unusable_status"]).lower() == "warn" else Status.FAIL}
+    no_cc = Status.FAIL if str(lim["no_compiler_status"]).lower() == "fail" else Status.WARN
+    if not outcome.findings:
+        return outcome
+    findings = [Finding(no_cc if f.message.startswith(NO_COMPILER) else severity.get(f.status, f.status),
+                        f.message, f.fix) for f in outcome.findings]
+    metrics = {k: v for k, v in outcome.metrics.items() if k != "findings"}
+    ok = outcome.message if outcome.status == Status.PASS else ""
+    return combine(findings, ok, metrics)
+
+
+def _verdict(facts: Dict[str, Any]) -> Outcome:
+    runtime = [r for r in facts.get("runtime", []) if r.get("exists")]
+    runtime_ours = [r for r in runtime if not _other_arch(r.get("load_error"))]
+    loadable = [r for r in runtime_ours if r.get("loadable")]
+    broken = [r for r in runtime_ours if r.get("loadable") is False]
+    dev_links = [d for d in facts.get("dev_links", []) if d.get("exists")]
+    headers = list(facts.get("headers", []))
+    compiler = facts.get("compiler") or {}
+    link = facts.get("link_probe")
+    header = facts.get("header_probe")
+    hint = package_hint(facts.get("os_release") or {}, [r.get("name", "") for r in runtime])
+    link_ok = bool(link and link.get("ok"))
+    header_ok = bool(header and header.get("ok"))
+    have_cc = bool(compiler.get("argv"))
+
+    metrics = {
+        "runtime": [r["path"] for r in runtime_ours],
+        "runtime_loadable": [r["path"] for r in loadable],
+        "dev_links": [d["path"] for d in dev_links],
+        "headers": headers,
+        "find_library": facts.get("find_library"),
+        "compiler": compiler.get("path"),
+        "link_probe_ok": link_ok if link else None,
+        "header_probe_ok": header_ok if header else None,
+        "package": hint["dev"],
+    }
+    findings: List[Finding] = []
+    async_no = "DeepSpeed's async_io op (NVMe offload) will report [NO]"
+
+    by_name = facts.get("find_library") if not facts.get("soname_error") else None
+    if not runtime_ours and not by_name and not link_ok:
+        findings.append(Finding(
+            Status.FAIL,
+            "libaio is not installed: no libaio.so.1 in the ldconfig cache or %d library dirs%s "
+            "(expected the libaio runtime plus %s); %s" % (len(facts.get("search_dirs", [])),
+                                                           "" if headers else ", no libaio.h", hint["dev"], async_no),
+            hint["install_dev"]))
+        if not have_cc:
+            findings.append(_no_compiler(compiler, hint))
+        return combine(findings, "", metrics)
+
+    if runtime_ours and not loadable and broken:
+        bad = broken[0]
+        over = bad.get("mounted_over")
+        why = bad.get("load_error") or "load failed"
+        fix = hint["reinstall_runtime"]
+        if over:
+            fix = "umount %s && %s" % (shlex.quote(str(bad["realpath"])), fix)
+        else:
+            fix = "ls -lL %s; %s" % (shlex.quote(str(bad["path"])), fix)
+        findings.append(Finding(
+            Status.FAIL,
+            "libaio is present but cannot be loaded: %s (%s bytes%s): %s (expected a loadable shared library); "
+            "%s" % (bad["path"], bad.get("size"), ", a file is mounted over it" if over else "", why, async_no),
+            fix))
+        return combine(findings, "", metrics)
+
+    missing = []
+    if not dev_links and not link_ok:
+        missing.append("no libaio.so link")
+    if not headers and not header_ok:
+        missing.append("no libaio.h")
+    if missing:
+        rt = (loadable or runtime_ours)
+        where = rt[0]["path"] if rt else (by_name or "libaio.so.1")
+        fix = hint["install_dev"]
+        if not have_cc:
+            fix += " && " + hint["install_compiler"].replace("apt-get update && ", "")
+        detail = ""
+        if link and not link_ok:
+            detail = "; the test link says: %s" % first_error_line(link.get("stderr", ""))
+        findings.append(Finding(
+            Status.FAIL,
+            "libaio installed but async_io [NO]: the runtime library %s is present, but the development files are "
+            "not (%s; expected the %s package)%s" % (where, ", ".join(missing), hint["dev"], detail),
+            fix))
+        return combine(findings, "", metrics)
+
+    if not have_cc:
+        findings.append(_no_compiler(compiler, hint))
+        return combine(findings, "", metrics)
+
+    for probe, what in ((link, "a test program calling io_submit does not link with -laio"),
+                        (header, "a test program including <libaio.h> does not compile")):
+        if probe and not probe.get("ok"):
+            if probe.get("timed_out"):
+                findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler (%s) timed out"
+                                        % compiler.get("path"), REPRODUCE))
+            else:
+                findings.append(Finding(
+                    Status.FAIL,
+                    "libaio dev files are present (%s, %s) but %s: %s; %s (check CC/CFLAGS/LDFLAGS: -I/-L must "
+                    "point at libaio)"
+                    % ((dev_links[0]["path"] if dev_links else "libaio.so ?"), (headers[0] if headers else
+                       "libaio.h ?"), what, first_error_line(probe.get("stderr", "")), async_no),
+                    "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
+    rt_path = loadable[0]["path"] if loadable else (by_name or "found by the linker")
+    ok = "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
+        rt_path, dev_links[0]["path"] if dev_links else "libaio.so (found by the linker)",
+        headers[0] if headers else "libaio.h (found by the compiler)", compiler.get("path"))
+    return combine(findings, ok, metrics)
+
+
+def _no_compiler(compiler: Dict[str, Any], hint: Dict[str, str]) -> Finding:
+    return Finding(
+        Status.WARN,
+        NO_COMPILER + " (tried %s); DeepSpeed JIT-compiles async_io and needs one"
+        % ", ".join(compiler.get("tried") or ["cc", "gcc"]),
+        hint["install_compiler"])

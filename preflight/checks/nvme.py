@@ -1,0 +1,391 @@
+"""NVMe offload path: exists, is a writable directory, filesystem and free space, dd sequential write/read throughput.
+
+Parses the last stderr line of GNU dd (LC_ALL=C), e.g.::
+
+    2048+0 records in
+    2048+0 records out
+    2147483648 bytes (2.1 GB, 2.0 GiB) copied, 1.43745 s, 1.5 GB/s
+
+and /proc/mounts lines (``/dev/nvme0n1p1 /local_nvme xfs rw,noatime 0 0``) for the filesystem type.
+
+Thresholds: [nvme] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import re
+import secrets
+import stat
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text, sh
+
+NAME = "nvme"
+DESCRIPTION = "NVMe offload path (--nvme-path / DeepSpeed nvme_path): writable dir, fs, free space, dd write/read GB/s"
+SCOPE = "host"
+DEFAULT = True
+
+MiB = 1024 * 1024
+# Host-side defaults; the coordinator overrides them from [nvme] thresholds via params_from_thresholds().
+DEFAULT_TEST_BYTES = 1024 * MiB
+DEFAULT_MAX_FREE_FRACTION = 0.10
+DEFAULT_MIN_TEST_BYTES = 64 * MiB
+DD_TIMEOUT_CAP_S = 120.0
+TEST_PREFIX = ".preflight-dd-"
+
+NO_PATH_REASON = "no --nvme-path given and no nvme offload in the DeepSpeed config"
+
+
+# --- pure parsers ----------------------------------------------------------------------------
+
+_DD_RE = re.compile(r"^(\d+) bytes?\b.*copied,\s*([0-9]+(?:[.,][0-9]+)?(?:e-?\d+)?)\s*(?:s|seconds?)\b,?\s*(.*)$")
+
+
+def parse_dd(stderr: str) -> Optional[Dict[str, Any]]:
+    """The transfer line of dd's stderr: {"bytes", "seconds", "Bps" (computed, None when 0 s), "rate_text"}."""
+    for line in reversed((stderr or "").splitlines()):
+        m = _DD_RE.match(line.strip())
+        if m:
+            nbytes = int(m.group(1))
+            seconds = float(m.group(2).replace(",", "."))
+            return {"bytes": nbytes, "seconds": seconds, "Bps": (nbytes / seconds) if seconds > 0 else None,
+                    "rate_text": m.group(3).strip()}
+    return None
+
+
+def dd_error_line(stderr: str) -> str:
+    """The first ``dd: ...`` complaint (e.g. "dd: failed to open 'X': Invalid argument"), else the last line."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("dd:"):
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def parse_mounts(text: str) -> List[Dict[str, str]]:
+    """/proc/mounts as [{"device", "mountpoint", "fstype", "options"}] in file order (octal escapes decoded)."""
+    out = []
+    for line in (text or "").splitlines():
+        f = line.split()
+        if len(f) >= 4:
+            out.append({"device": _unescape(f[0]), "mountpoint": _unescape(f[1]), "fstype": f[2],
+                        "options": f[3]})
+    return out
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_for(path: str, mounts: List[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    """The mount holding path: longest mount point that is path or a parent of it; the later one wins on ties."""
+    best = None
+    for m in mounts:
+        mp = m["mountpoint"].rstrip("/") or "/"
+        if path == mp or mp == "/" or path.startswith(mp + "/"):
+            if best is None or len(mp) >= len(best["mountpoint"].rstrip("/") or "/"):
+                best = m
+    return best
+
+
+def params_from_thresholds(thresholds: Dict[str, Any]) -> Dict[str, Any]:
+    """Host params the coordinator should send with nvme_paths, from the [nvme] section."""
+    t = limits(thresholds, NAME)
+    return {"nvme_test_bytes": int(t.get("test_mib", DEFAULT_TEST_BYTES // MiB)) * MiB,
+            "nvme_max_free_fraction": float(t.get("max_free_fraction", DEFAULT_MAX_FREE_FRACTION)),
+            "nvme_min_test_bytes": int(t.get("min_test_mib", DEFAULT_MIN_TEST_BYTES // MiB)) * MiB}
+
+
+# --- host side -------------------------------------------------------------------------------
+
+def _remove(path: str) -> None:
+    # sh() has already killed an interrupted dd (its finally stops the process group); dd runs with
+    # conv=nocreat, so it cannot re-create the file after this.
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass
+
+
+def _dd(argv: List[str], ctx: HostContext, cap: float) -> Tuple[Any, float]:
+    timeout = ctx.remaining(cap)
+    return sh(argv, timeout=timeout), timeout
+
+
+def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext, cap: float) -> None:
+    """Write then read test_file with dd; fills write_Bps/read_Bps/direct/error in entry."""
+    base_w = ["dd", "if=/dev/zero", "of=" + test_file, "bs=1M", "count=%d" % count]
+    direct = entry["direct_error"] is None
+    if direct:
+        res, timeout = _dd(base_w + ["oflag=direct,nofollow", "conv=fdatasync,nocreat"], ctx, cap)
+        if not res.ok and res.rc != 124 and "Invalid argument" in res.err:
+            entry["direct_error"] = dd_error_line(res.err)
+            direct = False
+    if not direct:
+        res, timeout = _dd(base_w + ["oflag=nofollow", "conv=fdatasync,nocreat"], ctx, cap)
+    entry["direct"] = direct
+    entry["timeout_s"] = timeout
+    if res.rc == 124:
+        entry["timed_out"] = "write"
+        entry["error"] = "dd write of %d MiB timed out after %.1f s" % (count, timeout)
+        return
+    parsed = parse_dd(res.err)
+    if not res.ok or parsed is None:
+        entry["error"] = "dd write failed (rc %d): %s" % (res.rc, dd_error_line(res.err))
+        return
+    if parsed["bytes"] < count * MiB:
+        entry["error"] = "dd wrote only %d of %d bytes: %s" % (parsed["bytes"], count * MiB, dd_error_line(res.err))
+        return
+    entry["write_Bps"] = parsed["Bps"]
+
+    base_r = ["dd", "if=" + test_file, "of=/dev/null", "bs=1M"]
+    res, timeout = _dd(base_r + (["iflag=direct,nofollow"] if direct else ["iflag=nofollow"]), ctx, cap)
+    if direct and not res.ok and res.rc != 124 and "Invalid argument" in res.err:
+        entry["direct_error"] = dd_error_line(res.err)
+        entry["direct"] = False
+        res, timeout = _dd(base_r + ["iflag=nofollow"], ctx, cap)
+    if res.rc == 124:
+        entry["timed_out"] = "read"
+        entry["timeout_s"] = timeout
+        entry["error"] = "dd read of %d MiB timed out after %.1f s" % (count, timeout)
+        return
+    parsed = parse_dd(res.err)
+    if not res.ok or parsed is None:
+        entry["error"] = "dd read failed (rc %d): %s" % (res.rc, dd_error_line(res.err))
+        return
+    entry["read_Bps"] = parsed["Bps"]
+
+
+def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_bytes: int, fraction: float,
+                min_bytes: int, cap: float) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {"path": path, "exists": False, "is_dir": False, "writable": False, "fstype": None,
+                             "free_bytes": None, "write_Bps": None, "read_Bps": None, "direct": False,
+                             "test_bytes": 0, "error": None,
+                             # additions beyond the shared schema
+                             "kind": None, "realpath": None, "mountpoint": None, "device": None,
+                             "direct_error": None, "measure_skipped": None, "timed_out": None, "timeout_s": None,
+                             "uid": os.geteuid()}
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        entry["error"] = "does not exist"
+        return entry
+    except OSError as exc:
+        entry["error"] = "cannot stat: %s" % exc.strerror
+        return entry
+    entry["exists"] = True
+    if stat.S_ISBLK(st.st_mode):
+        entry["kind"] = "block device"
+    elif stat.S_ISDIR(st.st_mode):
+        entry["kind"] = "directory"
+    elif stat.S_ISREG(st.st_mode):
+        entry["kind"] = "file"
+    else:
+        entry["kind"] = "other"
+    real = os.path.realpath(path)
+    entry["realpath"] = real
+    m = mount_for(real, mounts)
+    if m:
+        entry["fstype"], entry["mountpoint"], entry["device"] = m["fstype"], m["mountpoint"], m["device"]
+    if not stat.S_ISDIR(st.st_mode):
+        entry["error"] = "is a %s, not a directory" % entry["kind"]
+        if stat.S_ISBLK(st.st_mode):
+            entry["device_mounts"] = [x["mountpoint"] for x in mounts
+                                      if x["device"].startswith("/") and os.path.realpath(x["device"]) == real]
+        return entry
+    entry["is_dir"] = True
+    size_known = False
+    try:
+        sv = os.statvfs(real)
+        size_known = sv.f_blocks > 0  # ramfs and some pseudo filesystems report no size at all
+        entry["free_bytes"] = sv.f_bavail * sv.f_frsize if size_known else None
+    except OSError as exc:
+        entry["error"] = "statvfs failed: %s" % exc.strerror
+    if not os.access(real, os.W_OK | os.X_OK):
+        entry["error"] = "not writable (access(W_OK) denied for uid %d)" % os.geteuid()
+        return entry
+
+    marker = TEST_PREFIX + secrets.token_hex(8)
+    test_file = os.path.join(real, marker)
+    try:
+        try:
+            fd = os.open(test_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            os.close(fd)
+        except OSError as exc:
+            why = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+            entry["error"] = "cannot create a file: %s" % why
+            return entry
+        entry["writable"] = True
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if o_direct:  # DeepSpeed opens its swap files with O_DIRECT: test that on its own, before any dd
+            try:
+                os.close(os.open(test_file, os.O_WRONLY | o_direct))
+            except OSError as exc:
+                entry["direct_error"] = "open(O_DIRECT): %s" % exc.strerror
+        if not size_known:
+            entry["measure_skipped"] = ("the filesystem reports no size (statvfs f_blocks = 0), so free space is "
+                                        "unknown and no test file is written")
+            return entry
+        free = entry["free_bytes"] or 0
+        budget = min(want_bytes, int(free * fraction))
+        count = budget // MiB
+        if count == 0 or (budget < want_bytes and budget < min_bytes):
+            entry["measure_skipped"] = ("%d MiB free; %.0f%% of it is %d MiB, below the %d MiB minimum test size"
+                                        % (free // MiB, fraction * 100, budget // MiB, min_bytes // MiB))
+            return entry
+        entry["test_bytes"] = count * MiB
+        _measure(entry, test_file, count, ctx, cap)
+    finally:
+        _remove(test_file)
+    return entry
+
+
+def collect(ctx: HostContext) -> Dict[str, Any]:
+    params = ctx.params or {}
+    paths = [str(p) for p in (params.get("nvme_paths") or [])]
+    want = int(params.get("nvme_test_bytes", DEFAULT_TEST_BYTES))
+    fraction = float(params.get("nvme_max_free_fraction", DEFAULT_MAX_FREE_FRACTION))
+    min_bytes = int(params.get("nvme_min_test_bytes", DEFAULT_MIN_TEST_BYTES))
+    cap = float(params.get("nvme_dd_timeout_s", DD_TIMEOUT_CAP_S))
+    mounts = parse_mounts(read_text("/proc/mounts") or "")
+    out = []
+    for p in paths:
+        out.append(_check_path(p, mounts, ctx, want, fraction, min_bytes, cap))
+    return {"paths": out}
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def _gb(bps: Optional[float]) -> str:
+    if bps is None:
+        return "?"
+    if bps >= 1e9:
+        return "%.2f GB/s" % (bps / 1e9)
+    return "%.0f MB/s" % (bps / 1e6)
+
+
+def _size(n: Optional[int]) -> str:
+    if n is None:
+        return "?"
+    for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= div:
+            return "%.1f %s" % (n / div, unit)
+    return "%d B" % n
+
+
+q = shlex.quote  # every path in a printed fix: a path like '/mnt/a b;touch /tmp/x' stays one word
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    t = limits(thresholds, NAME)
+    min_w = float(t["min_write_gbps"]) * 1e9
+    min_r = float(t["min_read_gbps"]) * 1e9
+    require_direct = bool(t["require_direct_io"])
+    entries = facts.get("paths") or []
+    if not entries:
+        return skip(NO_PATH_REASON)
+    findings: List[Finding] = []
+    oks = []
+    for e in entries:
+        p = e["path"]
+        where = "%s%s" % (p, " (%s on %s)" % (e["fstype"], e.get("mountpoint")) if e.get("fstype") else "")
+        if not e.get("exists"):
+            findings.append(Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
+                                                 "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
+                                    "mkdir -p -- %s && findmnt -T %s" % (q(p), q(p))))
+            continue
+        if not e.get("is_dir"):
+            if e.get("kind") == "block device" and e.get("device_mounts"):
+                mp = e["device_mounts"][0]
+                offload = q(mp.rstrip("/") + "/offload")
+                fix = ("mkdir -p -- %s, then set nvme_path / --nvme-path to %s (%s is mounted on %s)"
+                       % (offload, offload, q(p), q(mp)))
+            elif e.get("kind") == "block device":
+                fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
+                       "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (q(p), q(p)))
+            else:
+                fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
+            findings.append(Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
+                                                 "files into nvme_path)" % (p, e.get("kind") or "non-directory"), fix))
+            continue
+        if not e.get("writable"):
+            findings.append(Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
+                                                 "the training user can create files in)"
+                                    % (where, e.get("uid", "?"), e.get("error") or "?"),
+                                    ("mount -o remount,rw %s" % q(str(e.get("mountpoint") or p)))
+                                    if "Read-only" in (e.get("error") or "") else
+                                    "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
+                                    "user's ids" % (q(p), q(p))))
+            continue
+        if e.get("direct_error"):
+            st = Status.FAIL if require_direct else Status.WARN
+            measured = ("; measured buffered (not direct) instead: write %s, read %s"
+                        % (_gb(e.get("write_Bps")), _gb(e.get("read_Bps")))) if e.get("write_Bps") else ""
+            findings.append(Finding(st, "nvme path %s does not support O_DIRECT (%s); DeepSpeed's async_io opens its "
+                                        "swap files with O_DIRECT, so NVMe offload there fails%s"
+                                    % (where, e["direct_error"], measured),
+                                    "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
+                                    "ext4/xfs mount" % q(p)))
+        if e.get("measure_skipped"):
+            free = e.get("free_bytes")
+            findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
+                                    % (where, e["measure_skipped"],
+                                       "; only %s free" % _size(free) if free is not None else ""),
+                                    "df -h %s; du -xsh %s/* | sort -h | tail" % (q(p), q(p)) if free is not None else
+                                    "findmnt -T %s" % q(p)))
+            continue
+        if e.get("error"):
+            if e.get("timed_out"):
+                bound = (e.get("test_bytes") or 0) / float(e.get("timeout_s") or 1)
+                op_min = min_w if e["timed_out"] == "write" else min_r
+                if bound < op_min:
+                    findings.append(Finding(Status.WARN, "nvme path %s: %s, so %s throughput is below %s (expected "
+                                                         ">= %s)" % (where, e["error"], e["timed_out"], _gb(bound),
+                                                                     _gb(op_min)), _slow_fix(p)))
+                else:
+                    findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
+                                            "rerun with a longer --timeout or a smaller [nvme] test_mib"))
+            elif "Input/output error" in e["error"] or "No space left" in e["error"]:
+                findings.append(Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
+                                        "check the device: dmesg | tail -50; df -h %s" % q(p)))
+            else:
+                findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
+                                        _dd_fix(p)))
+            continue
+        tag = "" if e.get("direct") else " (buffered, not direct)"
+        w, r = e.get("write_Bps"), e.get("read_Bps")
+        if w is not None and w < min_w:
+            findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
+                                                 "typically > 3 GB/s; check what backs the path and the device's "
+                                                 "health)" % (where, _gb(w), tag, _gb(min_w)),
+                                    _slow_fix(p)))
+        if r is not None and r < min_r:
+            findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
+                                                 "typically > 3 GB/s; check what backs the path and the device's "
+                                                 "health)" % (where, _gb(r), tag, _gb(min_r)),
+                                    _slow_fix(p)))
+        oks.append("%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
+                                                                  " (direct)" if e.get("direct") else tag,
+                                                                  _size(e.get("test_bytes")),
+                                                                  _size(e.get("free_bytes"))))
+    metrics = {"paths": [{k: e.get(k) for k in ("path", "fstype", "free_bytes", "write_Bps", "read_Bps", "direct",
+                                                "test_bytes")} for e in entries]}
+    return combine(findings, "; ".join(oks), metrics)
+
+
+def _slow_fix(p: str) -> str:
+    # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)?
+    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; nvme smart-log /dev/nvme0n1" % q(p)
+
+
+def _dd_fix(p: str) -> str:
+    """The dd test to paste: mktemp makes a fresh file (O_EXCL, mode 0600) rather than a fixed name, which another
+    user of a shared directory could plant as a symlink to a file root would then overwrite."""
+    return ("f=$(mktemp -p %s .preflight-ddtest.XXXXXX) && dd if=/dev/zero of=\"$f\" bs=1M count=256 "
+            "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"" % q(p))

@@ -1,0 +1,648 @@
+"""Inbound TCP between hosts on sampled high ports, and the master port: free on the master, reachable by all.
+
+Host side: ``listen`` binds random ports of ip_local_port_range (and the master port on the master), ``probe``
+connects to (address, port) lists. The master-port holder is found in /proc/net/tcp{,6}, e.g.::
+
+    sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+     0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 48213 1 ...
+    (LISTEN = 0A on 0.0.0.0:29500, socket inode 48213 -> /proc/PID/fd/N -> socket:[48213] -> PID's cmdline)
+
+Thresholds: [ports] in preflight/defaults.toml.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import math
+import os
+import shlex
+import random
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..hostside import validate
+from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
+from ..hostside.seams import HostContext
+from ..hostside.proc import read_text
+from .iperf3 import host_subnets
+
+NAME = "ports"
+DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
+SCOPE = "cluster"
+DEFAULT = True
+# Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
+# (runner.py), never while compute, iperf3 or the all-reduce measure.
+QUIET = True
+
+LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
+DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range
+READY_TIMEOUT_S = 30.0
+PRIMARY = "ssh"  # label of the network the coordinator reached the hosts on
+
+REASONS = {
+    "timeout": "timed out: a firewall drops the packets",
+    "refused": "refused while our listener was up: a firewall rejects them",
+    "unreachable": "no route to the host (ICMP unreachable)",
+    "unresolved": "the address does not resolve on the source",
+    "skipped": "not probed: the probe ran out of time",
+    "error": "connect failed",
+}
+
+
+
+# --- pure parsers ----------------------------------------------------------------------------
+
+def _hex_ip(text: str) -> str:
+    """/proc/net/tcp's address: each 32-bit word in host (little-endian) order. '0100007F' -> 127.0.0.1."""
+    raw = bytes.fromhex(text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(words)
+    mapped = getattr(ip, "ipv4_mapped", None)  # a dual-stack socket's IPv4 peer: print it as such
+    return "::ffff:%s" % mapped if mapped else str(ip)
+
+
+def parse_proc_net_tcp(text: str) -> List[Dict[str, Any]]:
+    """Sockets of /proc/net/tcp or tcp6: [{"address", "port", "state", "uid", "inode"}] (header skipped)."""
+    out = []
+    for line in (text or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or ":" not in fields[1]:
+            continue
+        addr, _, port = fields[1].rpartition(":")
+        try:
+            out.append({"address": _hex_ip(addr), "port": int(port, 16), "state": fields[3],
+                        "uid": int(fields[7]), "inode": int(fields[9])})
+        except ValueError:
+            continue
+    return out
+
+
+def parse_port_range(text: Optional[str]) -> Tuple[int, int]:
+    """net.ipv4.ip_local_port_range '32768\\t60999' -> (32768, 60999); the kernel default when unreadable."""
+    try:
+        lo, hi = (int(x) for x in (text or "").split()[:2])
+    except ValueError:
+        return DEFAULT_EPHEMERAL
+    return (lo, hi) if 1024 <= lo < hi <= 65535 else DEFAULT_EPHEMERAL
+
+
+def shared_subnets(iface_facts: Dict[str, Any], primary: Dict[str, str], limit: int) -> List[Dict[str, Any]]:
+    """IPv4 subnets every host has an address on (besides the SSH network), at most ``limit``.
+
+    iface_facts: {host: facts of the interfaces check}. Loopback, docker, bridges, down links, link-local and
+    subnets where two hosts share one address (every host's docker0 is 172.17.0.1) are left out: NCCL skips
+    them, or they are not cross-host networks. Returns [{"cidr": "198.18.1.0/24", "addresses": {host: "198.18.1.3"}}].
+    """
+    hosts = list(primary)
+    if len(hosts) < 2 or any(not isinstance(iface_facts.get(h), dict) for h in hosts):
+        return []
+    per_host: Dict[str, Dict[str, str]] = {}
+    for h in hosts:
+        # The same candidate networks as iperf3 measures and NCCL may use: one definition for both checks.
+        nets: Dict[str, str] = {}
+        for network, _dev, address, _speed in host_subnets(iface_facts[h]):
+            nets.setdefault(network, address)
+        per_host[h] = nets
+    common = set.intersection(*(set(n) for n in per_host.values()))
+    out: List[Dict[str, Any]] = []
+    for cidr in sorted(common, key=lambda c: ipaddress.ip_network(c)):
+        addrs = {h: per_host[h][cidr] for h in hosts}
+        if len(set(addrs.values())) < len(hosts):
+            continue
+        if all(addrs[h] == primary[h] for h in hosts):
+            out.insert(0, {"cidr": cidr, "addresses": addrs, "primary": True})  # the SSH network's own subnet
+            continue
+        out.append({"cidr": cidr, "addresses": addrs})
+    primary_net = [n for n in out if n.get("primary")]
+    return primary_net + [n for n in out if not n.get("primary")][:max(0, int(limit))]
+
+
+# --- host side -------------------------------------------------------------------------------
+
+def _bind_on(port: int, addresses: Sequence[str]) -> List[socket.socket]:
+    """Listen on port at each of addresses, or on every address when none are given; all or nothing.
+
+    Binding the addresses the check probes (not the wildcard) keeps the test listeners off every other network of
+    the host while they are open (issue 16: listeners bound to wildcard addresses)."""
+    if not addresses:
+        return [_bind(port)]
+    socks: List[socket.socket] = []
+    try:
+        for addr in addresses:
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            socks.append(socket.create_server((addr, port), family=family, backlog=128))
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def _bind(port: int) -> socket.socket:
+    """Listen on every address, IPv4 and IPv6, with SO_REUSEADDR like torch's TCPStore (TIME_WAIT is no conflict)."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise
+            # IPv6 disabled on the host: fall through to IPv4 only.
+    return socket.create_server(("0.0.0.0", port), family=socket.AF_INET, backlog=128)
+
+
+def _listening(port: int) -> List[Dict[str, Any]]:
+    found = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        found += [s for s in parse_proc_net_tcp(read_text(path, "") or "")
+                  if s["port"] == port and s["state"] == LISTEN_STATE]
+    return found
+
+
+def _owners(inodes: Iterable[int], budget_s: float = 2.0) -> List[Dict[str, Any]]:
+    """Processes holding these socket inodes (/proc/PID/fd), within a time budget; others' fds need root."""
+    wanted = {"socket:[%d]" % i for i in inodes if i}
+    found: List[Dict[str, Any]] = []
+    if not wanted:
+        return found
+    end = time.monotonic() + budget_s
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if time.monotonic() > end:
+            break
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if link in wanted:
+                cmd = (read_text("/proc/%s/cmdline" % pid, "") or "").replace("\0", " ").strip()
+                found.append({"pid": int(pid), "cmdline": cmd[:200]})
+                break
+    return found
+
+
+def _claim_master_port(port: int, socks: List[socket.socket], addresses: Sequence[str] = ()) -> Dict[str, Any]:
+    """Is the port free? A LISTEN entry in /proc (on any address) or a failing bind means torch's rendezvous cannot
+    bind it."""
+    info: Dict[str, Any] = {"port": port, "free": True, "listening": [], "holders": [], "error": None}
+    held = _listening(port)
+    if held:
+        info["listening"] = ["%s:%d" % (s["address"], s["port"]) for s in held]
+    try:
+        mine = _bind_on(port, addresses)
+    except OSError as exc:
+        info["free"] = False
+        info["error"] = "bind: %s" % (exc.strerror or exc)
+        held = held or _listening(port)
+    else:
+        if held:
+            for sock in mine:
+                sock.close()
+            info["free"] = False
+        else:
+            socks.extend(mine)
+    if not info["free"]:
+        info["holders"] = _owners(s["inode"] for s in held)
+    return info
+
+
+def _accept_pending(sock: socket.socket, accepted: Dict[int, int]) -> None:
+    """Accept (and close) every connection waiting on a non-blocking listener."""
+    port = sock.getsockname()[1]
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        accepted[port] = accepted.get(port, 0) + 1
+        conn.close()  # a completed handshake is all a probe needs
+
+
+def _accept_loop(socks: Sequence[socket.socket], stop: threading.Event, accepted: Dict[int, int]) -> None:
+    sel = selectors.DefaultSelector()
+    try:
+        for s in socks:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        while not stop.is_set():
+            for key, _ in sel.select(0.2):
+                _accept_pending(key.fileobj, accepted)  # type: ignore[arg-type]  # we registered sockets
+        # Probes whose handshake completed in the kernel's backlog before the stop count too (and get closed).
+        for s in socks:
+            _accept_pending(s, accepted)
+    except (OSError, ValueError):
+        pass  # the sockets were closed under us: the main thread is cleaning up
+    finally:
+        sel.close()
+
+
+def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Listen on ``count`` random free ports of ip_local_port_range (NCCL binds port 0, so the kernel picks its
+    ports from there) and on ``master_port`` if given; accept-and-close until stopped; always close them."""
+    count = int(params.get("count", 3))
+    master_port = params.get("master_port")
+    lo, hi = parse_port_range(read_text("/proc/sys/net/ipv4/ip_local_port_range"))
+    # Only the addresses the coordinator will probe; the wildcard when it gave none or one is not on this host
+    # (e.g. an address behind NAT), so that a probe never fails for the listener's sake.
+    # A name (ssh_config's HostName may be one) resolves where the prober is: bind everything then.
+    wanted = list(params.get("addresses") or [])
+    addresses = sorted({str(a) for a in wanted}) if all(validate.ip_address(a) for a in wanted) else []
+    if addresses:
+        try:
+            for s in _bind_on(0, addresses):
+                s.close()
+        except OSError:
+            addresses = []
+    info: Dict[str, Any] = {"ports": [], "range": [lo, hi], "master_port": None, "accepted": {},
+                            "bound": addresses or ["*"]}
+    socks: List[socket.socket] = []
+    stop = threading.Event()
+    thread = None
+    try:
+        if master_port:
+            info["master_port"] = _claim_master_port(int(master_port), socks, addresses)
+        rng = random.SystemRandom()
+        for _ in range(count * 20):
+            if len(info["ports"]) >= count:
+                break
+            port = rng.randint(lo, hi)
+            if port in info["ports"] or port == master_port:
+                continue
+            try:
+                socks.extend(_bind_on(port, addresses))
+            except OSError:
+                continue  # taken: try another
+            info["ports"].append(port)
+        info["ports"].sort()
+        accepted: Dict[int, int] = {}
+        thread = threading.Thread(target=_accept_loop, args=(socks, stop, accepted), daemon=True)
+        thread.start()
+        ctx.ready({"ports": info["ports"], "master_port": info["master_port"], "range": info["range"]})
+        stopped = ctx.wait_stop(max(0.5, ctx.deadline - time.monotonic() - 1.0))
+        info["stopped_by"] = "coordinator" if stopped else "deadline"
+        stop.set()
+        thread.join(2.0)
+        info["accepted"] = {str(k): v for k, v in accepted.items()}
+        return info
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(1.0)
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def _connect(address: str, port: int, timeout: float) -> Dict[str, Any]:
+    start = time.monotonic()
+
+    def done(result: str, err: str = "") -> Dict[str, Any]:
+        return {"result": result, "ms": round((time.monotonic() - start) * 1000, 2), "error": err}
+
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return done("unresolved", str(exc.strerror or exc))
+    family, stype, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, stype, proto)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(sockaddr)
+        return done("ok")
+    except socket.timeout:
+        return done("timeout", "no answer within %.1fs" % timeout)
+    except ConnectionRefusedError:
+        return done("refused", "connection refused")
+    except OSError as exc:
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return done("unreachable", exc.strerror or str(exc))
+        if exc.errno == errno.ETIMEDOUT:
+            return done("timeout", exc.strerror or str(exc))
+        return done("error", exc.strerror or str(exc))
+    finally:
+        sock.close()
+
+
+def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Connect to every [address, port] of ``targets`` with ``threads`` threads; one result per target, in order."""
+    targets = [(str(a), int(p)) for a, p in params.get("targets", [])]
+    timeout = float(params.get("connect_timeout", 3.0))
+    end = min(ctx.deadline - 1.0, time.monotonic() + float(params.get("budget_s", 60.0)))
+    results: List[Optional[Dict[str, Any]]] = [None] * len(targets)
+    lock = threading.Lock()
+    cursor = [0]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = cursor[0]
+                cursor[0] += 1
+            if i >= len(targets):
+                return
+            left = end - time.monotonic()
+            if left < min(timeout, 0.5):
+                results[i] = {"result": "skipped", "ms": 0.0, "error": "probe time budget used up"}
+                continue
+            results[i] = _connect(targets[i][0], targets[i][1], min(timeout, left))
+
+    # Daemon threads: one stuck in getaddrinfo must not keep the agent alive past its deadline.
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(int(params.get("threads", 64)), len(targets))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, end + timeout - time.monotonic()))
+    return {"results": [r or {"result": "error", "ms": 0.0, "error": "no answer from the probe thread"}
+                        for r in results]}
+
+
+# --- coordinator -----------------------------------------------------------------------------
+
+def _parallel(fn, items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
+    from ..hostside.proc import parallel_map
+    return parallel_map(fn, list(items), limit, timeout)
+
+
+def coordinate(cluster: Any) -> Dict[str, Any]:
+    from ..hostside.schedule import probe_targets
+
+    lim = limits(cluster.thresholds, NAME)
+    hosts = [h.name for h in cluster.hosts]
+    master = cluster.master.name
+    master_port = int(cluster.options.get("master_port") or 29500)
+    addresses = {h: cluster.address(h) for h in hosts}
+    facts: Dict[str, Any] = {
+        "master": master, "master_port": master_port, "hosts": hosts, "addresses": addresses,
+        "unreachable": [h.name for h in cluster.all_hosts if h.name not in addresses],
+        "networks": [{"name": PRIMARY, "addresses": addresses}],
+        "listeners": {}, "listener_errors": {}, "probes": [], "probe_errors": {}, "limits": lim,
+    }
+    iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
+    for net in shared_subnets(iface, addresses, int(lim["max_extra_subnets"])):
+        if net.get("primary"):
+            facts["networks"][0]["cidr"] = net["cidr"]
+        else:
+            facts["networks"].append({"name": net["cidr"], "cidr": net["cidr"], "addresses": net["addresses"]})
+
+    timeout_c = float(lim["connect_timeout_s"])
+    max_probe = float(lim["max_probe_s"])
+    # parallel_map runs `parallel` calls at a time: an overall deadline must grow with the number of batches.
+    batches = math.ceil(len(hosts) / max(1, cluster.parallel))
+    start_budget = 15.0 + 5.0 * batches
+    services: Dict[str, Any] = {}
+    try:
+        service_timeout = start_budget + READY_TIMEOUT_S + max_probe + timeout_c + 60 * batches
+
+        def start(h: str) -> None:
+            params = {"count": int(lim["sample_ports"]), "master_port": master_port if h == master else None,
+                      "addresses": sorted({n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)})}
+            services[h] = cluster.start(h, NAME + ".listen", params, service_timeout)
+
+        # Start every listener first, then wait for all of them against one deadline: they come up in parallel.
+        started = _parallel(start, hosts, cluster.parallel, start_budget)
+        ready_by = time.monotonic() + READY_TIMEOUT_S
+        for h, res in zip(hosts, started):
+            try:
+                if isinstance(res, BaseException):
+                    raise res
+                facts["listeners"][h] = services[h].wait_ready(max(0.1, ready_by - time.monotonic()))
+            except Exception as exc:  # this host is no destination; the others still are
+                facts["listener_errors"][h] = str(exc) or type(exc).__name__
+
+        plan = _plan(facts, probe_targets(len(hosts), int(lim["mesh_limit"])))
+        if plan:
+            threads = int(lim["probe_threads"])
+            longest = max(len(t) for t in plan.values())
+            budget = min(max_probe, math.ceil(longest / threads) * (timeout_c + 0.5) + 2.0)
+            call_timeout = budget + timeout_c + 10
+
+            def run(src: str) -> Any:
+                return cluster.call(src, NAME + ".probe",
+                                    {"targets": [[t["address"], t["port"]] for t in plan[src]],
+                                     "connect_timeout": timeout_c, "threads": threads, "budget_s": budget},
+                                    call_timeout)
+
+            sources = list(plan)
+            answers = _parallel(run, sources, cluster.parallel,
+                                (call_timeout + 15) * math.ceil(len(sources) / max(1, cluster.parallel)))
+            for src, ans in zip(sources, answers):
+                if not isinstance(ans, dict):
+                    facts["probe_errors"][src] = str(ans) or type(ans).__name__
+                    continue
+                for t, r in zip(plan[src], ans.get("results", [])):
+                    facts["probes"].append(dict(t, src=src, **r))
+    finally:
+        # Every listener is stopped whatever happened above; one that does not stop in time is killed.
+        names = list(services)
+        stopped = _parallel(lambda h: services[h].stop(10.0), names, cluster.parallel, 15.0 * batches + 10)
+        for h, res in zip(names, stopped):
+            if isinstance(res, dict):
+                if h in facts["listeners"]:
+                    facts["listeners"][h]["accepted"] = res.get("accepted", {})
+            else:
+                services[h].kill()
+    return facts
+
+
+def _plan(facts: Dict[str, Any], pairs: Sequence[Tuple[int, int]]) -> Dict[str, List[Dict[str, Any]]]:
+    """{source: [{"dst", "address", "port", "network"}]}: every sampled port (and a free master port) on the
+    SSH network; on each extra shared subnet the first sampled port (and the master port) keeps it bounded."""
+    hosts, listeners, master = facts["hosts"], facts["listeners"], facts["master"]
+    plan: Dict[str, List[Dict[str, Any]]] = {}
+    for a, b in pairs:
+        src, dst = hosts[a], hosts[b]
+        info = listeners.get(dst)
+        if not info:
+            continue
+        ports = list(info.get("ports") or [])
+        mp = info.get("master_port") or {}
+        extra = [mp["port"]] if dst == master and mp.get("free") else []
+        for net in facts["networks"]:
+            address = net["addresses"].get(dst)
+            if not address:
+                continue
+            chosen = ports + extra if net["name"] == PRIMARY else ports[:1] + extra
+            plan.setdefault(src, []).extend({"dst": dst, "address": address, "port": p, "network": net["name"]}
+                                            for p in chosen)
+    return plan
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+def _names(items: Iterable[str]) -> str:
+    items = sorted(set(items))
+    return ", ".join(items[:8]) + (" and %d more" % (len(items) - 8) if len(items) > 8 else "")
+
+
+def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
+    """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
+    rng = ports.replace("-", ":")
+    sources = [shlex.quote(str(s)) for s in sources]  # pasted as shell words: addresses, nothing else
+    nft_src = sources[0] if len(sources) == 1 else "{ %s }" % ", ".join(sources)
+    ufw = ("ufw allow from %s proto tcp to any port %s" % (sources[0], rng) if len(sources) == 1 else
+           "for s in %s; do ufw allow from $s proto tcp to any port %s; done" % (" ".join(sources), rng))
+    return ("on %s allow TCP from the cluster: nft insert rule inet filter input ip saddr %s tcp dport %s accept"
+            " | iptables -I INPUT -p tcp -s %s --dport %s -j ACCEPT | %s"
+            % (host, nft_src, ports, ",".join(sources), rng, ufw))
+
+
+def _egress_blocked(probes: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """Sources that reached none of their (>= 2) destinations, each of which another source did reach:
+    their own outbound traffic is filtered, so the destinations are not to blame."""
+    by_src: Dict[str, Dict[str, bool]] = {}
+    reached_by: Dict[str, set] = {}
+    for p in probes:
+        if p["result"] == "skipped":
+            continue
+        ok = p["result"] == "ok"
+        by_src.setdefault(p["src"], {})
+        by_src[p["src"]][p["dst"]] = by_src[p["src"]].get(p["dst"], False) or ok
+        if ok:
+            reached_by.setdefault(p["dst"], set()).add(p["src"])
+    out = {}
+    for src, dsts in by_src.items():
+        if len(dsts) >= 2 and not any(dsts.values()) and \
+                all(reached_by.get(d, set()) - {src} for d in dsts):
+            out[src] = sorted(dsts)
+    return out
+
+
+def blocked_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
+    """{host: why} for hosts that this check proved other hosts cannot open TCP connections to (or from) on the
+    given addresses ({host: address}, the network a later phase will use): a failed inbound probe to the host's
+    address from a source whose own egress works, or the host's own egress blocked. Pure; the all-reduce uses it
+    to leave such hosts out instead of waiting for its init timeout."""
+    probes = [p for p in facts.get("probes") or [] if isinstance(p, dict) and p.get("result") != "skipped"]
+    egress = _egress_blocked(probes)
+    found: Dict[str, str] = {}
+    for h, dsts in egress.items():
+        if h in addresses:
+            found[h] = "ports: outbound TCP from %s to high ports is blocked (none of %s reachable from it)" % (
+                h, _names(dsts))
+    failed: Dict[str, Dict[str, Any]] = {}
+    for p in probes:
+        dst = p.get("dst")
+        if p.get("result") == "ok" or dst not in addresses or p.get("address") != addresses[dst] \
+                or p.get("src") in egress:
+            continue
+        entry = failed.setdefault(dst, {"srcs": set(), "ports": set(), "result": p.get("result")})
+        entry["srcs"].add(p.get("src"))
+        entry["ports"].add(p.get("port"))
+    for h, e in failed.items():
+        found.setdefault(h, "ports: inbound TCP to %s (%s) port%s %s from %s %s" % (
+            h, addresses[h], "s" if len(e["ports"]) > 1 else "", ", ".join(str(x) for x in sorted(e["ports"])),
+            _names(e["srcs"]), REASONS.get(e["result"], e["result"])))
+    return found
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    hosts: List[str] = facts.get("hosts", [])
+    master, mport = facts.get("master"), facts.get("master_port")
+    probes: List[Dict[str, Any]] = facts.get("probes", [])
+    listeners = facts.get("listeners", {})
+    nets = {n["name"]: n for n in facts.get("networks", [])}
+    egress = _egress_blocked(probes)
+    out: Dict[str, Outcome] = {}
+    for h in facts.get("unreachable", []):
+        out[h] = error("not run: the host is unreachable (see its ssh result)")
+    for h in hosts:
+        findings: List[Finding] = []
+        info = listeners.get(h) or {}
+        metrics: Dict[str, Any] = {"listen_ports": info.get("ports", [])}
+        if h in facts.get("listener_errors", {}):
+            findings.append(Finding(Status.ERROR, "could not start the test listener on %s: %s"
+                                    % (h, facts["listener_errors"][h]), "rerun with -v; check the host"))
+        elif len(info.get("ports") or []) < int((facts.get("limits") or limits(thresholds, NAME))["sample_ports"]):
+            findings.append(Finding(Status.ERROR, "could bind only %d test ports on %s in %s"
+                                    % (len(info.get("ports") or []), h, info.get("range")),
+                                    "check net.ipv4.ip_local_port_range and ports in use (ss -ltn)"))
+        mp = info.get("master_port")
+        if h == master and mp:
+            metrics["master_port"] = mp["port"]
+            metrics["master_port_free"] = bool(mp.get("free"))
+            if not mp.get("free"):
+                who = "; ".join("pid %d (%s)" % (o["pid"], o["cmdline"] or "?") for o in mp.get("holders", []))
+                where = ", ".join(mp.get("listening") or []) or mp.get("error") or "bind failed"
+                findings.append(Finding(
+                    Status.FAIL,
+                    "master port %d is already in use on %s (%s)%s: torch.distributed's TCPStore on rank 0 "
+                    "cannot bind it and the job fails at init" % (mp["port"], h, where,
+                                                                  ", held by " + who if who else ""),
+                    "pick another port: deepspeed --master_port PORT (and preflight run --master-port PORT), "
+                    "or stop %s" % (", ".join("pid %d" % o["pid"] for o in mp.get("holders", []))
+                                    or "the process listening on it (find it with: ss -ltnp sport = :%d)"
+                                    % mp["port"])))
+        if h in facts.get("probe_errors", {}):
+            findings.append(Finding(Status.ERROR, "could not run the probes from %s: %s"
+                                    % (h, facts["probe_errors"][h]), "rerun with -v; check the host"))
+        if h in egress:
+            findings.append(Finding(
+                Status.FAIL, "outbound TCP from %s to high ports blocked: none of %s reachable from it, though "
+                "other hosts reach them; NCCL will hang at init" % (h, _names(egress[h])),
+                "check the OUTPUT chain / egress policy on %s (nft list ruleset; iptables -S OUTPUT)" % h))
+        inbound = [p for p in probes if p["dst"] == h and p["src"] not in egress and p["result"] != "skipped"]
+        groups: Dict[Tuple[str, str, str, Tuple[str, ...]], List[int]] = {}
+        failed_by_key: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
+        for p in inbound:
+            if p["result"] != "ok":
+                failed_by_key.setdefault((p["network"], p["address"], p["port"]), []).append(p)
+        for (net, addr, port), fails in failed_by_key.items():
+            result = sorted({f["result"] for f in fails})[0]
+            key = (net, addr, result, tuple(sorted({f["src"] for f in fails})))
+            groups.setdefault(key, []).append(port)
+        for (net, addr, result, srcs), ports in sorted(groups.items()):
+            ports = sorted(set(ports))
+            label = ", ".join(("%d (master port)" % p if h == master and p == mport else str(p)) for p in ports)
+            where = "" if net == PRIMARY else " on network %s" % net
+            primary = net == PRIMARY
+            consequence = ("torch.distributed rendezvous will hang" if ports == [mport] and h == master
+                           else "NCCL will hang at init" if primary
+                           else "NCCL hangs if it picks this network")
+            cidr = (nets.get(net) or {}).get("cidr")
+            src_addrs = [(nets.get(net) or {}).get("addresses", {}).get(s) for s in srcs]
+            src_spec = [cidr] if cidr else [a for a in src_addrs if a] if all(src_addrs) else ["<cluster subnet>"]
+            # NCCL's ports are ephemeral: open the whole unprivileged range, not just the ports we sampled.
+            fix = _firewall_fix(h, src_spec, str(mport) if ports == [mport] else "1024-65535")
+            if not primary:
+                fix += "; or pin NCCL to the working network: NCCL_SOCKET_IFNAME=<the SSH network's interface>"
+            findings.append(Finding(
+                Status.FAIL if primary else Status.WARN,
+                "inbound TCP to %s:%s (%s)%s blocked from %s (%s): %s"
+                % (h, label, addr, where, _names(srcs), REASONS.get(result, result), consequence), fix))
+        ok = [p for p in inbound if p["result"] == "ok"]
+        outbound = [p for p in probes if p["src"] == h]
+        ms = sorted(p["ms"] for p in ok)
+        metrics.update({"probes_in": len(inbound), "probes_in_ok": len(ok),
+                        "probes_out": len(outbound), "probes_out_ok": sum(p["result"] == "ok" for p in outbound),
+                        "sources": sorted({p["src"] for p in inbound}),
+                        "networks": sorted({p["network"] for p in inbound}),
+                        "connect_ms_max": ms[-1] if ms else None,
+                        "connect_ms_median": ms[len(ms) // 2] if ms else None})
+        skipped = sum(p["result"] == "skipped" for p in probes if p["dst"] == h)
+        if skipped:
+            findings.append(Finding(Status.ERROR, "%d probes to %s were not run within the time budget" %
+                                    (skipped, h), "raise [ports] max_probe_s or probe_threads"))
+        if len(hosts) == 1:
+            ok_msg = "single host: no cross-host traffic to test"
+        else:
+            ok_msg = "inbound TCP open on ports %s from %d hosts (%d/%d connects ok, max %.1f ms)" % (
+                ", ".join(map(str, info.get("ports", []))), len(metrics["sources"]), len(ok), len(inbound),
+                ms[-1] if ms else 0.0)
+        if h == master and mp and mp.get("free"):
+            ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
+        out[h] = combine(findings, ok_msg, metrics)
+    return out

@@ -1,0 +1,599 @@
+"""The host-side agent: runs checks' collect functions (or one host-side function) and prints JSON.
+
+It is started by the coordinator as ``PYTHON -c BOOTSTRAP`` with the checks package streamed over stdin, so
+nothing is written to the host's disk. After the code comes one JSON request line; stdin then stays open
+as a lifeline: when it closes (coordinator done, timed out, Ctrl-C'd, or the SSH connection dropped) the
+agent stops its work, kills every child it started and exits. Output lines (anything else on stdout, such
+as a noisy shell profile, is ignored by the coordinator):
+
+    @@PREFLIGHT-READY {"port": 40213}
+    @@PREFLIGHT-RESULT {"ok": true, "value": {...}, "host": {"hostname": "node01", ...}}
+
+Requests: {"op": "collect", "checks": ["libaio", ...], "params": {...}, "timeout": per-check seconds}
+          {"op": "call", "func": "ports.listen", "params": {...}, "timeout": seconds}
+          {"op": "serve"}: the persistent agent (one per host for the whole run, see serve()).
+
+The persistent agent reads one JSON request per line, each with an "id"; {"op": "stop", "id": N} closes that
+request's lifeline (a service's stop), {"op": "kill", "id": N} does too and kills it if it lingers. Every
+request runs in its own forked worker (its own deadlines, signals and children, exactly as a one-request
+agent), and everything the workers print comes back framed, so any byte stream (SSH, srun) carries it:
+
+    @@PF 0 h 40\n{"hostname": "node01", ...}  the agent is ready for requests
+    @@PF 7 o 123\n<123 bytes>          stdout of request 7 (e for stderr)
+    @@PF 7 x 1\n0                      request 7 ended with exit code 0
+
+{"op": "preload", "modules": ["torch"], "timeout": s, "id": N} imports torch into the agent itself, so that
+every worker forked later has it: the coordinator sends it before the host checks when a selected check uses
+torch, and the python check, ds_report's DeepSpeed probe (forked from the worker), compute's rounds and the
+all-reduce ranks (forked from the supervisor's worker) import nothing again. A failed import leaves torch out
+(the python check then reports it); an import that crashes the interpreter would crash the python check's worker
+too, and the next request starts a new agent.
+"""
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from . import proc as procs
+from . import seams
+
+RUN_ENV = "PREFLIGHT_RUN"
+READY = "@@PREFLIGHT-READY"
+# Where the checks live on the host: their collect functions and "module.func" host-side functions.
+CHECKS_PACKAGE = "preflight.checks"
+RESULT = "@@PREFLIGHT-RESULT"
+
+
+class Abort(BaseException):
+    """Raised into the main thread by SIGALRM (deadline), SIGTERM/SIGINT/SIGHUP, or the stdin lifeline.
+
+    A BaseException so that checks' ``except Exception`` blocks do not swallow it; their ``finally`` runs.
+    """
+
+
+# Runs the agent from code streamed on stdin: "<length>\n<zip of the checks package><request line>".
+# Kept small and Python 3.9-compatible: it is passed as `python -c` on every host.
+BOOTSTRAP = r"""
+import sys, io, zipfile, marshal, importlib.abc, importlib.util
+n = int(sys.stdin.buffer.readline())
+code = sys.stdin.buffer.read(n)
+z = zipfile.ZipFile(io.BytesIO(code))
+names = set(z.namelist())
+pyc = "pyc/" + importlib.util.MAGIC_NUMBER.hex() + "/"
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        p = name.replace(".", "/")
+        for fn, pkg in ((p + "/__init__.py", True), (p + ".py", False)):
+            if fn in names:
+                spec = importlib.util.spec_from_loader(name, self, origin="preflight:" + fn, is_package=pkg)
+                return spec
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        fn = module.__spec__.origin.split(":", 1)[1]
+        c = marshal.loads(z.read(pyc + fn)) if pyc + fn in names else compile(z.read(fn), fn, "exec")
+        exec(c, module.__dict__)
+sys.meta_path.insert(0, Finder())
+import preflight.hostside.agent, os
+rc = preflight.hostside.agent.main(sys.argv[1:], code)
+sys.stdout.flush()
+# Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
+os._exit(rc)
+"""
+
+_stop = threading.Event()
+_finished = threading.Event()
+_abort_reason = ["deadline"]
+_write_lock = threading.Lock()
+
+
+def _emit(tag: str, payload: Dict[str, Any]) -> None:
+    line = "%s %s\n" % (tag, json.dumps(payload, default=str))
+    with _write_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+_aborting = [False]
+
+
+def _on_signal(signum, frame) -> None:
+    if signum == signal.SIGALRM:
+        # Deadlines are per check: each one may fire once.
+        raise Abort("deadline")
+    if _aborting[0]:
+        return  # already unwinding: a second signal must not interrupt the cleanup in finally blocks
+    _aborting[0] = True
+    if _abort_reason[0] == "deadline":
+        _abort_reason[0] = "signal %d" % signum
+    raise Abort(_abort_reason[0])
+
+
+def _lifeline(stdin) -> None:
+    """Block on stdin; EOF means the coordinator is gone or wants us to stop."""
+    try:
+        while stdin.read(4096):
+            pass
+    except Exception:
+        pass
+    _stop.set()
+    _abort_reason[0] = "coordinator closed the session"
+    # Give a server in wait_stop() the chance to return and clean up before interrupting the main thread.
+    if not _finished.wait(2.0):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except OSError:
+            pass
+    time.sleep(10)
+    procs.kill_all()  # the main thread is stuck in C code: clean up and leave anyway
+    os._exit(3)
+
+
+def _host_facts() -> Dict[str, Any]:
+    return {"hostname": socket.gethostname(), "python": platform.python_version(),
+            "executable": sys.executable, "pid": os.getpid()}
+
+
+def _collect(names, params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
+    """Run each named check's collect under its own deadline; one check's failure never stops the next."""
+    out: Dict[str, Any] = {}
+    for name in names:
+        start = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, per_check)
+        try:
+            module = importlib.import_module(CHECKS_PACKAGE + "." + name)
+            ctx = seams.HostContext(params=params, deadline=start + per_check)
+            out[name] = {"facts": module.collect(ctx)}
+        except Abort as exc:
+            if str(exc) != "deadline":
+                raise
+            out[name] = {"error": "timed out after %.0fs on the host" % per_check}
+        except Exception as exc:  # a check's bug or a missing tool: that check's ERROR, not the agent's
+            out[name] = {"error": "%s: %s" % (type(exc).__name__, exc),
+                         "traceback": traceback.format_exc(limit=6)}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            procs.kill_all()
+        out[name]["duration_s"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def _call(func: str, params: Dict[str, Any], timeout: float) -> Any:
+    module_name, _, attr = func.rpartition(".")
+    module = importlib.import_module(CHECKS_PACKAGE + "." + module_name)
+    ctx = seams.HostContext(params=params, deadline=time.monotonic() + timeout,
+                           ready=lambda info: _emit(READY, info), wait_stop=_wait_stop)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return getattr(module, attr)(params, ctx)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _wait_stop(max_s: float) -> bool:
+    """Block until the coordinator closes stdin (True) or max_s passes (False)."""
+    return _stop.wait(max_s)
+
+
+class _ForkedCall(procs._Forked):
+    """A call running in a forked child, with the pipes of a Popen(stdin=PIPE, stdout=PIPE, stderr=PIPE)."""
+
+    def __init__(self, pid: int, stdin, stdout, stderr):
+        super().__init__(pid)
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+
+
+def fork_call(func: str, params: Dict[str, Any], timeout: float, env: Optional[Dict[str, str]] = None):
+    """Run ``func`` (e.g. one all-reduce rank) in a forked child of this process, tracked for cleanup; returns a
+    Popen-like object (pid, poll, wait, stdin/stdout/stderr pipes); read its result with
+    ``read_result(proc.stdout.read())``. The child has every module this process imported (torch, once the agent
+    preloaded it: a rank then starts in milliseconds, not the 1.5-3 s of a new interpreter importing torch). It
+    runs in its own session with env added, its stdin is its lifeline (closing proc.stdin, or this process
+    dying, stops it), and it holds none of this process's other descriptors (another rank's lifeline among
+    them)."""
+    env = dict({"LC_ALL": "C", "LANG": "C"}, **(env or {}))  # as procs.spawn gives its children
+    pid, life_w, out_r, err_r = _fork_one({"op": "call", "func": func, "params": params, "timeout": timeout},
+                                          env=env, session=True)
+    proc = _ForkedCall(pid, os.fdopen(life_w, "wb"), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+    procs.LIVE.add(proc)  # type: ignore[arg-type]  # stop() and kill_all() need only pid, poll and wait
+    return proc
+
+
+def read_result(stdout: bytes) -> Dict[str, Any]:
+    """The RESULT payload of an agent's stdout ({"ok": ..., "value": ...} or {"ok": False, "error": ...})."""
+    for line in reversed(stdout.decode(errors="replace").splitlines()):
+        if line.startswith(RESULT + " "):
+            return json.loads(line[len(RESULT) + 1:])
+    return {"ok": False, "error": "no result (the process died?)"}
+
+
+def _ancestors(pid: int) -> set:
+    chain = set()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        stat = procs.read_text("/proc/%d/stat" % pid, "") or ""
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            break
+    return chain
+
+
+def loaded(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
+    """Which of params["names"] this worker found already imported, and its agent's pid (its parent)."""
+    return {"modules": {name: name in sys.modules for name in params.get("names", [])}, "agent": os.getppid()}
+
+
+def _read_proc(path: str) -> bytes:
+    """A whole /proc file through a bare descriptor: reap() reads two per process on the host, and a file
+    object costs more than the read (14 instead of 23 us per process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 17)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
+    """Last-resort cleanup: kill every process of this run still alive on the host (found by environment)."""
+    token = params["token"].encode()
+    marker = RUN_ENV.encode() + b"=" + token + b"\0"
+    spared = _ancestors(os.getpid())  # our own shell also carries the token in its argv
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in spared:
+            continue
+        try:
+            # Agents carry the token in argv; their children inherit it in the environment.
+            found = token in _read_proc("/proc/%s/cmdline" % entry).split(b"\0")
+            if not found:
+                found = marker in _read_proc("/proc/%s/environ" % entry)
+            if not found:
+                continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return {"killed": killed}
+
+
+def main(argv, code=None) -> int:
+    # Marks this agent and every child it starts, so that reap() can find them after a hard failure.
+    if argv:
+        os.environ[RUN_ENV] = argv[0]
+    stdin = sys.stdin.buffer
+    request = json.loads(stdin.readline().decode())
+    procs.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
+    if request.get("op") == "serve":
+        return serve(os.environ.get(RUN_ENV, ""), bool(request.get("step")))
+    return _run_one(request, stdin)
+
+
+def _run_one(request: Dict[str, Any], stdin) -> int:
+    """One request in this process: stdin is its lifeline, RESULT (and READY) lines go to stdout."""
+    for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    threading.Thread(target=_lifeline, args=(stdin,), daemon=True).start()
+    payload: Dict[str, Any] = {"host": _host_facts()}
+    try:
+        if request["op"] == "collect":
+            payload["value"] = _collect(request["checks"], request.get("params", {}), float(request["timeout"]))
+        elif request["op"] == "call":
+            payload["value"] = _call(request["func"], request.get("params", {}), float(request["timeout"]))
+        else:
+            raise ValueError("unknown op %r" % request["op"])
+        payload["ok"] = True
+    except Abort as exc:
+        payload.update(ok=False, error="aborted: %s" % exc)
+    except Exception as exc:
+        payload.update(ok=False, error="%s: %s" % (type(exc).__name__, exc),
+                       traceback=traceback.format_exc(limit=8))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        procs.kill_all()
+    _emit(RESULT, payload)
+    _finished.set()
+    return 0
+
+
+# --- the persistent agent ---------------------------------------------------------------------------------
+
+FRAME = b"@@PF"
+# After a request's lifeline closes, its worker gets this long to finish (its own lifeline handling SIGTERMs
+# itself after 2 s and leaves after 12 s), then its process group is killed.
+_KILL_AFTER_S = 14.0
+
+
+class _Shutdown(Exception):
+    pass
+
+
+class _Worker:
+    def __init__(self, pid: int, out_fd: int, err_fd: int, life_fd: int):
+        self.pid = pid
+        self.fds = {out_fd: b"o", err_fd: b"e"}
+        self.life_fd = life_fd
+        self.rc = None  # type: Any
+        self.kill_at = None  # type: Any
+        self.exited_at = None  # type: Any
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(1, view)
+        view = view[n:]
+
+
+# In a shared step (serve(step=True)) the agent's stdout reaches the coordinator through `srun --label`, which
+# labels whatever chunk it forwards and ends it with a newline: a length-prefixed frame would not survive. There
+# every frame is one line of base64 (no newline, no '.') ended by a '.', so the coordinator can join the pieces
+# of a split line per label and knows where a frame ends.
+LINE_FRAME = b"@@PL"
+_LINE_CHUNK = 768  # bytes of payload per line: 1,024 base64 characters, well inside any line buffer
+_line_frames = [False]
+
+
+def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
+    if not _line_frames[0]:
+        _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
+        return
+    size = _LINE_CHUNK if kind in (b"o", b"e") else max(1, len(data))  # streams may be cut; hello, exit code not
+    _write_all(b"".join(b"%s %d %s %s.\n" % (LINE_FRAME, rid, kind, base64.b64encode(data[start:start + size]))
+                        for start in range(0, max(1, len(data)), size)))
+
+
+def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
+    pid, life_w, out_r, err_r = _fork_one(request)
+    return _Worker(pid, out_r, err_r, life_w)
+
+
+def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None, session: bool = False):
+    """Fork a one-request agent serving request: its stdin is a lifeline pipe, its stdout and stderr pipes; it
+    holds none of this process's other descriptors (the agent's channel, the other workers' or ranks' pipes).
+    Its own process group (session=True: its own session), env added. Returns (pid, lifeline write end,
+    stdout read end, stderr read end)."""
+    global _stop, _finished, _write_lock
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    life_r, life_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        rc = 70
+        try:
+            held = procs.forked_child_stdio(life_r, out_w, err_w, session)  # noqa: F841
+            os.environ.update(env or {})
+            # The parent's state belongs to the request it serves (a supervisor forking ranks is one): the child
+            # starts afresh.
+            _stop, _finished, _write_lock = threading.Event(), threading.Event(), threading.Lock()
+            _aborting[0], _abort_reason[0] = False, "deadline"
+            procs.LIVE.clear()  # the parent's children are not this child's to stop
+            rc = _run_one(request, sys.stdin.buffer)
+            sys.stdout.flush()
+        except BaseException:
+            try:
+                traceback.print_exc()
+                sys.stderr.flush()
+            except Exception:
+                pass
+        os._exit(rc)
+    for fd in (out_w, err_w, life_r):
+        os.close(fd)
+    return pid, life_w, out_r, err_r
+
+
+def _close_lifeline(worker: _Worker) -> None:
+    if worker.life_fd >= 0:
+        try:
+            os.close(worker.life_fd)
+        except OSError:
+            pass
+        worker.life_fd = -1
+    if worker.kill_at is None:
+        worker.kill_at = time.monotonic() + _KILL_AFTER_S
+
+
+def _kill_worker(worker: _Worker) -> None:
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# Modules the persistent agent may import into itself, so that later workers inherit them instead of
+# importing them again. Only after a host check proved they import cleanly here (a crash would cost the
+# agent, which the coordinator then restarts), never anything that initializes a GPU at import.
+_PRELOADABLE = ("torch",)
+_PRELOAD_TIMEOUT_S = 120.0  # when the request names none
+
+
+def _preload(names, timeout: float = _PRELOAD_TIMEOUT_S) -> int:
+    def on_alarm(signum, frame):
+        raise TimeoutError("preload took too long")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(max(1, int(timeout)))
+    try:
+        for name in names:
+            if name in _PRELOADABLE:
+                importlib.import_module(name)
+        return 0
+    except _Shutdown:
+        raise
+    except BaseException:
+        return 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def serve(token: str, step: bool = False) -> int:
+    """The persistent agent: one process per host for the whole run, a forked worker per request.
+
+    Single-threaded (a select loop), so forking is safe. Its stdin is the run's lifeline: when it closes
+    (coordinator done, killed, or the connection dropped) every worker's lifeline closes, stragglers are
+    killed, and everything of the run still alive on the host is reaped before it exits.
+
+    With step=True it is one task of a Slurm step over every node, whose stdin srun broadcasts to all tasks:
+    it takes only the lines addressed to its node ("@NODE {request}"), writes line frames, and ends with a "q"
+    frame when asked to exit ({"op": "exit"}), since its task's end is not reported per node.
+    """
+    import selectors
+
+    route = b""
+    if step:
+        node = os.environ.get("SLURMD_NODENAME", "")
+        if not node:
+            sys.stderr.write("preflight agent: a shared step needs SLURMD_NODENAME (set by slurmd)\n")
+            return 2
+        route = b"@" + node.encode() + b" "
+        _line_frames[0] = True
+
+    def on_signal(signum, frame):
+        raise _Shutdown()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ, None)
+    workers = {}  # type: Dict[int, _Worker]
+    by_fd = {}  # type: Dict[int, Any]
+    inbuf = bytearray()
+    stdin_open = True
+
+    def finish(rid: int, worker: _Worker) -> None:
+        for fd in list(worker.fds):
+            sel.unregister(fd)
+            os.close(fd)
+            by_fd.pop(fd, None)
+        worker.fds.clear()
+        if worker.rc is None:
+            _, status = os.waitpid(worker.pid, 0)
+            worker.rc = os.waitstatus_to_exitcode(status)
+        _close_lifeline(worker)
+        workers.pop(rid, None)
+        if stdin_open:
+            _frame(rid, b"x", str(worker.rc).encode())
+
+    def handle(line: bytes) -> None:
+        if route:
+            if not line.startswith(route):
+                return  # another node's request
+            line = line[len(route):]
+        try:
+            msg = json.loads(line.decode())
+            rid = int(msg["id"])
+            op = msg["op"]
+        except (ValueError, KeyError, TypeError):
+            return  # not ours: the coordinator only sends well-formed requests
+        if op == "exit":
+            raise _Shutdown()
+        if op in ("stop", "kill"):
+            if rid in workers:
+                _close_lifeline(workers[rid])
+            return
+        if op == "preload":
+            rc = _preload(msg.get("modules") or [], float(msg.get("timeout") or _PRELOAD_TIMEOUT_S))
+            _frame(rid, b"x", b"%d" % rc)
+            return
+        if rid in workers:
+            return
+        worker = _fork_worker(rid, msg)
+        workers[rid] = worker
+        for fd in worker.fds:
+            sel.register(fd, selectors.EVENT_READ, None)
+            by_fd[fd] = (rid, worker)
+
+    try:
+        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        if route:
+            hello["node"] = route[1:-1].decode()
+        _frame(0, b"h", json.dumps(hello).encode())
+        while stdin_open or workers:
+            timeout = 1.0 if workers else None  # idle: sleep until the coordinator says something
+            for key, _ in sel.select(timeout):
+                fd = key.fd
+                if fd == 0:
+                    data = os.read(0, 65536)
+                    if not data:
+                        raise _Shutdown()
+                    inbuf.extend(data)
+                    while True:
+                        nl = inbuf.find(b"\n")
+                        if nl < 0:
+                            break
+                        line = bytes(inbuf[:nl])
+                        del inbuf[:nl + 1]
+                        handle(line)
+                    continue
+                rid, worker = by_fd[fd]
+                data = os.read(fd, 65536)
+                if data:
+                    _frame(rid, worker.fds[fd], data)
+                    continue
+                sel.unregister(fd)
+                os.close(fd)
+                del worker.fds[fd]
+                by_fd.pop(fd, None)
+                if not worker.fds:
+                    finish(rid, worker)
+            now = time.monotonic()
+            for rid, worker in list(workers.items()):
+                if worker.rc is None:
+                    pid, status = os.waitpid(worker.pid, os.WNOHANG)
+                    if pid:
+                        worker.rc = os.waitstatus_to_exitcode(status)
+                        worker.exited_at = now
+                if worker.rc is not None and worker.exited_at is not None and now - worker.exited_at > 2.0:
+                    finish(rid, worker)  # exited, but a child it left holds its output open
+                elif worker.kill_at is not None and now > worker.kill_at:
+                    _kill_worker(worker)
+    except (_Shutdown, OSError):
+        pass
+    # The coordinator is gone or asked us to go: stop every request the way its own lifeline would.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    stdin_open = False
+    deadline = time.monotonic() + _KILL_AFTER_S
+    for worker in workers.values():
+        _close_lifeline(worker)
+    while workers and time.monotonic() < deadline:
+        for rid, worker in list(workers.items()):
+            pid, _ = os.waitpid(worker.pid, os.WNOHANG)
+            if pid:
+                worker.rc = 0
+                finish(rid, worker)
+        time.sleep(0.1)
+    for worker in workers.values():
+        _kill_worker(worker)
+        try:
+            os.waitpid(worker.pid, 0)
+        except OSError:
+            pass
+    if token:
+        try:
+            reap({"token": token}, None)  # type: ignore[arg-type]  # grandchildren in their own sessions
+        except Exception:
+            pass
+    if route:
+        try:
+            _frame(0, b"q")
+        except OSError:
+            pass
+    return 0

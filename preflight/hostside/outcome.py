@@ -1,0 +1,107 @@
+"""The status vocabulary every check speaks: the Status enum, findings, outcomes, and the thresholds accessor.
+
+Pure and standard-library only (it runs on the hosts too, Python 3.9). A check's ``evaluate`` returns an
+``Outcome``; its sub-results are ``Finding``s folded by ``combine``::
+
+    combine([Finding(Status.WARN, "memlock 64 KiB < unlimited")], "ok") -> Outcome(WARN, "memlock 64 KiB ...")
+
+Thresholds are the merged config (each check's defaults + ``--config``), read only through
+``limits(thresholds, NAME)``, e.g. ``limits(thresholds, "nvme")["min_write_gbps"]``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+
+class Status(str, enum.Enum):
+    """PASS/WARN/FAIL are verdicts about the host; SKIP always carries a reason; ERROR means 'could not run'."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        # A definite FAIL outranks ERROR when one check has both: it is the more useful thing to show.
+        return {"skip": 0, "pass": 1, "warn": 2, "error": 3, "fail": 4}[self.value]
+
+
+@dataclass
+class Finding:
+    """One sub-result of a check (one GPU's ECC errors, one config key); the check's status is the worst."""
+
+    status: Status
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> Dict[str, str]:
+        return {"status": self.status.value, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class Outcome:
+    """What ``evaluate`` returns for one (host, check): the message states actual vs expected."""
+
+    status: Status
+    message: str
+    fix: str = ""
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    findings: List[Finding] = field(default_factory=list)
+
+
+def combine(findings: Sequence[Finding], ok_message: str, metrics: Optional[Dict[str, Any]] = None) -> Outcome:
+    """Fold findings into one outcome: worst status wins; the message lists every non-PASS finding.
+
+    With no findings at all the outcome is PASS with ``ok_message``.
+    """
+    metrics = dict(metrics or {})
+    findings = list(findings)
+    if not findings:
+        return Outcome(Status.PASS, ok_message, metrics=metrics)
+    worst = max((f.status for f in findings), key=lambda s: s.rank)
+    shown = [f for f in findings if f.status not in (Status.PASS,)] or findings
+    if worst == Status.SKIP or all(f.status == Status.SKIP for f in shown):
+        shown = [f for f in findings if f.status == Status.SKIP]
+    else:
+        shown = [f for f in shown if f.status != Status.SKIP] or shown
+    message = "; ".join(f.message for f in shown)
+    fixes: List[str] = []
+    for f in shown:
+        if f.fix and f.fix not in fixes:
+            fixes.append(f.fix)
+    if worst == Status.PASS:
+        message = ok_message if ok_message else message
+    metrics.setdefault("findings", [f.to_dict() for f in findings])
+    return Outcome(worst, message, "; ".join(fixes), metrics, findings)
+
+
+def skip(reason: str, **metrics: Any) -> Outcome:
+    return Outcome(Status.SKIP, reason, metrics=dict(metrics))
+
+
+def error(reason: str, fix: str = "", **metrics: Any) -> Outcome:
+    return Outcome(Status.ERROR, reason, fix, metrics=dict(metrics))
+
+
+class ThresholdsError(KeyError):
+    """A check asked for a [section] that the thresholds do not have: a bug or a stale defaults.toml."""
+
+
+def limits(thresholds: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    """The one accessor for a check's thresholds: the ``[name]`` section of the merged config.
+
+    ``preflight/defaults.toml`` is the only source of the numbers; there are no fallback copies in the
+    checks, so a missing section is an error that names it rather than a silently different default.
+    """
+    section = thresholds.get(name)
+    if not isinstance(section, dict):
+        raise ThresholdsError("thresholds have no [%s] section (preflight/defaults.toml is the source of every "
+                              "threshold)" % name)
+    return section
+
+
+Evaluation = Union[Outcome, Dict[str, Outcome]]
