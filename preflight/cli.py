@@ -20,7 +20,7 @@ from preflight.config import ConfigError, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
                                 split_csv, with_slots)
-from preflight.model import CLUSTER_NAME
+from preflight.results import CLUSTER_NAME
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

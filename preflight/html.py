@@ -22,7 +22,7 @@ from preflight.hostside.fmt import human_bytes
 from preflight.hostside.outcome import Status
 from preflight.hostside.fmt import rate
 from preflight import __version__
-from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result, display_host
+from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result, display_host
 from preflight.report import CELL, summary_line
 
 # The one definition of the status colours (background, text): the matrix cells, the badges, the heat map's

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequ
 import pytest
 
 from preflight.hostside.outcome import Status
-from preflight.model import CLUSTER, CLUSTER_NAME, Report, Result
+from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result
 from preflight.text import plain, xml_safe
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from preflight.hostside.outcome import Status
-from preflight.model import CLUSTER, Report, Result, display_host
+from preflight.results import CLUSTER, Report, Result, display_host
 from preflight.runner import Progress
 from preflight.text import plain, xml_safe
 

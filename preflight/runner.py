@@ -19,7 +19,7 @@ from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
-from preflight.model import CLUSTER, HostRecord, Report, Result
+from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input
 from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
                                  TransportError, raise_fd_limit)

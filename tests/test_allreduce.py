@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import allreduce
-from preflight.checks.allreduce import common, coordinator, stragglers, supervisor
+from preflight.checks.allreduce import common, orchestrate, stragglers, supervisor
 from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 
@@ -201,27 +201,27 @@ def test_errors_from_ranks_name_the_unreachable_master():
         {"tag": "main", "rank": 2, "host": "node03", "ok": False, "phase": "init", "kind": "stopped",
          "phase_s": 3.0, "error": "stopped by preflight after another rank failed"},
     ]
-    errors = coordinator._rank_errors(ranks, owner, 10.0)
+    errors = orchestrate._rank_errors(ranks, owner, 10.0)
     assert [e["rank"] for e in errors] == [1, 0, 2]  # a peer's precise error first, the bystander last
-    suspects = coordinator._failure_suspects(errors, 29500)
+    suspects = orchestrate._failure_suspects(errors, 29500)
     assert [s["host"] for s in suspects] == ["node01"]
     assert "rank 1 on node02" in suspects[0]["reason"]
-    msg = coordinator._failure_message(errors, HEALTHY, {})
+    msg = orchestrate._failure_message(errors, HEALTHY, {})
     assert msg.startswith("rank 1 on node02 could not connect to MASTER_ADDR 198.18.0.1:29500")
     # A rank stopped while still connecting after the whole init timeout was stuck, not a bystander.
     stuck = dict(ranks[2], phase_s=12.0)
-    assert coordinator._rank_errors([stuck], owner, 10.0)[0]["kind"] == "mesh"
+    assert orchestrate._rank_errors([stuck], owner, 10.0)[0]["kind"] == "mesh"
 
 
 def test_pairwise_bandwidth_names_the_host_whose_best_pair_is_slow():
     pairs = [{"hosts": ["node01", "node02"], "ok": True, "busbw_GBps": 0.006},
              {"hosts": ["node02", "node03"], "ok": True, "busbw_GBps": 0.0061},
              {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.024}]
-    suspects = coordinator._pair_suspects(pairs, "bandwidth", 0.75)
+    suspects = orchestrate._pair_suspects(pairs, "bandwidth", 0.75)
     assert [s["host"] for s in suspects] == ["node02"]
     failing = [{"hosts": ["node01", "node02"], "ok": False}, {"hosts": ["node02", "node03"], "ok": False},
                {"hosts": ["node03", "node01"], "ok": True, "busbw_GBps": 0.02}]
-    assert [s["host"] for s in coordinator._pair_suspects(failing, "failure", 0.75)] == ["node02"]
+    assert [s["host"] for s in orchestrate._pair_suspects(failing, "failure", 0.75)] == ["node02"]
 
 
 def test_pairwise_names_a_host_10_percent_slow_by_statistics_not_by_noise():
@@ -237,12 +237,12 @@ def test_pairwise_names_a_host_10_percent_slow_by_statistics_not_by_noise():
     for p in pairs:
         if "n4" in p["hosts"]:
             p["busbw_GBps"] = 0.090
-    named = coordinator._pair_suspects(pairs, "bandwidth", 0.75, cfg)
+    named = orchestrate._pair_suspects(pairs, "bandwidth", 0.75, cfg)
     assert [s["host"] for s in named] == ["n4"] and "90% of the median" in named[0]["reason"]
-    assert coordinator._pair_suspects(pairs, "bandwidth", 0.75) == []  # the fixed fraction alone misses it
-    assert coordinator._pair_suspects(ring(even), "bandwidth", 0.75, cfg) == []
+    assert orchestrate._pair_suspects(pairs, "bandwidth", 0.75) == []  # the fixed fraction alone misses it
+    assert orchestrate._pair_suspects(ring(even), "bandwidth", 0.75, cfg) == []
     noisy = {"n1": 0.100, "n2": 0.080, "n3": 0.120, "n4": 0.090, "n5": 0.110, "n6": 0.095}
-    assert coordinator._pair_suspects(ring(noisy), "bandwidth", 0.75, cfg) == []
+    assert orchestrate._pair_suspects(ring(noisy), "bandwidth", 0.75, cfg) == []
 
 
 def test_iperf3_straggler_map():
@@ -250,7 +250,7 @@ def test_iperf3_straggler_map():
         {"network": 0, "links": [{"src": "a", "dst": "b", "gbps": 0.1}]},
         {"network": 1, "links": [{"src": "a", "dst": "b", "gbps": 9.4}, {"src": "b", "dst": "c", "gbps": 2.0},
                                  {"src": "c", "dst": "d", "gbps": 2.1}, {"src": "d", "dst": "a", "gbps": 9.3}]}]}
-    suspects = coordinator._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
+    suspects = orchestrate._iperf3_stragglers(iperf, ["a", "b", "c", "d"], 0.75)
     assert [s["host"] for s in suspects] == ["c"]
 
 
@@ -340,26 +340,26 @@ def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
 
 def test_straggler_plan_pairs_each_hosts_first_rank_around_the_ring():
     hosts = [type("H", (), {"name": n, "slots": k})() for n, k in (("a", 2), ("b", 1), ("c", 1), ("d", 1))]
-    plan = coordinator._straggler_plan(hosts, CFG)
+    plan = orchestrate._straggler_plan(hosts, CFG)
     assert plan["bytes"] == 16 << 20 and plan["iters"] == 8
     # first global ranks 0, 2, 3, 4; ring a-b, b-c, c-d, d-a in 2 rounds of disjoint pairs
     assert plan["rounds"] == [[[0, 2], [3, 4]], [[2, 3], [4, 0]]]
-    assert coordinator._straggler_plan(hosts[:2], CFG) is None
-    assert coordinator._straggler_plan(hosts, dict(CFG, straggler_rounds=False)) is None
+    assert orchestrate._straggler_plan(hosts[:2], CFG) is None
+    assert orchestrate._straggler_plan(hosts, dict(CFG, straggler_rounds=False)) is None
     ranks = [{"rank": 0, "host": "a", "stragglers": [{"round": 0, "ranks": [0, 2], "iter_s": [0.1, 0.3]},
                                                      {"round": 1, "ranks": [4, 0], "iter_s": [0.1, 0.1]}],
               "stragglers_s": 1.5},
              {"rank": 2, "host": "b", "stragglers": [{"round": 0, "ranks": [0, 2], "iter_s": [0.2, 0.1]}]},
              {"rank": 3, "host": "c", "stragglers_error": "RuntimeError: timed out"},
              {"rank": 4, "host": "d", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": [0.1, 0.1]}]}]
-    facts = coordinator._straggler_facts(plan, ranks, hosts)
+    facts = orchestrate._straggler_facts(plan, ranks, hosts)
     pairs = {tuple(p["hosts"]): p for p in facts["pairs"]}
     assert pairs[("a", "b")]["iter_s"] == [0.2, 0.3]  # each iteration: the slower rank's view
     assert not pairs[("c", "d")]["ok"] and "timed out" in pairs[("c", "d")]["error"]
     assert pairs[("d", "a")]["ok"] and facts["rounds"] == 2 and facts["duration_s"] == 1.5
     # Hosts' output is data: a rank claiming another host's name, or sending junk, changes no pair's hosts.
     ranks[3] = {"rank": 4, "host": "evil", "stragglers": [{"round": 1, "ranks": [4, 0], "iter_s": ["x", None, True]}]}
-    pairs = {tuple(p["hosts"]): p for p in coordinator._straggler_facts(plan, ranks, hosts)["pairs"]}
+    pairs = {tuple(p["hosts"]): p for p in orchestrate._straggler_facts(plan, ranks, hosts)["pairs"]}
     assert set(pairs) == {("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")}
     assert pairs[("d", "a")]["iter_s"] == [0.1, 0.1]  # node a's own view stands
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from preflight.checks import ds_config as D
-from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, report
+from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, findings
 from preflight.checks.ds_config import host as ds_host
 from preflight.checks.ds_config import keys as K
 from preflight.hostside.seams import HostContext
@@ -179,7 +179,7 @@ def test_valid_configs_have_no_unknown_keys():
         if not (name.startswith("real_") or name.startswith("zero")):
             continue
         config, found = D.load_config(cfg(name))
-        rep = report.Report()
+        rep = findings.Report()
         keycheck.check_keys(config, None, rep)
         assert found == [] and rep.star == [], (name, [f.message for f in rep.star])
 

@@ -13,7 +13,7 @@ import junitparser
 import pytest
 
 from preflight.hostside.outcome import Status
-from preflight.model import CLUSTER, HostRecord, Report, Result
+from preflight.results import CLUSTER, HostRecord, Report, Result
 from tests.test_cli_cluster import assert_nothing_left
 
 pytest_plugins = ["pytester"]

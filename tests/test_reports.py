@@ -4,7 +4,7 @@ import json
 import junitparser
 
 from preflight.hostside.outcome import Status
-from preflight.model import HostRecord, Report, Result
+from preflight.results import HostRecord, Report, Result
 from preflight.report import matrix, result_line, summary_line, to_env_file, to_json, to_junit
 
 

@@ -4,7 +4,7 @@ One process per slot runs a message-size sweep; the verdict names the rank, host
 ``ranks 1, 2 on node02, node03 could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s``. Thresholds: the
 ``[allreduce]`` section of preflight/defaults.toml. The files say where their code runs:
 
-- ``coordinator.py``  on the coordinator: plan the ranks, run the sweep on every host, localize a failure (pairwise);
+- ``orchestrate.py`` on the coordinator: plan the ranks, run the sweep on every host, localize a failure (pairwise);
 - ``supervisor.py``   on each host, in the agent: ``probe`` (torch, GPUs, interface) and ``run`` (that host's ranks);
 - ``rank.py``         in each torch rank process: rendezvous, init_process_group, the timed sweep;
 - ``verdict.py``      pure: facts in, outcomes out;
@@ -14,7 +14,7 @@ One process per slot runs a message-size sweep; the verdict names the rank, host
 from __future__ import annotations
 
 from .common import NAME
-from .coordinator import coordinate
+from .orchestrate import coordinate
 from .verdict import evaluate
 
 DESCRIPTION = "torch.distributed all-reduce across all hosts, one process per slot: busbw per message size"

@@ -30,7 +30,7 @@ from .offload import check_nvme, check_offload_stage
 from .ops import check_ops, required_ops
 from .parse import load_config, nvme_paths, offload_devices, optimizer_type, zero_stage
 from .precision import check_precision
-from .report import Report, gpus_by_host, host_versions, vstr
+from .findings import Report, gpus_by_host, host_versions, vstr
 
 __all__ = ["NAME", "DESCRIPTION", "SCOPE", "DEFAULT", "coordinate", "evaluate", "load_config", "nvme_paths",
            "required_ops"]

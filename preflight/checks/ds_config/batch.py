@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ...hostside.outcome import Status
 from .parse import config_section
-from .report import Report, num
+from .findings import Report, num
 
 
 def resolve_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float],

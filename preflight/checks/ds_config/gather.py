@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 from ...hostside.seams import ClusterView
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
-from .report import host_versions
+from .findings import host_versions
 
 # The host checks whose facts the verdicts read.
 HOST_FACTS = ("gpu", "ds_report", "nvme", "python")

@@ -13,7 +13,7 @@ from ...hostside.outcome import Status
 from .keys import (DEPRECATED, DS_OPTIMIZERS, DS_SCHEDULERS, REMOVED_ISSUE, SECTIONS, TOP_LEVEL, TORCH_OPTIMIZERS,
                    TORCH_SCHEDULERS, ZERO_SUPPORTED)
 from .parse import optimizer_params, optimizer_type, parse_version, zero_stage
-from .report import Report, hosts_text, vstr
+from .findings import Report, hosts_text, vstr
 
 # Keys starting with these are comments by convention (DeepSpeedExamples' "_comment", hjson-era "//").
 COMMENT_PREFIXES = ("_", "#", "//")

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...hostside.outcome import Status, limits
 from .parse import enabled, offload_device, offload_devices, zero_section, zero_stage
-from .report import GiB, Report, gib, host_versions, hosts_text, params_text
+from .findings import GiB, Report, gib, host_versions, hosts_text, params_text
 
 NAME = "ds_config"  # the thresholds section
 

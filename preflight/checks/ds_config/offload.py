@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 
 from ...hostside.outcome import Status
 from .parse import nvme_paths, offload_device, offload_devices, zero_section, zero_stage
-from .report import Report, hosts_text
+from .findings import Report, hosts_text
 
 
 def _norm(p: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 
 from ...hostside.outcome import Status
 from .parse import config_section, offload_devices, optimizer_params, optimizer_type
-from .report import Report, hosts_text
+from .findings import Report, hosts_text
 
 
 def required_ops(config: Dict[str, Any]) -> List[str]:

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 from ...hostside.outcome import Status
 from .parse import enabled
-from .report import Report, hosts_text, num
+from .findings import Report, hosts_text, num
 
 
 def check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]]], report: Report) -> str:
