@@ -41,7 +41,7 @@ from preflight import checks as registry  # noqa: E402
 from preflight.remote import Agent  # noqa: E402
 from preflight.transport import SSHOptions, SSHTransport  # noqa: E402
 
-HOST_CHECKS = [n for n in registry.ORDER if registry.load(n).SCOPE == "host" and registry.load(n).DEFAULT]
+HOST_CHECKS = [n for n in registry.ORDER if registry.load(n).SPEC.scope == "host" and registry.load(n).SPEC.default]
 FIRST_RESULT = re.compile(r"host checks: 1/\d+")
 TIMEOUT_S = 300
 

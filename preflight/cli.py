@@ -186,7 +186,7 @@ def select_checks(only: Optional[str], skip: Optional[str], deepspeed_config: Op
     if wanted:
         chosen = [n for n in known if n in wanted]
     else:
-        chosen = [n for n in known if registry.load(n).DEFAULT or (n == "ds_config" and deepspeed_config)]
+        chosen = [n for n in known if registry.load(n).SPEC.default or (n == "ds_config" and deepspeed_config)]
     return [n for n in chosen if n not in skipped]
 
 
@@ -304,9 +304,9 @@ def cmd_list(out) -> int:
     width = max(len(n) for n in registry.ORDER)
     for name in registry.ORDER:
         module = registry.load(name)
-        scope = {"host": "per host", "cluster": "cluster", "connection": "per host"}[module.SCOPE]
-        default = "" if module.DEFAULT else "  (opt-in)"
-        print(f"{name:<{width}}  [{scope}]  {module.DESCRIPTION}{default}", file=out)
+        scope = {"host": "per host", "cluster": "cluster", "connection": "per host"}[module.SPEC.scope]
+        default = "" if module.SPEC.default else "  (opt-in)"
+        print(f"{name:<{width}}  [{scope}]  {module.SPEC.description}{default}", file=out)
     return EXIT_OK
 
 
@@ -473,7 +473,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     try:
         thresholds = load_thresholds(args.config)
         names = select_checks(args.checks, args.skip, None, thresholds, args.config)
-        cluster_only = [n for n in split_csv(args.checks or "") if registry.load(n).SCOPE != "host"]
+        cluster_only = [n for n in split_csv(args.checks or "") if registry.load(n).SPEC.scope != "host"]
         if cluster_only:
             raise UsageError(f"node-check runs per-host checks only; {', '.join(cluster_only)} "
                              "need(s) `preflight run` across hosts")
@@ -481,7 +481,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     options = nodecheck.NodeCheckOptions(
-        checks=[n for n in names if registry.load(n).SCOPE == "host"], thresholds=thresholds, python=args.python,
+        checks=[n for n in names if registry.load(n).SPEC.scope == "host"], thresholds=thresholds, python=args.python,
         deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
         node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)})
     verdict = nodecheck.run_checks(options)

@@ -98,8 +98,8 @@ def _params(modules: Sequence[Any], options: NodeCheckOptions, name: str) -> Dic
     params: Dict[str, Any] = {"host": name, "slots": options.slots, "gpus": list(range(options.slots)),
                               "master": "", "master_name": name, "hosts": [name]}
     for module in modules:
-        if hasattr(module, "params_from_thresholds"):
-            params.update(module.params_from_thresholds(options.thresholds))
+        if module.SPEC.host_params:
+            params.update(module.SPEC.host_params(options.thresholds))
     params.update(options.host_params)
     return params
 

@@ -251,8 +251,8 @@ class Runner:
                   "master": master.transport.address, "master_name": master.name}
         # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
         for module in modules:
-            if hasattr(module, "params_from_thresholds"):
-                params.update(module.params_from_thresholds(self.o.thresholds))
+            if module.SPEC.host_params:
+                params.update(module.SPEC.host_params(self.o.thresholds))
         params.update(self.o.extra.get("host_params", {}))
         return params
 
@@ -328,7 +328,7 @@ class Runner:
         # hosts little: ports and launcher_ssh) run together, and read no facts of each other.
         groups: List[List[ModuleType]] = []
         for module in modules:
-            if groups and getattr(module, "QUIET", False) and all(getattr(m, "QUIET", False) for m in groups[-1]):
+            if groups and module.SPEC.quiet and all(m.SPEC.quiet for m in groups[-1]):
                 groups[-1].append(module)
             else:
                 groups.append([module])
@@ -381,7 +381,7 @@ class Runner:
             # An agent that never said hello would only queue the request; closing it below kills it.
             if node.reachable and not node.agent.starting:
                 try:
-                    requests.append(node.agent.call_start("agent.reap", {"token": self.token}, 10))
+                    requests.append(node.agent.call_start("hostside.agent.reap", {"token": self.token}, 10))
                 except Exception:
                     pass
         for request in requests:
@@ -403,14 +403,14 @@ class Runner:
         raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         modules = _select_modules(self.o.checks)
-        self.preload = any(getattr(m, "USES_TORCH", False) for m in modules)
+        self.preload = any(m.SPEC.uses_torch for m in modules)
         try:
             self._connect_all()
             for node in self.nodes:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
-            self._host_checks([m for m in modules if m.SCOPE == "host"])
-            cluster = self._cluster_checks([m for m in modules if m.SCOPE == "cluster"])
+            self._host_checks([m for m in modules if m.SPEC.scope == "host"])
+            cluster = self._cluster_checks([m for m in modules if m.SPEC.scope == "cluster"])
             from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)
         finally:

@@ -14,6 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 from preflight.hostside.outcome import Outcome, Status
+from preflight.hostside.seams import CheckSpec
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import RunOptions, Runner
@@ -32,7 +33,8 @@ def _check(name: str, quiet: bool, body: Any) -> SimpleNamespace:
     def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         return Outcome(Status.PASS if facts.get("ok") else Status.FAIL, str(facts))
 
-    return SimpleNamespace(NAME=name, SCOPE="cluster", QUIET=quiet, coordinate=body, evaluate=evaluate)
+    spec = CheckSpec(name, "a test check", "cluster", True, evaluate, coordinate=body, quiet=quiet)
+    return SimpleNamespace(NAME=name, SPEC=spec, coordinate=body, evaluate=evaluate)
 
 
 def test_quiet_neighbours_run_together_and_a_measuring_check_alone_in_order():
@@ -103,7 +105,7 @@ def test_a_local_run_preloads_torch_at_connect_as_a_remote_one_does():
     runner.nodes = [runner._make_node(spec) for spec in runner.o.hosts]
     try:
         runner._connect(runner.nodes[0])
-        loaded = runner.nodes[0].agent.call("agent.loaded", {"names": ["torch"]}, 120)
+        loaded = runner.nodes[0].agent.call("hostside.agent.loaded", {"names": ["torch"]}, 120)
         assert loaded["modules"] == {"torch": True}, loaded
     finally:
         runner.nodes[0].agent.close()

@@ -38,7 +38,7 @@ def test_the_readme_example_check_works():
     (code,) = _blocks("python")
     (toml,) = _blocks("toml")
     module = _load(code)
-    seams.validate_check_module(module)
+    seams.validate_spec(module.SPEC, module.__name__)
     thresholds = tomllib.loads(toml)
     assert set(thresholds) == {module.NAME} and f"[{module.NAME}]" in module.__doc__
     facts = module.collect(seams.HostContext({}, time.monotonic() + 10))

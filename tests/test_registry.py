@@ -20,21 +20,24 @@ CHECKS_DIR = Path(checks.__file__).resolve().parent
 def test_every_registered_check_satisfies_the_protocol_and_has_a_defaults_section():
     defaults = load_defaults()
     for module in checks.all_checks():
-        assert module.SCOPE in seams.SCOPES
+        assert module.SPEC.scope in seams.SCOPES and module.SPEC.name == module.NAME
         assert module.NAME in defaults, f"[{module.NAME}] missing from defaults.toml"
         doc = module.__doc__ or ""
         assert f"[{module.NAME}]" in doc, f"{module.__name__}'s docstring must name its [{module.NAME}] section"
 
 
-def test_registry_rejects_a_module_that_breaks_the_protocol_with_a_clear_error():
-    bad = types.ModuleType("preflight.checks.broken")
-    bad.NAME, bad.DESCRIPTION, bad.SCOPE, bad.DEFAULT = "broken", "x", "cluster", True
-    bad.evaluate = lambda facts, thresholds: None
-    with pytest.raises(TypeError, match=r"broken: SCOPE 'cluster' needs a function coordinate\(\)"):
-        seams.validate_check_module(bad)
-    bad.SCOPE = "everywhere"
-    with pytest.raises(TypeError, match="SCOPE 'everywhere' is not one of host, cluster, connection"):
-        seams.validate_check_module(bad)
+def test_registry_rejects_a_spec_that_breaks_the_rules_with_a_clear_error():
+    def evaluate(facts, thresholds):
+        return None
+
+    with pytest.raises(TypeError, match=r"broken: scope 'cluster' needs a coordinate function"):
+        seams.validate_spec(seams.CheckSpec("broken", "x", "cluster", True, evaluate), "broken")
+    with pytest.raises(TypeError, match="scope 'everywhere' is not one of host, cluster, connection"):
+        seams.validate_spec(seams.CheckSpec("broken", "x", "everywhere", True, evaluate), "broken")
+    with pytest.raises(TypeError, match="quiet applies to scope 'cluster' only"):
+        seams.validate_spec(seams.CheckSpec("broken", "x", "host", True, evaluate, collect=dict, quiet=True), "b")
+    with pytest.raises(TypeError, match="SPEC must be a CheckSpec, not dict"):
+        seams.validate_spec({"name": "broken"}, "broken")
 
 
 def test_limits_names_a_missing_section():

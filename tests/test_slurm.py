@@ -108,7 +108,7 @@ def test_salloc_run_over_srun_without_ssh_keys_passes_with_the_full_matrix(healt
     from preflight import checks as registry
     from preflight.cli import select_checks
     every = select_checks(None, "", None)
-    per_host = [c for c in every if registry.load(c).SCOPE == "host"]
+    per_host = [c for c in every if registry.load(c).SPEC.scope == "host"]
     # The full matrix: every host x every host-scope check, and one cluster row per cross-host check that has one.
     for host in healthy3.names:
         assert [c for c in ["ssh", *per_host, "ports", "iperf3"] if (host, c) not in cells] == [], host

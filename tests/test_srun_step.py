@@ -111,7 +111,7 @@ def test_an_agent_in_a_shared_step_takes_only_its_nodes_requests_and_leaves_on_e
                             stdout=subprocess.PIPE, bufsize=0, env=dict(os.environ, SLURMD_NODENAME="n1"))
     try:
         proc.stdin.write(serve_input(step=True))
-        call = {"op": "call", "func": "agent.loaded", "params": {"names": []}, "timeout": 30}
+        call = {"op": "call", "func": "hostside.agent.loaded", "params": {"names": []}, "timeout": 30}
         proc.stdin.write(b"@n2 " + json.dumps(dict(call, id=5)).encode() + b"\n")  # another node's
         proc.stdin.write(b"@n1 " + json.dumps(dict(call, id=6)).encode() + b"\n")
         proc.stdin.flush()

@@ -55,10 +55,10 @@ def test_one_persistent_agent_serves_every_request_and_preloads_torch():
     pytest.importorskip("torch")
     agent = Agent(LocalTransport(), sys.executable, "tok")
     try:
-        first = agent.call("agent.loaded", {"names": ["torch"]}, 30)
+        first = agent.call("hostside.agent.loaded", {"names": ["torch"]}, 30)
         assert first["modules"] == {"torch": False}  # a fresh worker imports only the agent
         agent.preload(["torch"])
-        second = agent.call("agent.loaded", {"names": ["torch"]}, 120)
+        second = agent.call("hostside.agent.loaded", {"names": ["torch"]}, 120)
         assert second["modules"] == {"torch": True}  # forked after the preload: inherited, not imported
         assert second["agent"] == first["agent"]  # the same agent process answered both
         out = agent.collect(["python"], {}, 60)

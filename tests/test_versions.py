@@ -149,4 +149,4 @@ def test_several_fields_differ_on_several_hosts(thresholds):
 def test_single_host(thresholds):
     out = v.evaluate(v.coordinate(_cluster(1)), thresholds)["*"]
     assert out.status == Status.PASS and "nothing to compare" in out.message
-    assert v.SCOPE == "cluster"
+    assert v.SPEC.scope == "cluster"

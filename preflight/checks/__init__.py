@@ -8,7 +8,7 @@ import importlib
 from types import ModuleType
 from typing import List
 
-from ..hostside.seams import validate_check_module
+from ..hostside.seams import CheckSpec, validate_spec
 
 # Stable check ids, in the order they run and appear as matrix columns.
 ORDER = [
@@ -34,10 +34,22 @@ ORDER = [
 
 
 def load(name: str) -> ModuleType:
-    """Import one check and verify it against ``hostside.seams.CheckModule`` (TypeError naming what it lacks)."""
+    """Import one check and verify its ``SPEC`` (``hostside.seams.CheckSpec``): TypeError naming what is wrong."""
     module = importlib.import_module("." + name, __name__)
-    validate_check_module(module)
+    spec = validate_spec(getattr(module, "SPEC", None), module.__name__)
+    if spec.name != name:
+        raise TypeError("check module %s: SPEC.name %r differs from its registry name %r" % (module.__name__,
+                                                                                           spec.name, name))
     return module
+
+
+def spec(name: str) -> CheckSpec:
+    """The definition of one registered check."""
+    return load(name).SPEC
+
+
+def all_specs() -> List[CheckSpec]:
+    return [spec(name) for name in ORDER]
 
 
 def all_checks() -> List[ModuleType]:

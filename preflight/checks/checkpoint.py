@@ -19,15 +19,10 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text
 
 NAME = "checkpoint"
-DESCRIPTION = "--checkpoint-dir on every host: exists, writable, free space for a checkpoint, one shared filesystem"
-SCOPE = "cluster"
-DEFAULT = True
-# Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
-QUIET = True
 
 CLUSTER = "*"
 PREFIX = ".preflight-ckpt-"
@@ -205,3 +200,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             "; a checkpoint of %.3g params takes %s" % (float(params or 0), _gib(total)) if total else ""),
             metrics=summary_metrics)
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="--checkpoint-dir on every host: exists, writable, free space for a checkpoint, one shared filesystem",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
+    quiet=True,
+)

@@ -14,13 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.outcome import Outcome, Status, error, limits
 
 NAME = "clock"
-DESCRIPTION = "clock skew of every host against the coordinator (NTP-style exchange over the agent)"
-SCOPE = "cluster"
-DEFAULT = True
 
 CLUSTER = "*"
 
@@ -101,3 +98,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                                metrics={"offsets_s": {h: round(v, 6) for h, v in offsets.items()},
                                         "spread_s": round(spread, 6)})
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="clock skew of every host against the coordinator (NTP-style exchange over the agent)",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+)

@@ -26,16 +26,11 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text
 from ..hostside.robust import MAD_TO_SIGMA, p_text, robust_z
 
 NAME = "compute"
-DESCRIPTION = "GEMM TFLOPS and memory bandwidth per GPU (bf16, HBM, pinned H2D/D2H) or CPU; names slow devices"
-SCOPE = "cluster"
-DEFAULT = True
-# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
-USES_TORCH = True
 
 CLUSTER = "*"
 # (fact key, unit, label) of each metric, GPU then CPU.
@@ -477,3 +472,17 @@ def _summary(devices: List[Dict[str, Any]], out: Dict[str, Outcome], lim: Dict[s
         return Outcome(Status.PASS, "slow device(s) on %s (see their rows); %s" % (", ".join(named), message),
                        metrics=metrics)
     return Outcome(Status.PASS, message, metrics=metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="GEMM TFLOPS and memory bandwidth per GPU (bf16, HBM, pinned H2D/D2H) or CPU; names slow devices",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+    uses_torch=True,
+)

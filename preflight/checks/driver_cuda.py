@@ -22,14 +22,11 @@ import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expected, nvml_session
 from ..hostside.proc import read_text, sh
 
 NAME = "driver_cuda"
-DESCRIPTION = "NVIDIA driver can run torch's CUDA (incl. minor-version compat), nvcc matches, GPUs >= slots"
-SCOPE = "host"
-DEFAULT = True
 
 # Mirrors [driver_cuda] in preflight/defaults.toml (a test keeps them equal); used when a key is absent.
 
@@ -480,3 +477,15 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
             "; minor-version compatibility needs >= %s" % minor_min if minor_min else ""),
         "upgrade the NVIDIA driver to >= %s%s" % (
             need, " or use a torch build for CUDA <= %s: %s" % (driver_cuda, hint) if hint else ""))]
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="NVIDIA driver can run torch's CUDA (incl. minor-version compat), nvcc matches, GPUs >= slots",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+)

@@ -25,15 +25,10 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import fork_python, sh
 
 NAME = "ds_report"
-DESCRIPTION = "DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size"
-SCOPE = "host"
-DEFAULT = True
-# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
-USES_TORCH = True
 
 # Mirrors [ds_report] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 
@@ -331,3 +326,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     metrics["ops_usable"] = compatible
     metrics["ops_total"] = len(ops)
     return combine(findings, ok, metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+    # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+    uses_torch=True,
+)

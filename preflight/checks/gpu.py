@@ -22,14 +22,11 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expected, nvml_session
 from ..hostside.proc import read_text, sh
 
 NAME = "gpu"
-DESCRIPTION = "GPU health: ECC, row remapping, PCIe link, clock slowdowns, temperature, modes, memory in use, Xids"
-SCOPE = "host"
-DEFAULT = True
 
 
 # nvml.h nvmlClocksEventReason* (same bits as the older nvmlClocksThrottleReason*).
@@ -640,3 +637,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     elif facts.get("kernel_log_error"):
         findings.append(Finding(Status.SKIP, xid_note))
     return combine(findings, ok, metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="GPU health: ECC, row remapping, PCIe link, clock slowdowns, temperature, modes, memory in use, Xids",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+)

@@ -25,13 +25,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh
 
 NAME = "interfaces"
-DESCRIPTION = "NICs (addresses, speed, MTU, virtual or not), IB/RoCE port state and rate, peermem, route to master"
-SCOPE = "host"
-DEFAULT = True
 
 SYS_NET = "/sys/class/net"
 SYS_IB = "/sys/class/infiniband"
@@ -576,3 +573,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
                                         "master")}
     return combine(findings, "; ".join(parts), metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="NICs (addresses, speed, MTU, virtual or not), IB/RoCE port state and rate, peermem, route to master",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+)

@@ -34,15 +34,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
 from ..hostside.robust import MAD_TO_SIGMA, MEDIAN_SE, p_text, p_value, rel_noise
 
 NAME = "iperf3"
-DESCRIPTION = "TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC"
-SCOPE = "cluster"
-DEFAULT = True
 
 CLUSTER = "*"
 # Interfaces NCCL must never use for inter-host traffic: NCCL's own default also avoids lo and docker*.
@@ -678,3 +675,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                         % (len(links) - len(good), len(links)))
         fixes.append("see the failing hosts' iperf3 results")
     return dict(out, **{CLUSTER: Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)})
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+)

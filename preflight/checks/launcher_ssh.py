@@ -21,16 +21,11 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.outcome import Outcome, Status, error, limits, skip
 from ..hostside.proc import sh
 
 NAME = "launcher_ssh"
-DESCRIPTION = "passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)"
-SCOPE = "cluster"
-DEFAULT = True
-# Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
-QUIET = True
 
 STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report
 
@@ -243,3 +238,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             out[h] = Outcome(Status.FAIL, "passwordless SSH from %s to %s fails: %s; DeepSpeed's pdsh launcher "
                              "cannot start ranks there" % (master, h, why), fix, metrics)
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
+    quiet=True,
+)

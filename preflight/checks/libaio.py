@@ -25,13 +25,10 @@ import tempfile
 from typing import Any, Dict, List, Optional, Set
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh
 
 NAME = "libaio"
-DESCRIPTION = "libaio runtime, dev files and a test link with -laio, as DeepSpeed's async_io op builder needs"
-SCOPE = "host"
-DEFAULT = True
 
 # Where distributions install libaio (multiarch dirs are globbed below).
 KNOWN_LIB_DIRS = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64"]
@@ -470,3 +467,15 @@ def _no_compiler(compiler: Dict[str, Any], hint: Dict[str, str]) -> Finding:
         NO_COMPILER + " (tried %s); DeepSpeed JIT-compiles async_io and needs one"
         % ", ".join(compiler.get("tried") or ["cc", "gcc"]),
         hint["install_compiler"])
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="libaio runtime, dev files and a test link with -laio, as DeepSpeed's async_io op builder needs",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+)

@@ -14,13 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.outcome import Outcome, Status, limits
 
 NAME = "memlock"
-DESCRIPTION = "locked-memory limit (ulimit -l) of the job's processes; must be unlimited where RDMA devices are"
-SCOPE = "host"
-DEFAULT = True
 
 GiB = 1 << 30
 
@@ -62,3 +59,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                        "RDMA registration need more" % (where, float(lim["min_gib"])), fix, metrics)
     return Outcome(Status.PASS, where + (" (RDMA devices: %s)" % ", ".join(rdma[:4]) if rdma else ""),
                    metrics=metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="locked-memory limit (ulimit -l) of the job's processes; must be unlimited where RDMA devices are",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+)

@@ -21,13 +21,10 @@ import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh
 
 NAME = "nvme"
-DESCRIPTION = "NVMe offload path (--nvme-path / DeepSpeed nvme_path): writable dir, fs, free space, dd write/read GB/s"
-SCOPE = "host"
-DEFAULT = True
 
 MiB = 1024 * 1024
 # Host-side defaults; the coordinator overrides them from [nvme] thresholds via params_from_thresholds().
@@ -389,3 +386,17 @@ def _dd_fix(p: str) -> str:
     user of a shared directory could plant as a symlink to a file root would then overwrite."""
     return ("f=$(mktemp -p %s .preflight-ddtest.XXXXXX) && dd if=/dev/zero of=\"$f\" bs=1M count=256 "
             "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"" % q(p))
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description=("NVMe offload path (--nvme-path / DeepSpeed nvme_path): writable dir, fs, free space, "
+                 "dd write/read GB/s"),
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+    host_params=params_from_thresholds,
+)

@@ -25,17 +25,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text
 from .iperf3 import host_subnets
 
 NAME = "ports"
-DESCRIPTION = "master port free on the master and reachable; inbound TCP on sampled high ports between hosts"
-SCOPE = "cluster"
-DEFAULT = True
-# Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
-# (runner.py), never while compute, iperf3 or the all-reduce measure.
-QUIET = True
 
 LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp prints it
 DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range
@@ -646,3 +640,18 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
         out[h] = combine(findings, ok_msg, metrics)
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="master port free on the master and reachable; inbound TCP on sampled high ports between hosts",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
+    # (runner.py), never while compute, iperf3 or the all-reduce measure.
+    quiet=True,
+)

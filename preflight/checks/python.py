@@ -14,14 +14,9 @@ import sys
 from typing import Any, Dict
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
-from ..hostside.seams import HostContext
+from ..hostside.seams import CheckSpec, HostContext
 
 NAME = "python"
-DESCRIPTION = "interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable"
-SCOPE = "host"
-DEFAULT = True
-# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
-USES_TORCH = True
 
 
 def _version_of(dist: str) -> Any:
@@ -77,3 +72,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if out.status != Status.PASS:
         out.message = summary + ": " + out.message
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="interpreter version on the host, and torch, DeepSpeed and nvidia-ml-py versions if importable",
+    scope="host",
+    default=True,
+    collect=collect,
+    evaluate=evaluate,
+    # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+    uses_torch=True,
+)

@@ -13,11 +13,9 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..hostside.outcome import Outcome, Status, limits
+from ..hostside.seams import CheckSpec
 
 NAME = "ssh"
-DESCRIPTION = "host reachable over SSH: authenticated, hostname, connect time and round-trip latency"
-SCOPE = "connection"
-DEFAULT = True
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -46,3 +44,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                        "a slow control path slows every check and the launcher; check the network to this host",
                        metrics)
     return Outcome(Status.PASS, message, metrics=metrics)
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="host reachable over SSH: authenticated, hostname, connect time and round-trip latency",
+    scope="connection",
+    default=True,
+    evaluate=evaluate,
+)

@@ -20,13 +20,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
+from ..hostside.seams import CheckSpec
 
 NAME = "versions"
-DESCRIPTION = "torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host"
-SCOPE = "cluster"
-DEFAULT = True
-# Measures nothing and loads no host: runs together with its QUIET neighbours in ORDER (runner.py).
-QUIET = True
 
 # Mirrors [versions] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 
@@ -153,3 +149,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                 for f in FIELDS if f in summary and len(summary[f].keys() - {"unknown"}) == 1]
         ok = "all %d hosts agree: %s" % (len(hosts), "; ".join(same) or "no versions recorded")
     return {"*": combine(findings, ok, metrics)}
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="torch, CUDA, NCCL, DeepSpeed, Python major.minor and driver branch are the same on every host",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # Measures nothing and loads no host: runs together with its QUIET neighbours in ORDER (runner.py).
+    quiet=True,
+)

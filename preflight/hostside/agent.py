@@ -171,7 +171,9 @@ def _collect(names, params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
 
 def _call(func: str, params: Dict[str, Any], timeout: float) -> Any:
     module_name, _, attr = func.rpartition(".")
-    module = importlib.import_module(CHECKS_PACKAGE + "." + module_name)
+    # "iperf3.serve" is a check's function; "hostside.agent.reap" one of the host-side support's.
+    package = "preflight" if module_name.startswith("hostside.") else CHECKS_PACKAGE
+    module = importlib.import_module(package + "." + module_name)
     ctx = seams.HostContext(params=params, deadline=time.monotonic() + timeout,
                            ready=lambda info: _emit(READY, info), wait_stop=_wait_stop)
     signal.setitimer(signal.ITIMER_REAL, timeout)

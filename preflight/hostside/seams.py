@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from .outcome import Evaluation
 
@@ -106,35 +106,76 @@ class ClusterView(Protocol):
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any: ...
 
 
-class CheckModule(Protocol):
-    """A check: one module (or subpackage) of this package, listed in ``ORDER`` in ``__init__``.
+Thresholds = Dict[str, Dict[str, Any]]
 
-    NAME: stable lowercase id used in JSON, JUnit and ``preflight list``; DESCRIPTION: one line;
-    SCOPE: one of ``SCOPES``; DEFAULT: runs without ``--checks``. A "host" check also has ``collect(ctx)``,
-    a "cluster" check ``coordinate(cluster)``. ``evaluate`` is pure: recorded facts in, outcome(s) out.
+
+@dataclass(frozen=True)
+class HtmlSection:
+    """A check's own part of the HTML report: ``render(results, hosts)`` gets this check's results as JSON-shaped
+    dicts (host, check, status, message, fix, metrics) and the hostfile's host names, and returns an HTML
+    fragment whose every host-reported value it has escaped. ``title`` names it in the page's contents."""
+
+    title: str
+    render: Callable[[Sequence[Mapping[str, Any]], Sequence[str]], str]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """Everything the registry knows of a check, declared once at the end of the check's own module as ``SPEC``.
+
+    name: stable lowercase id (JSON, JUnit, ``preflight list``, the thresholds section ``[name]``);
+    description: one line; scope: one of ``SCOPES``; default: runs without ``--checks``.
+    evaluate: pure, recorded facts and thresholds in, outcome(s) out. collect (scope "host") runs on every host
+    through the agent; coordinate (scope "cluster") runs on the coordinator with a ``ClusterView``.
+    quiet: a cluster check that measures nothing load disturbs; it may run beside its quiet neighbours.
+    uses_torch: collect imports torch, so the agent imports it once before the host checks.
+    host_params: thresholds -> extra per-host params for collect (e.g. nvme's test size).
+    reads: the other checks whose facts this one reads (``cluster.facts[host][name]``): a declared dependency,
+    never an import of their modules.
+    html: its own section of the HTML report, if any. recommend: its contribution to the recommended NCCL
+    environment, if any (see ``preflight.recommend``).
     """
 
-    NAME: str
-    DESCRIPTION: str
-    SCOPE: str
-    DEFAULT: bool
+    name: str
+    description: str
+    scope: str
+    default: bool
+    evaluate: Callable[[Dict[str, Any], Thresholds], Evaluation]
+    collect: Optional[Callable[[HostContext], Dict[str, Any]]] = None
+    coordinate: Optional[Callable[["ClusterView"], Dict[str, Any]]] = None
+    quiet: bool = False
+    uses_torch: bool = False
+    host_params: Optional[Callable[[Thresholds], Dict[str, Any]]] = None
+    reads: Tuple[str, ...] = ()
+    html: Optional[HtmlSection] = None
+    recommend: Optional[Callable[..., Any]] = None
 
-    def evaluate(self, facts: Dict[str, Any], thresholds: Dict[str, Dict[str, Any]]) -> Evaluation: ...
 
-
-def validate_check_module(module: Any) -> None:
-    """Raise TypeError naming the module and what it lacks, if it does not satisfy ``CheckModule``."""
-    where = getattr(module, "__name__", repr(module))
+def validate_spec(spec: Any, where: str) -> CheckSpec:
+    """The spec itself if it is a well-formed ``CheckSpec``; TypeError naming ``where`` and every problem if not."""
+    if not isinstance(spec, CheckSpec):
+        raise TypeError("check module %s: SPEC must be a CheckSpec, not %s" % (where, type(spec).__name__))
     problems = []
-    for attr, kind in (("NAME", str), ("DESCRIPTION", str), ("SCOPE", str), ("DEFAULT", bool)):
-        if not isinstance(getattr(module, attr, None), kind):
-            problems.append("%s must be a %s" % (attr, kind.__name__))
-    scope = getattr(module, "SCOPE", None)
-    if isinstance(scope, str) and scope not in SCOPES:
-        problems.append("SCOPE %r is not one of %s" % (scope, ", ".join(SCOPES)))
-    needs = ["evaluate"] + {"host": ["collect"], "cluster": ["coordinate"]}.get(scope or "", [])
-    for fn in needs:
-        if not callable(getattr(module, fn, None)):
-            problems.append("SCOPE %r needs a function %s()" % (scope, fn))
+    if not (spec.name and spec.name.isidentifier() and spec.name.islower()):
+        problems.append("name %r must be a lowercase identifier" % spec.name)
+    if not spec.description:
+        problems.append("description is empty")
+    if spec.scope not in SCOPES:
+        problems.append("scope %r is not one of %s" % (spec.scope, ", ".join(SCOPES)))
+    if not callable(spec.evaluate):
+        problems.append("evaluate must be a function")
+    if spec.scope == "host" and not callable(spec.collect):
+        problems.append("scope 'host' needs a collect function")
+    if spec.scope == "cluster" and not callable(spec.coordinate):
+        problems.append("scope 'cluster' needs a coordinate function")
+    if spec.scope != "host" and (spec.collect is not None or spec.host_params is not None):
+        problems.append("collect and host_params belong to scope 'host' only")
+    if spec.scope != "cluster" and spec.coordinate is not None:
+        problems.append("coordinate belongs to scope 'cluster' only")
+    if spec.quiet and spec.scope != "cluster":
+        problems.append("quiet applies to scope 'cluster' only")
+    if spec.name in spec.reads:
+        problems.append("reads names the check itself")
     if problems:
         raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
+    return spec

@@ -16,11 +16,21 @@ from __future__ import annotations
 from .common import NAME
 from .orchestrate import coordinate
 from .verdict import evaluate
+from ...hostside.seams import CheckSpec
 
-DESCRIPTION = "torch.distributed all-reduce across all hosts, one process per slot: busbw per message size"
-SCOPE = "cluster"
-DEFAULT = True
-# The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
-USES_TORCH = True
 
-__all__ = ["NAME", "DESCRIPTION", "SCOPE", "DEFAULT", "coordinate", "evaluate"]
+__all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="torch.distributed all-reduce across all hosts, one process per slot: busbw per message size",
+    scope="cluster",
+    default=True,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
+    uses_torch=True,
+)

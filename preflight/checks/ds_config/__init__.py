@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict
 
-from ...hostside.seams import ClusterView
+from ...hostside.seams import CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
@@ -32,17 +32,9 @@ from .parse import load_config, nvme_paths, offload_devices, optimizer_type, zer
 from .precision import check_precision
 from .findings import Report, gpus_by_host, host_versions, vstr
 
-__all__ = ["NAME", "DESCRIPTION", "SCOPE", "DEFAULT", "coordinate", "evaluate", "load_config", "nvme_paths",
-           "required_ops"]
+__all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
 
 NAME = "ds_config"
-DESCRIPTION = ("DeepSpeed config (--deepspeed-config): keys, deprecations, batch math, precision vs GPUs, "
-               "ZeRO memory vs GPU/CPU, offload paths, required ops, DeepSpeed version")
-SCOPE = "cluster"
-DEFAULT = False
-# Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
-# (runner.py).
-QUIET = True
 
 CLUSTER = "*"
 
@@ -123,3 +115,19 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for host, fs in sorted(report.hosts.items()):
         out[host] = combine(fs, "%s: ok" % NAME)
     return out
+
+
+# What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
+# functions above.
+SPEC = CheckSpec(
+    name=NAME,
+    description="DeepSpeed config (--deepspeed-config): keys, deprecations, batch math, precision vs GPUs, "
+               "ZeRO memory vs GPU/CPU, offload paths, required ops, DeepSpeed version",
+    scope="cluster",
+    default=False,
+    coordinate=coordinate,
+    evaluate=evaluate,
+    # Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
+    # (runner.py).
+    quiet=True,
+)
