@@ -3,7 +3,6 @@ defaults.toml through one accessor, and checks/ never imports the coordinator.""
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
 
 import pytest
