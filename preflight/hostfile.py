@@ -32,6 +32,10 @@ from preflight.inputs import MAX_HOSTFILE_BYTES, InputError, read_text_limited
 
 # DeepSpeed's _parse_hostfile pattern, used with re.search on the stripped line.
 _ENTRY = re.compile(r"^(\S+)\s+slots=(\d+)")
+# Characters no host name, address or ssh_config alias has, that a shell, a glob or ssh's own parsing would act on
+# (``node1;touch${IFS}/tmp/x``): such a name is a typo or an attack, and looking it up in DNS only turns it into a
+# column of errors. DeepSpeed accepts them; refusing them is a deliberate difference.
+SHELL_CHARS = frozenset(";&|$`'\"\\<>(){}*?!~#^=/")
 # A line's end for readlines() on a file opened in text mode (universal newlines).
 _LINE_END = re.compile(r"\r\n|\r|\n")
 # No GPU server has more accelerators than this; a bigger number is a typo (or slots=99999999999999999999),
@@ -115,6 +119,10 @@ def _check_name(name: str, where: str, token: str) -> None:
     if odd:
         raise HostfileError(f"{where}: host name {token!r} contains the invisible character U+{ord(odd[0]):04X}; "
                             "retype the host name")
+    shell = sorted({c for c in name if c in SHELL_CHARS})
+    if shell:
+        raise HostfileError(f"{where}: host name {token[:120]!r} contains {' '.join(repr(c) for c in shell)}, which "
+                            "no host name has (a shell or ssh would act on it); fix the host name")
 
 
 def _slots(text: str, host: str, where: str) -> int:

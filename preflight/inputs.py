@@ -28,6 +28,15 @@ def _kind(mode: int) -> str:
     return "not a plain file"
 
 
+def _is_null_device(st: os.stat_result) -> bool:
+    """Whether st is the null device (/dev/null or any other node of it), by device number, not by name."""
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and stat.S_ISCHR(null.st_mode) and st.st_rdev == null.st_rdev
+
+
 def read_text_limited(path: str, what: str, max_bytes: int) -> str:
     """The file's text. Raises InputError (naming ``what``, e.g. '--hostfile', and the path) for anything but a
     regular file of at most max_bytes; like open() it raises OSError (FileNotFoundError, IsADirectoryError,
@@ -39,6 +48,8 @@ def read_text_limited(path: str, what: str, max_bytes: int) -> str:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", path)
+        if _is_null_device(st):
+            return ""  # OpenSSH's `-F /dev/null` idiom: no file, read as empty
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{what} {path}: not a regular file ({_kind(st.st_mode)})")
         if st.st_size > max_bytes:

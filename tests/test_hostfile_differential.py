@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from preflight.hostfile import MAX_SLOTS, HostfileError, apply_filters, load_hostfile
+from preflight.hostfile import MAX_SLOTS, SHELL_CHARS, HostfileError, apply_filters, load_hostfile
 
 runner = pytest.importorskip("deepspeed.launcher.runner")
 
@@ -28,7 +28,7 @@ Mapping = List[Tuple[str, List[int]]]
 Outcome = Tuple[bool, Optional[Mapping]]  # (accepted, host -> GPU list in order)
 
 NAMES = ["n1", "n2", "n3", "worker-0", "gpu-3", "a.b", "node01"]
-ODD_NAMES = ["-oProxyCommand=x", "n[1-2]", "node[01-03]", "rack[1-2]-n[1-2]", "n:1", "x#y", "n@1", "n\x1b1",
+ODD_NAMES = ["-oProxyCommand=x", "n1;touch${IFS}x", "n{1,2}", "n[1-2]", "node[01-03]", "rack[1-2]-n[1-2]", "n:1", "x#y", "n@1", "n\x1b1",
              "n]", "\ufeffn9"]
 INNER_BREAKS = ["\f", "\v", "\x85", "\u2028", "\u2029", "\x1c", "\x1d"]
 SLOTS = ["1", "2", "3", "4", "8", "08", "0", "16", "4096", "99999999999999999999", "1" + "0" * 30, "\u0663"]
@@ -150,6 +150,9 @@ DELIBERATE: List[Tuple[str, str, Callable[[Case], bool]]] = [
      lambda c: c["ds"][0] and c["text"].startswith("\ufeff")),
     ("'-' host name", "ssh/pdsh would read a host name starting with '-' as an option (issue 16)",
      lambda c: c["ds"][0] and any(h.startswith("-") for h in c["pool"])),
+    ("shell character", "a host name with ; $ ` { } # = / or another character a shell or ssh acts on is a typo or an "
+                        "attack (issue 26): refused before any lookup",
+     lambda c: c["ds"][0] and any(set(h) & SHELL_CHARS for h in c["pool"])),
     ("invisible character", "a control/format character in a host name cannot resolve and garbles terminals",
      lambda c: c["ds"][0] and any(_invisible(h) for h in c["pool"])),
     ("no hosts left", "DeepSpeed returns an empty resource dict and the launcher fails at its first host",

@@ -12,10 +12,17 @@ def test_reads_a_small_file(tmp_path):
     assert read_text_limited(str(p), "--hostfile", 100) == "a slots=1\n"
 
 
-@pytest.mark.parametrize("path, kind", [("/dev/zero", "character device"), ("/dev/null", "character device")])
+@pytest.mark.parametrize("path, kind", [("/dev/zero", "character device"), ("/dev/urandom", "character device")])
 def test_devices_are_refused_by_name(path, kind):
     with pytest.raises(InputError, match=f"--config {path}: not a regular file \\(a {kind}\\)"):
         read_text_limited(path, "--config", 1 << 20)
+
+
+def test_the_null_device_reads_as_empty_as_openssh_reads_dash_F_dev_null(tmp_path):
+    assert read_text_limited("/dev/null", "--ssh-config", 1 << 20) == ""
+    twin = tmp_path / "null"  # another node of the same device is the null device too; a name proves nothing
+    os.mknod(twin, 0o600 | __import__("stat").S_IFCHR, os.stat("/dev/null").st_rdev)
+    assert read_text_limited(str(twin), "--ssh-config", 1 << 20) == ""
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):
