@@ -28,7 +28,8 @@ Mapping = List[Tuple[str, List[int]]]
 Outcome = Tuple[bool, Optional[Mapping]]  # (accepted, host -> GPU list in order)
 
 NAMES = ["n1", "n2", "n3", "worker-0", "gpu-3", "a.b", "node01"]
-ODD_NAMES = ["-oProxyCommand=x", "n1;touch${IFS}x", "n{1,2}", "n[1-2]", "node[01-03]", "rack[1-2]-n[1-2]", "n:1", "x#y", "n@1", "n\x1b1",
+ODD_NAMES = ["-oProxyCommand=x", "n1;touch${IFS}x", "n{1,2}",
+             "n[1-2]", "node[01-03]", "rack[1-2]-n[1-2]", "n:1", "x#y", "n@1", "n\x1b1",
              "n]", "\ufeffn9"]
 INNER_BREAKS = ["\f", "\v", "\x85", "\u2028", "\u2029", "\x1c", "\x1d"]
 SLOTS = ["1", "2", "3", "4", "8", "08", "0", "16", "4096", "99999999999999999999", "1" + "0" * 30, "\u0663"]
