@@ -48,13 +48,25 @@ EXPECTED_SKIPS = (
 )
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
+def _strict(report) -> None:
+    """Turn an unexpected skip into a failure under PREFLIGHT_STRICT_SKIPS=1 (a test's, or a whole module's)."""
     if not report.skipped or os.environ.get("PREFLIGHT_STRICT_SKIPS") != "1" or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
     if not any(expected in reason for expected in EXPECTED_SKIPS):
         report.outcome = "failed"
         report.longrepr = f"skipped under PREFLIGHT_STRICT_SKIPS=1 (CI must run every test): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _strict(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module-level pytest.importorskip (or pytest.skip(allow_module_level=True)) skips at collection, where
+    # no test report is made: without this, a missing package would silently drop a whole module under CI.
+    outcome = yield
+    _strict(outcome.get_result())
