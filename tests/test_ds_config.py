@@ -10,6 +10,7 @@ import json
 import os
 import re
 import resource
+import subprocess
 import sys
 import time
 import types
@@ -22,7 +23,7 @@ from preflight.checks import ds_config as D
 from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, findings
 from preflight.checks.ds_config import host as ds_host
 from preflight.checks.ds_config import keys as K
-from preflight.hostside.seams import HostContext
+from preflight.hostside.seams import CheckOptions, HostContext
 from preflight.hostside.outcome import Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
 from preflight.checks.gpu import normalize_nvml_gpu
@@ -720,8 +721,8 @@ def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: 
             raise RuntimeError("agent died")
         return fakes.run_host_function("ds_config.host.probe", params, timeout)
 
-    opts: Dict[str, Any] = {"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None}
-    opts.update(options)
+    opts = CheckOptions(**{"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None,
+                           **options})
     facts = {h: {"gpu": {"gpus": [h100_gpu(i) for i in range(8)]}, "ds_report": recorded_ds_report()} for h in names}
     return fakes.FakeCluster(names, slots=8, thresholds=TH, facts=facts, options=opts,
                              handlers={"ds_config.host.probe": probe})
@@ -962,3 +963,22 @@ def test_a_deepspeed_whose_parser_cannot_run_alone_falls_back_to_the_tables(monk
 
     monkeypatch.setattr(runtime_config, "DeepSpeedConfig", Broken)
     assert deepspeed_models.validate_with_deepspeed({"zero_optimization": {"stage": 2}}) is None
+
+
+def test_the_unusable_nvme_path_fix_works_when_pasted_with_an_odd_path(tmp_path):
+    """The fix names the user's path quoted: pasted into bash it creates that directory, and nothing else runs."""
+    from preflight.checks.ds_config.findings import Report
+    from preflight.checks.ds_config.offload import check_nvme
+
+    path = str(tmp_path / "nv me $(touch pwned)")
+    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": path}}}
+    facts = {"hosts": [{"name": "node01"}],
+             "host_facts": {"node01": {"nvme": {"paths": [{"path": path, "exists": False}]}}}}
+    report = Report()
+    check_nvme(config, facts, report)
+    (finding,) = [f for f in report.star if f.status.value == "fail"]
+    command = finding.fix.split("as root: ", 1)[1]
+    r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                       env={"PATH": os.environ["PATH"], "USER": "root"})
+    assert r.returncode == 0, r.stderr
+    assert os.path.isdir(path) and not (tmp_path / "pwned").exists()

@@ -6,6 +6,7 @@ E.g. ``"offload_param": {"device": "cpu"}`` at stage 2 -> WARN (parameter offloa
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any, Dict, List
 
 from ...hostside.outcome import Status
@@ -48,8 +49,9 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
         if bad:
             report.add(Status.FAIL, "NVMe offload path %s is unusable on %s: %s" % (
                 path, hosts_text(sorted(bad)), "; ".join(bad[h] for h in sorted(bad)[:3])),
-                "create it on every host as the job's user: mkdir -p %s && chown $USER %s (on the NVMe mount)"
-                % (path, path), bad)
+                # Quoted: the path comes from the user's config and may hold spaces or shell characters.
+                "create it on every host (on the NVMe mount), as root: mkdir -p -- %s && chown -- \"$USER\" %s"
+                % (shlex.quote(path), shlex.quote(path)), bad)
         if untested:
             why = ((facts.get("host_probe") or {}).get(untested[0]) or {}).get("error") or "not probed"
             report.add(Status.SKIP, "NVMe offload path %s not tested on %s (no nvme check result for it; host "
