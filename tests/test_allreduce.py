@@ -13,6 +13,7 @@ import pytest
 from preflight.checks import allreduce
 from preflight.checks.allreduce import common, orchestrate, stragglers, supervisor
 from preflight.hostside.outcome import Status
+from preflight.hostside.seams import CheckOptions
 from preflight.config import load_defaults
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +128,7 @@ def test_world_size_one_skips_without_touching_the_hosts():
         hosts = all_hosts = [type("H", (), {"name": "node01", "slots": 1, "gpus": [0], "index": 0})()]
         master = hosts[0]
         facts: dict = {}
-        options = {"master_port": 29500, "min_busbw": None}
+        options = CheckOptions(master_port=29500, min_busbw=None)
         thresholds = THRESHOLDS
 
         def address(self, name):
@@ -322,6 +323,35 @@ def test_too_few_hosts_or_failed_pairs_name_nobody():
     assert stragglers.find(failed, CFG) == {}
 
 
+def _failing(rounds, host=None):
+    out = copy.deepcopy(rounds)
+    for p in out["pairs"]:
+        if host is None or host in p["hosts"]:
+            p.update(ok=False, error="Gloo connectFullMesh failed: timed out")
+            p.pop("iter_s", None)
+    return out
+
+
+def test_every_failed_pair_of_one_host_names_that_host():
+    rounds = _failing(ROUNDS["clean"], "node03")
+    named = stragglers.find(rounds, CFG)
+    assert list(named) == ["node03"] and (named["node03"]["status"], named["node03"]["by"]) == ("fail", "failed_pairs")
+    out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"], stragglers=rounds),
+                             THRESHOLDS)
+    assert out["node03"].status == Status.FAIL and "every pair with this host failed" in out["node03"].message
+    assert "connectFullMesh" in out["node03"].message
+    assert out["*"].status == Status.FAIL and "node03: all 2 of its pairs failed" in out["*"].message
+
+
+def test_straggler_pairs_that_all_failed_are_a_warning_not_a_pass():
+    rounds = _failing(ROUNDS["clean"])
+    out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"], stragglers=rounds),
+                             THRESHOLDS)
+    n = len(rounds["pairs"])
+    assert out["*"].status == Status.WARN and f"straggler rounds: {n} of {n} pairs failed" in out["*"].message
+    assert set(out) == {"*"}  # no pair succeeded: nothing points at one host
+
+
 def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
     out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"],
                                   stragglers=ROUNDS["node02-at-0.9"]), THRESHOLDS)
@@ -385,35 +415,35 @@ def _iperf3_firewalled(hosts=("node01", "node02", "node03", "node04"), bad="node
 
 
 def test_ports_evidence_names_the_firewalled_host_on_the_allreduce_addresses():
-    from preflight.checks import ports
+    from preflight.hostside import mesh  # the ports check's probes, read as the all-reduce reads them
     facts = _ports_firewalled("198.18.1.")
     addrs = {"node01": "198.18.1.1", "node02": "198.18.1.2", "node03": "198.18.1.3"}
-    found = ports.blocked_hosts(facts, addrs)
+    found = mesh.blocked_hosts(facts, addrs)
     assert list(found) == ["node03"]
     assert "inbound TCP to node03 (198.18.1.3)" in found["node03"] and "from node01, node02" in found["node03"]
     assert "timed out" in found["node03"]
     # Other addresses (the all-reduce runs on another network): the SSH network's probes prove nothing there.
-    assert ports.blocked_hosts(facts, {h: "10.9.0.%d" % i for i, h in enumerate(addrs, 1)}) == {}
+    assert mesh.blocked_hosts(facts, {h: "10.9.0.%d" % i for i, h in enumerate(addrs, 1)}) == {}
     from tests.test_ports import RECORDED
-    assert ports.blocked_hosts(RECORDED["healthy"], addrs) == {}
+    assert mesh.blocked_hosts(RECORDED["healthy"], addrs) == {}
 
 
 def test_iperf3_evidence_needs_every_inbound_test_to_fail():
-    from preflight.checks import iperf3
+    from preflight.hostside import mesh  # iperf3's links, read as the all-reduce reads them
     facts = _iperf3_firewalled()
     addrs = facts["networks"][0]["addresses"]
-    found = iperf3.unreachable_hosts(facts, addrs)
+    found = mesh.unreachable_hosts(facts, addrs)
     assert list(found) == ["node04"] and "every test to node04" in found["node04"]
     # One lost test among good ones, a missing iperf3 (blame) or a broken agent is no network evidence.
     links = facts["networks"][0]["links"]
     for ln in links:
         if ln["dst"] == "node04" and ln["src"] != "node01":
             ln.update(gbps=0.19, error=None)
-    assert iperf3.unreachable_hosts(facts, addrs) == {}
+    assert mesh.unreachable_hosts(facts, addrs) == {}
     for ln in links:
         if ln["dst"] == "node04":
             ln.update(gbps=None, error="no iperf3 server on node04 (iperf3: command not found)", blame="node04")
-    assert iperf3.unreachable_hosts(facts, addrs) == {}
+    assert mesh.unreachable_hosts(facts, addrs) == {}
 
 
 class _Service:

@@ -1,15 +1,16 @@
 """The all-reduce's straggler detector (pure): repeated per-link timings of the straggler rounds in, named hosts out.
 
-After the sweep, ``coordinator`` pairs the hosts around the ring (every host with both neighbours, all pairs of a
+After the sweep, ``orchestrate`` pairs the hosts around the ring (every host with both neighbours, all pairs of a
 round at once) and times a few all-reduces per pair, each iteration on its own. A host's rate is its best pair's
 median busbw: a slow host drags down both of its pairs, a healthy neighbour of it still has its other, fast pair.
 Each host is compared with the other hosts' rates (leave-one-out: in a small fleet a straggler would pull the
-median and widen the MAD it is judged by) by the robust z of ``checks/robust.py``; sigma is at least the
+median and widen the MAD it is judged by) by the robust z of ``hostside/robust.py``; sigma is at least the
 measurement's own noise (the spread of the pairs' iterations) and ``noise_floor``. A host is named when:
 
 - its rate is below ``straggler_fail_fraction`` of the others' median: FAIL, whatever the statistics;
 - below ``straggler_fraction``: WARN, whatever the statistics;
-- its deficit is statistically clear (z < -``z_threshold``) AND larger than ``min_deficit``: WARN.
+- its deficit is statistically clear (z < -``z_threshold``) AND larger than ``min_deficit``: WARN;
+- every pair it was in failed while other hosts' pairs succeeded: FAIL (a failed pair is evidence, never dropped).
 
 For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
 
@@ -18,7 +19,7 @@ For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
 
 (tests/fixtures/allreduce/straggler-rounds.json).
 
-Thresholds: ``[allreduce]`` in preflight/defaults.toml.
+Thresholds: ``[allreduce]`` in thresholds.toml in this package.
 """
 from __future__ import annotations
 
@@ -63,18 +64,40 @@ def host_rates(facts: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return best
 
 
+def failed_pairs(facts: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The pairs whose timing failed, as {"hosts": [a, b], "error": why}."""
+    return [{"hosts": list(p["hosts"]), "error": str(p.get("error") or "no timing reported")}
+            for p in (facts or {}).get("pairs") or []
+            if isinstance(p, dict) and not p.get("ok") and len(p.get("hosts") or []) == 2]
+
+
+def _failed_hosts(facts: Optional[Dict[str, Any]], rates: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """{host: its failed pairs} for each host whose every pair failed while some other host's pair succeeded: the
+    failures point at that host. When no pair succeeded at all, nothing points at one host (see failed_pairs)."""
+    if not rates:
+        return {}
+    out: Dict[str, Dict[str, Any]] = {}
+    for p in failed_pairs(facts):
+        for h in p["hosts"]:
+            if h not in rates:
+                out.setdefault(h, {"failed_pairs": []})["failed_pairs"].append(p)
+    return out
+
+
 def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "z", "p", "sigma", "status", "by"}} for the hosts
-    named slow (see the module docstring); {} with fewer than 3 measured hosts (median/MAD cannot tell the odd one
+    named slow, and {host: {"failed_pairs", "status": "fail", "by": "failed_pairs"}} for those whose every pair
+    failed (see the module docstring); the rates need at least 3 measured hosts (median/MAD cannot tell the odd one
     of two)."""
     rates = host_rates(facts or {})
+    named: Dict[str, Dict[str, Any]] = {h: dict(f, status="fail", by="failed_pairs")
+                                        for h, f in _failed_hosts(facts, rates).items()}
     if len(rates) < 3:
-        return {}
+        return named
     z_limit, floor = float(cfg["z_threshold"]), float(cfg["min_deficit"])
     warn_below, fail_below = float(cfg["straggler_fraction"]), float(cfg["straggler_fail_fraction"])
     # The typical pair's own noise (median over the hosts, so that one noisy pair does not set it for all).
     typical = statistics.median(r["noise"] for r in rates.values())
-    named: Dict[str, Dict[str, Any]] = {}
     for h, r in rates.items():
         peers = [o["busbw_GBps"] for k, o in rates.items() if k != h]
         # Both the host's rate and the others' median are measured: their noises add.
@@ -93,8 +116,21 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
     return named
 
 
+def short(host: str, s: Dict[str, Any]) -> str:
+    """A few words for the cluster line: the ratio and z, or the failed pairs."""
+    if s["by"] == "failed_pairs":
+        return "%s: all %d of its pairs failed" % (host, len(s["failed_pairs"]))
+    return "%s at %.0f%% of the others (z %.1f)" % (host, 100 * s["ratio"], s["z"])
+
+
 def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:
-    """One line: the measured ratio, why it is named, and the confidence (z and p)."""
+    """One line: the measured ratio, why it is named, and the confidence (z and p); or the pairs that failed."""
+    if s["by"] == "failed_pairs":
+        first = s["failed_pairs"][0]
+        partner = first["hosts"][1] if first["hosts"][0] == host else first["hosts"][0]
+        return ("straggler rounds: every pair with this host failed (%d pair%s; with %s: %s) while other hosts' "
+                "pairs ran" % (len(s["failed_pairs"]), "" if len(s["failed_pairs"]) == 1 else "s", partner,
+                               first["error"][:200]))
     why = {"fail_fraction": "below %.0f%%" % (100 * float(cfg["straggler_fail_fraction"])),
            "fraction": "below %.0f%%" % (100 * float(cfg["straggler_fraction"])),
            "statistics": "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(cfg["min_deficit"]), s["z"],

@@ -3,7 +3,7 @@
 Reads the facts ``coordinator.coordinate`` returns, e.g. ``{"status": "ok", "world_size": 3, "sizes": [{"bytes":
 8388608, "time_s": 0.48}], ...}``, and judges busbw against ``--min-busbw``, the published single-node baselines and
 the iperf3 measurement, and each host by the straggler rounds (``stragglers.py``). Thresholds: the ``[allreduce]``
-section of preflight/defaults.toml.
+section of thresholds.toml in this package.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ...hostside.fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
 from .stragglers import describe as describe_straggler
+from .stragglers import failed_pairs
 from .stragglers import find as find_stragglers
-from .stragglers import host_rates
+from .stragglers import host_rates, short
 
 def _gpu_baseline(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Optional[Tuple[str, float]]:
     names = [n for ns in (facts.get("gpu_names") or {}).values() for n in ns]
@@ -201,8 +202,15 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
         if named:
             findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
                                     "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
-                                        "%s at %.0f%% of the others (z %.1f)" % (h, 100 * s["ratio"], s["z"])
-                                        for h, s in list(named.items())[:4])), slow_fix))
+                                        short(h, s) for h, s in list(named.items())[:4])), slow_fix))
+        failed = failed_pairs(rounds)
+        unexplained = [p for p in failed if not any(h in named for h in p["hosts"])]
+        if unexplained:
+            # A failed pair that points at no single host still means a link that did not work: say so.
+            findings.append(Finding(Status.WARN, "straggler rounds: %d of %d pairs failed (%s)" % (
+                len(failed), len(rounds.get("pairs") or []), "; ".join(
+                    "%s-%s: %s" % (p["hosts"][0], p["hosts"][1], p["error"][:120]) for p in unexplained[:3])),
+                slow_fix))
     out = combine(findings, summary, metrics)
     if out.status != Status.PASS:
         out.message = summary + ": " + out.message
