@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import checks as registry
 from preflight import __version__
-from preflight.config import ConfigError, load_thresholds
+from preflight.config import ConfigError, default_page, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
                                 split_csv, with_slots)
@@ -70,9 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,hostfile,node-check,version}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,config,hostfile,node-check,version}")
 
     commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
+    commands["list"].add_argument("--thresholds", action="store_true",
+                                  help="print the thresholds' defaults instead (as `preflight config --defaults`)")
+    commands["config"] = sub.add_parser("config", help="print the thresholds' defaults (--defaults), every check's "
+                                        "section with its comments: one TOML page to edit and pass as --config")
+    commands["config"].add_argument("--defaults", action="store_true", required=True,
+                                    help="print the assembled defaults as one documented TOML page")
 
     hf = sub.add_parser("hostfile", help="check a hostfile as DeepSpeed reads it; --expand writes its ranges out")
     hf.add_argument("--expand", metavar="FILE", required=True,
@@ -96,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("checks")
     g.add_argument("--checks", default=None, metavar="A,B", help="run only these checks (see `preflight list`)")
     g.add_argument("--skip", default="", metavar="A,B", help="do not run these checks")
-    g.add_argument("--config", metavar="FILE", help="thresholds TOML (see preflight/defaults.toml)")
+    g.add_argument("--config", metavar="FILE", help="thresholds TOML (`preflight config --defaults` prints them all)")
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
                    help="deadline of each check on a host (default 120)")
     g.add_argument("--parallel", type=_positive(int, "an integer", 4096), default=32, metavar="N",
@@ -300,6 +306,21 @@ def build_options(args: argparse.Namespace):
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
 
 
+def cmd_config_defaults(out, err) -> int:
+    """``preflight config --defaults``: the documented defaults page on stdout; it loads back as a --config."""
+    try:
+        page = default_page()
+    except ConfigError as exc:  # a check's TOML missing from the install, or one that breaks its own rules
+        print(f"preflight: error: {exc}", file=err)
+        return EXIT_USAGE
+    try:
+        out.write(page)
+        out.flush()
+    except BrokenPipeError:  # `preflight config --defaults | head`
+        _drop_stdout()
+    return EXIT_OK
+
+
 def cmd_list(out) -> int:
     width = max(len(n) for n in registry.ORDER)
     for name in registry.ORDER:
@@ -389,7 +410,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser = args._commands.get(args.command, parser)
         parser.error("unrecognized arguments: %s" % " ".join(extra))
     if args.command == "list":
-        return cmd_list(sys.stdout)
+        return cmd_config_defaults(sys.stdout, sys.stderr) if args.thresholds else cmd_list(sys.stdout)
+    if args.command == "config":
+        return cmd_config_defaults(sys.stdout, sys.stderr)
     if args.command == "run":
         return cmd_run(args)
     if args.command == "hostfile":

@@ -1,12 +1,18 @@
-"""Thresholds: the documented defaults (defaults.toml beside this file) merged with the user's --config TOML.
+"""Thresholds: the documented defaults, assembled from the registry, merged with the user's --config TOML.
 
-Every numeric key of defaults.toml carries its allowed range on a comment line just above it, the one source of
-those ranges (``load_thresholds`` enforces them, the tests check that every numeric key has one)::
+The coordinator's own sections are in defaults.toml beside this file; each registered check's ``[name]`` section
+is in the TOML file beside the check (``preflight.checks.thresholds_path``). Put together in registry order they
+are one TOML page (``preflight config --defaults`` prints it). Comment lines just above a key state its rules,
+the one source of them (``load_thresholds`` enforces them on the defaults and on every --config)::
 
     # range: 0 < x <= 0.5
     max_free_fraction = 0.1
     # range: 0 <= x <= 100000 (each)
     xid_fail = [48, 61]
+    # choices: "warn", "fail"
+    unusable_status = "fail"
+    # at most: test_mib
+    min_test_mib = 64
 """
 from __future__ import annotations
 
@@ -15,16 +21,19 @@ import math
 import re
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from preflight import checks as registry
 from preflight.inputs import MAX_CONFIG_BYTES, InputError, read_text_limited
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - before 3.11
     import tomli as tomllib
 
+# The coordinator's own sections ([checks], [agent]); a section named after a check does not belong here.
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 
 _SECTION = re.compile(r"^\[([A-Za-z0-9_]+)\]\s*$")
@@ -32,16 +41,18 @@ _KEY = re.compile(r"^([A-Za-z0-9_]+)\s*=")
 _NUM = r"-?[0-9][0-9_]*(?:\.[0-9_]+)?(?:[eE][-+]?[0-9]+)?"
 _RANGE = re.compile(r"^#\s*range:\s*(?:(?P<lo>%s)\s*(?P<lo_op><=|<)\s*)?x(?:\s*(?P<hi_op><=|<)\s*(?P<hi>%s))?"
                     r"(?P<each>\s*\(each\))?\s*$" % (_NUM, _NUM))
-
-
-# Keys whose values must be ordered: (section, smaller, larger); a FAIL threshold beyond its WARN one is a typo.
-ORDERED = [("iperf3", "straggler_fail_fraction", "straggler_warn_fraction"), ("gpu", "temp_warn_c", "temp_fail_c"),
-           ("allreduce", "min_bytes", "max_bytes"), ("ds_config", "gpu_mem_warn_fraction", "gpu_mem_fail_fraction"),
-           ("nvme", "min_test_mib", "test_mib")]
+_CHOICES = re.compile(r"^#\s*choices:\s*(?P<list>.+?)(?P<each>\s*\(each\))?\s*$")
+_AT_MOST = re.compile(r"^#\s*at most:\s*(?P<key>[A-Za-z0-9_]+)\s*$")
+_ANNOTATION = re.compile(r"^#\s*(range|choices|at most):")
 
 
 class ConfigError(Exception):
     """A bad --config file; the message names the file and the key."""
+
+
+class DefaultsError(ConfigError):
+    """The shipped defaults do not hold together (a check's TOML missing or misplaced, a rule line that does not
+    parse, a default that breaks its own rule): a bug in preflight or a broken install. Names the file."""
 
 
 @dataclass(frozen=True)
@@ -61,36 +72,97 @@ class Range:
         return not (self.hi is not None and (x >= self.hi if self.hi_strict else x > self.hi))
 
 
-def load_defaults() -> Dict[str, Dict[str, Any]]:
-    with DEFAULTS_PATH.open("rb") as fh:
-        return tomllib.load(fh)
+@dataclass(frozen=True)
+class Choices:
+    """The values a text key may take, from a '# choices: "warn", "fail"' line; ``each``: every element of a list.
+    Matched without regard to case (the checks always compared them lowercased); the listed spelling is kept."""
+
+    text: str
+    values: Tuple[str, ...]
+    each: bool = False
+
+    def match(self, value: Any) -> Optional[str]:
+        if not isinstance(value, str):
+            return None
+        return next((c for c in self.values if c.lower() == value.lower()), None)
 
 
-def documented_ranges(text: Optional[str] = None) -> Dict[Tuple[str, str], Range]:
-    """{(section, key): Range} from the '# range:' comment lines of defaults.toml."""
-    text = DEFAULTS_PATH.read_text() if text is None else text
-    out: Dict[Tuple[str, str], Range] = {}
-    section, pending = "", None
+@dataclass(frozen=True)
+class Rules:
+    """What the comment lines above one key say about it."""
+
+    range: Optional[Range] = None
+    choices: Optional[Choices] = None
+    at_most: Optional[str] = None  # another key of the same section this one must not exceed
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The assembled defaults: ``page`` is the documented TOML (every comment kept), ``values`` what it loads to,
+    ``rules`` the rule lines of every key, ``sources`` the file each section comes from."""
+
+    page: str
+    values: Dict[str, Dict[str, Any]]
+    rules: Dict[Tuple[str, str], Rules]
+    sources: Dict[str, Path]
+
+
+def _parse_rule(kind: str, line: str, where: str) -> Dict[str, Any]:
+    if kind == "range":
+        r = _RANGE.match(line)
+        if not r:
+            raise DefaultsError("%s: cannot parse %r (expected e.g. '# range: 0 < x <= 1')" % (where, line))
+        return {"range": Range(line.split(":", 1)[1].strip(), float(r["lo"]) if r["lo"] else None, r["lo_op"] == "<",
+                               float(r["hi"]) if r["hi"] else None, r["hi_op"] == "<", bool(r["each"]))}
+    if kind == "choices":
+        c = _CHOICES.match(line)
+        try:
+            values = tomllib.loads("v = [%s]" % c["list"])["v"] if c else None
+        except tomllib.TOMLDecodeError:
+            values = None
+        if not c or not values or not all(isinstance(v, str) and v for v in values):
+            raise DefaultsError("%s: cannot parse %r (expected e.g. '# choices: \"warn\", \"fail\"')" % (where, line))
+        return {"choices": Choices(c["list"].strip(), tuple(values), bool(c["each"]))}
+    m = _AT_MOST.match(line)
+    if not m:
+        raise DefaultsError("%s: cannot parse %r (expected e.g. '# at most: temp_fail_c')" % (where, line))
+    return {"at_most": m["key"]}
+
+
+def documented_rules(text: str, where: str = "defaults") -> Dict[Tuple[str, str], Rules]:
+    """{(section, key): Rules} from the rule comment lines of a TOML text (each applies to the next key)."""
+    out: Dict[Tuple[str, str], Rules] = {}
+    section = ""
+    pending: Dict[str, Any] = {}  # the rules read since the last key
     for line in text.splitlines():
         line = line.strip()
         m = _SECTION.match(line)
         if m:
-            section, pending = m.group(1), None
+            if pending:
+                raise DefaultsError("%s: a rule line at the end of [%s] has no key below it" % (where, section))
+            section = m.group(1)
             continue
-        if line.startswith("# range:"):
-            r = _RANGE.match(line)
-            if not r:
-                raise ValueError("defaults.toml: cannot parse %r" % line)
-            pending = Range(line.split(":", 1)[1].strip(),
-                            float(r["lo"]) if r["lo"] else None, r["lo_op"] == "<",
-                            float(r["hi"]) if r["hi"] else None, r["hi_op"] == "<", bool(r["each"]))
+        a = _ANNOTATION.match(line)
+        if a:
+            rule = _parse_rule(a.group(1), line, where)
+            if set(rule) & set(pending):
+                raise DefaultsError("%s: [%s] has two '# %s:' lines for one key" % (where, section, a.group(1)))
+            pending.update(rule)
             continue
         k = _KEY.match(line)
         if k:
-            if pending is not None:
-                out[(section, k.group(1))] = pending
-            pending = None
+            if pending:
+                out[(section, k.group(1))] = Rules(**pending)
+            pending = {}
+    if pending:
+        raise DefaultsError("%s: a rule line at the end of [%s] has no key below it" % (where, section))
     return out
+
+
+def documented_ranges(text: Optional[str] = None) -> Dict[Tuple[str, str], Range]:
+    """{(section, key): Range} from the '# range:' lines of a TOML text (default: the assembled defaults)."""
+    rules = registry_defaults().rules if text is None else documented_rules(text)
+    return {key: r.range for key, r in rules.items() if r.range is not None}
 
 
 def _is_number(value: Any) -> bool:
@@ -118,6 +190,19 @@ def check_number(where: str, value: Any, rng: Optional[Range]) -> None:
             raise ConfigError(f"{where} = {_shown(v)} is out of range; expected {rng.text}")
 
 
+def check_choice(where: str, value: Any, choices: Choices) -> Any:
+    """The value with each text in its listed spelling; ConfigError naming ``where`` and the allowed values if one
+    is not among them."""
+    if choices.each:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} = {_shown(value)}: expected a list, each one of {choices.text}")
+        return [check_choice(where, v, Choices(choices.text, choices.values)) for v in value]
+    chosen = choices.match(value)
+    if chosen is None:
+        raise ConfigError(f"{where} = {_shown(value)} is not allowed; expected one of {choices.text}")
+    return chosen
+
+
 def _numeric(default: Any) -> bool:
     if isinstance(default, (list, dict)):
         vals = list(default.values()) if isinstance(default, dict) else default
@@ -125,13 +210,103 @@ def _numeric(default: Any) -> bool:
     return _is_number(default)
 
 
-def load_thresholds(path: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-    """Defaults, overlaid with the user's file. Types must match the defaults'; numbers must lie in their range."""
-    merged = load_defaults()
-    if path is None:
-        return merged
+def _apply_rules(where: str, section: str, key: str, value: Any, default: Any, rules: Optional[Rules]) -> Any:
+    """The value as the thresholds keep it, or ConfigError naming ``where`` (the file) and section.key."""
+    name = f"{where}: {section}.{key}"
+    if _numeric(default) or (rules is not None and rules.range is not None):
+        check_number(name, value, rules.range if rules else None)
+    if rules is not None and rules.choices is not None:
+        return check_choice(name, value, rules.choices)
+    return value
+
+
+def _check_order(where: str, values: Dict[str, Dict[str, Any]], rules: Dict[Tuple[str, str], Rules]) -> None:
+    for (section, low), rule in rules.items():
+        if rule.at_most is None:
+            continue
+        high = rule.at_most
+        a, b = values.get(section, {}).get(low), values.get(section, {}).get(high)
+        if _is_number(a) and _is_number(b) and float(a) > float(b):  # type: ignore[arg-type]
+            raise ConfigError(f"{where}: {section}.{low} = {_shown(a)} must not exceed {section}.{high} = {_shown(b)}")
+
+
+def _read_toml(path: Path, what: str) -> Tuple[str, Dict[str, Any]]:
     try:
-        user = tomllib.loads(read_text_limited(path, "--config", MAX_CONFIG_BYTES))
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DefaultsError(f"{path}: missing; {what}") from None
+    except OSError as exc:
+        raise DefaultsError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DefaultsError(f"{path}: not valid TOML: {exc}") from None
+
+
+def assemble(names: Sequence[str], locate: Callable[[str], Path], coordinator: Path = DEFAULTS_PATH) -> Defaults:
+    """The defaults page: the coordinator's sections, then each check's TOML in ``names`` order.
+
+    Every registered check has its TOML (a check without thresholds has one with its bare ``[name]`` line): a
+    file left out of an install is then an error at start, not a check that fails on its first lookup. Each
+    section belongs to a check (its own file) or to the coordinator (defaults.toml, and no check's name).
+    """
+    text, own = _read_toml(coordinator, "preflight's own sections ([checks], [agent]) live there")
+    misplaced = [s for s in own if s in names]
+    if misplaced:
+        raise DefaultsError(f"{coordinator}: [{misplaced[0]}] belongs to the check {misplaced[0]!r}; move it to "
+                            f"{locate(misplaced[0])}, beside the check")
+    pieces: List[str] = [text]
+    sources = {section: coordinator for section in own}
+    rules = documented_rules(text, str(coordinator))
+    for name in names:
+        path = locate(name)
+        text, values = _read_toml(path, f"the check {name!r} keeps its [{name}] thresholds there (a check without "
+                                        f"thresholds has the bare [{name}] line)")
+        if list(values) != [name] or not isinstance(values[name], dict):
+            raise DefaultsError(f"{path}: holds {', '.join('[%s]' % s for s in values) or 'no section'}; "
+                                f"a check's TOML holds its own [{name}] section only")
+        pieces.append(text)
+        sources[name] = path
+        rules.update(documented_rules(text, str(path)))
+    page = "\n".join(p.rstrip("\n") + "\n" for p in pieces)
+    try:
+        merged = tomllib.loads(page)
+    except tomllib.TOMLDecodeError as exc:  # pragma: no cover - each piece parsed on its own above
+        raise DefaultsError(f"the assembled defaults are not valid TOML: {exc}") from None
+    for (section, key), rule in rules.items():
+        where = str(sources[section])
+        if rule.at_most is not None and not _is_number(merged[section].get(rule.at_most)):
+            raise DefaultsError(f"{where}: '# at most: {rule.at_most}' above {section}.{key} names no number of "
+                                f"[{section}]")
+        try:
+            _apply_rules(where, section, key, merged[section][key], merged[section][key], rule)
+        except ConfigError as exc:
+            raise DefaultsError(f"{exc} (the default breaks its own rule line)") from None
+    try:
+        _check_order("the defaults", merged, rules)
+    except ConfigError as exc:
+        raise DefaultsError(str(exc)) from None
+    return Defaults(page, merged, rules, sources)
+
+
+@lru_cache(maxsize=1)
+def registry_defaults() -> Defaults:
+    """The defaults of preflight's registered checks (read once per process)."""
+    return assemble(registry.ORDER, registry.thresholds_path)
+
+
+def load_defaults() -> Dict[str, Dict[str, Any]]:
+    return copy.deepcopy(registry_defaults().values)
+
+
+def default_page() -> str:
+    """The assembled defaults as one documented TOML page, every comment kept; it loads back as a --config."""
+    return registry_defaults().page
+
+
+def _read_user(path: str) -> Dict[str, Any]:
+    try:
+        return tomllib.loads(read_text_limited(path, "--config", MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config") from None
     except InputError as exc:
@@ -145,27 +320,31 @@ def load_thresholds(path: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
         raise ConfigError(f"{path}: not usable TOML: {why}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    ranges = documented_ranges()
-    result = copy.deepcopy(merged)
+
+
+def load_thresholds(path: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """Defaults, overlaid with the user's file. Types must match the defaults'; every value must keep the rules of
+    its key's comment lines (range, choices, at most)."""
+    defaults = registry_defaults()
+    result = copy.deepcopy(defaults.values)
+    if path is None:
+        return result
+    user = _read_user(path)
     for section, values in user.items():
-        if section not in merged or not isinstance(values, dict):
-            known = ", ".join(sorted(merged))
+        if section not in result or not isinstance(values, dict):
+            known = ", ".join(sorted(result))
             raise ConfigError(f"{path}: unknown section [{section}]; known sections: {known}")
         for key, value in values.items():
-            if key not in merged[section]:
-                known = ", ".join(sorted(merged[section]))
+            if key not in defaults.values[section]:
+                known = ", ".join(sorted(defaults.values[section]))
                 raise ConfigError(f"{path}: unknown key {section}.{key}; known keys: {known}")
-            default = merged[section][key]
+            default = defaults.values[section][key]
             if isinstance(default, bool) != isinstance(value, bool) or (
                     not isinstance(value, type(default))
                     and not (isinstance(default, float) and isinstance(value, int))):
                 raise ConfigError(f"{path}: {section}.{key} = {_shown(value)} must be a {type(default).__name__}"
                                   f" like the default {default!r}")
-            if _numeric(default) or (isinstance(default, (list, dict)) and (section, key) in ranges):
-                check_number(f"{path}: {section}.{key}", value, ranges.get((section, key)))
-            result[section][key] = value
-    for section, low, high in ORDERED:
-        a, b = result.get(section, {}).get(low), result.get(section, {}).get(high)
-        if _is_number(a) and _is_number(b) and float(a) > float(b):  # type: ignore[arg-type]
-            raise ConfigError(f"{path}: {section}.{low} = {_shown(a)} must not exceed {section}.{high} = {_shown(b)}")
+            result[section][key] = _apply_rules(path, section, key, value, default,
+                                                defaults.rules.get((section, key)))
+    _check_order(path, result, defaults.rules)
     return result

@@ -31,7 +31,8 @@ MiB = 1 << 20
 
 
 def ctx(params=None, seconds=120.0) -> HostContext:
-    return HostContext(dict(params or {}), time.monotonic() + seconds)
+    """What the coordinator sends: the [nvme] section's host params (params_from_thresholds), then these."""
+    return HostContext(dict(nvme.params_from_thresholds(T), **(params or {})), time.monotonic() + seconds)
 
 
 def entry(**over):
@@ -82,10 +83,23 @@ def test_parse_mounts_recorded_and_longest_prefix():
     assert nvme.parse_mounts("a /mnt/with\\040space ext4 rw 0 0")[0]["mountpoint"] == "/mnt/with space"
 
 
-def test_params_from_thresholds_match_collect_defaults():
+def test_params_from_thresholds_are_the_nvme_section_in_bytes():
     p = nvme.params_from_thresholds(T)
-    assert p == {"nvme_test_bytes": nvme.DEFAULT_TEST_BYTES, "nvme_max_free_fraction": nvme.DEFAULT_MAX_FREE_FRACTION,
-                 "nvme_min_test_bytes": nvme.DEFAULT_MIN_TEST_BYTES}
+    assert p == {"nvme_test_bytes": T["nvme"]["test_mib"] * MiB,
+                 "nvme_max_free_fraction": T["nvme"]["max_free_fraction"],
+                 "nvme_min_test_bytes": T["nvme"]["min_test_mib"] * MiB}
+    assert p["nvme_test_bytes"] == 1024 * MiB and p["nvme_min_test_bytes"] == 64 * MiB  # the documented defaults
+    site = dict(T, nvme=dict(T["nvme"], test_mib=8, max_free_fraction=0.25, min_test_mib=2))
+    assert nvme.params_from_thresholds(site) == {"nvme_test_bytes": 8 * MiB, "nvme_max_free_fraction": 0.25,
+                                                 "nvme_min_test_bytes": 2 * MiB}
+
+
+def test_collect_has_no_copy_of_the_section_and_names_a_missing_param(tmp_path):
+    """nvme.toml is the one source: collect without the coordinator's params is a clear error, not a default."""
+    assert not [n for n in dir(nvme) if n.startswith("DEFAULT_")]
+    assert nvme.collect(HostContext({}, time.monotonic() + 10)) == {"paths": []}  # nothing to measure
+    with pytest.raises(ValueError, match="nvme_max_free_fraction, nvme_min_test_bytes"):
+        nvme.collect(HostContext({"nvme_paths": [str(tmp_path)], "nvme_test_bytes": MiB}, time.monotonic() + 10))
 
 
 # --- evaluate --------------------------------------------------------------------------------
@@ -357,9 +371,10 @@ def test_no_o_direct_on_real_ramfs_is_detected(tmp_path):
               "from preflight.checks import nvme\n"
               "from preflight.hostside.seams import HostContext\n"
               "d = os.environ['T']\n"
-              "f = nvme.collect(HostContext({'nvme_paths': [d], 'nvme_test_bytes': 8 << 20}, time.monotonic() + 60))\n"
+              "params = dict(%r, nvme_paths=[d], nvme_test_bytes=8 << 20)\n"
+              "f = nvme.collect(HostContext(params, time.monotonic() + 60))\n"
               "print('FACTS=' + json.dumps(f))\n"
-              "print('LEFT=' + json.dumps(os.listdir(d)))\n" % str(REPO))
+              "print('LEFT=' + json.dumps(os.listdir(d)))\n" % (str(REPO), nvme.params_from_thresholds(T)))
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                         'mount -t ramfs preflight-ramfs "$T"\nexec "$0" -c "$1"', sys.executable, script],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, T=str(tmp_path)))

@@ -1,10 +1,14 @@
 """Host-side checks of preflight, one module (or subpackage) each; ``ORDER`` is the registry and the matrix's
 column order. Installed as ``preflight.checks``; every import inside is relative, so the agent can ship the
 package to a host under that name without anything else of preflight.
+
+Each check's thresholds are a ``[name]`` TOML section beside it: ``nvme.toml`` beside ``nvme.py``,
+``thresholds.toml`` inside a subpackage (``allreduce/thresholds.toml``); ``preflight.config`` assembles them.
 """
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import List
 
@@ -41,6 +45,12 @@ def load(name: str) -> ModuleType:
         raise TypeError("check module %s: SPEC.name %r differs from its registry name %r" % (module.__name__,
                                                                                            spec.name, name))
     return module
+
+
+def thresholds_path(name: str) -> Path:
+    """The check's thresholds TOML: ``<name>.toml`` beside a module, ``<name>/thresholds.toml`` in a subpackage."""
+    here = Path(__file__).resolve().parent / name
+    return here / "thresholds.toml" if here.is_dir() else here.with_name(name + ".toml")
 
 
 def spec(name: str) -> CheckSpec:

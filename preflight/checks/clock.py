@@ -7,7 +7,7 @@ exchanges the one with the shortest round trip counts (as NTP does), e.g. facts:
     {"hosts": ["node01", "node02"], "samples": {"node01": [{"t0": 1795406671.120, "host": 1795406671.161,
      "t1": 1795406671.198}, ...]}, "errors": {}, "unreachable": []}
 
-Thresholds: the ``[clock]`` section of preflight/defaults.toml.
+Thresholds: the ``[clock]`` section of clock.toml beside this module.
 """
 from __future__ import annotations
 

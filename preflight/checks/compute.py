@@ -16,7 +16,7 @@ and returns, e.g.::
 Judging needs the whole cluster, so this is a cluster check: ``coordinate`` runs ``collect`` on the hosts
 (``parallel_hosts`` at a time) and ``evaluate`` compares every device with the median of the same model across
 the cluster (robust z from median/MAD, with a practical floor), and GPUs with the published peak of their model.
-Thresholds: the ``[compute]`` section of preflight/defaults.toml.
+Thresholds: the ``[compute]`` section of compute.toml beside this module.
 """
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ Parses, among others (NVML first; these are the fallbacks):
     nvcc --version:
         Cuda compilation tools, release 13.0, V13.0.88
 
-Thresholds ([driver_cuda] in defaults.toml): ``minor_compat_status`` ("warn" or "fail"). Whether GPUs are
-expected (a missing driver FAILs instead of SKIPping) comes from ``nvidia.gpus_expected``: the coordinator's param,
-``[gpu] gpus_expected``, or the host's own evidence (/dev/nvidia*, an NVIDIA PCI device, a CUDA build of torch).
+Thresholds ([driver_cuda] in driver_cuda.toml beside this module): ``minor_compat_status`` ("warn" or "fail").
+Whether GPUs are expected (a missing driver FAILs instead of SKIPping) comes from ``nvidia.gpus_expected``: the
+coordinator's param, ``[gpu] gpus_expected``, or the host's own evidence (/dev/nvidia*, an NVIDIA PCI device, a CUDA
+build of torch).
 """
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expect
 from ..hostside.proc import read_text, sh
 
 NAME = "driver_cuda"
-
-# Mirrors [driver_cuda] in preflight/defaults.toml (a test keeps them equal); used when a key is absent.
 
 # CUDA release notes, Table 3 ("CUDA Toolkit and Corresponding Driver Versions"), Linux, GA release of each
 # toolkit: the oldest driver with full support of that toolkit (see /work/shared/reference/facts.md).
@@ -291,10 +290,6 @@ def _gpus_expected(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Tuple[b
     return gpus_expected(facts, bool(limits(thresholds, "gpu")["gpus_expected"]))
 
 
-def _threshold(thresholds: Dict[str, Any], key: str) -> Any:
-    return limits(thresholds, NAME)[key]
-
-
 # CUDA variants PyTorch publishes wheels for at https://download.pytorch.org/whl/<tag> (recent releases).
 TORCH_WHEEL_CUDA = ["11.8", "12.1", "12.4", "12.6", "12.8", "12.9", "13.0"]
 
@@ -458,7 +453,7 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
     minor_min = MINOR_COMPAT_MIN_DRIVER.get(want[0]) if want else None
     same_major = bool(have) and have[0] == want[0]
     if minor_min and version_tuple(driver) >= version_tuple(minor_min) and (same_major or not have):
-        status = Status.FAIL if str(_threshold(thresholds, "minor_compat_status")).lower() == "fail" else Status.WARN
+        status = Status.FAIL if str(limits(thresholds, NAME)["minor_compat_status"]).lower() == "fail" else Status.WARN
         return [Finding(
             status,
             "driver %s supports CUDA %s, older than torch's CUDA %s: it runs only through CUDA minor-version "

@@ -10,7 +10,7 @@ Asks DeepSpeed's own API (ALL_OPS[name].is_compatible(False)) in a child Python;
     deepspeed info ................... 0.19.8, unknown, unknown
     shared memory (/dev/shm) size .... 128.00 GB
 
-Thresholds: [ds_report] in preflight/defaults.toml (required_ops, ignore_ops, shm_min_mib). Required ops are
+Thresholds: [ds_report] in ds_report.toml beside this module (required_ops, ignore_ops, shm_min_mib). Required ops are
 ``thresholds["ds_report"]["required_ops"]`` plus any ``required_ops`` the coordinator passed in ctx.params
 (recorded in facts), so evaluate stays a pure function of facts and thresholds.
 """
@@ -29,8 +29,6 @@ from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import fork_python, sh
 
 NAME = "ds_report"
-
-# Mirrors [ds_report] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 
 _MARK = "@@PREFLIGHT_DS_REPORT@@"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -226,10 +224,6 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def _t(thresholds: Dict[str, Any], key: str) -> Any:
-    return limits(thresholds, NAME)[key]
-
-
 def _op_fix(name: str) -> str:
     return OP_FIXES.get(name, "run `ds_report` on this host to see why %s is not compatible and install what its "
                               "warning names" % name)
@@ -237,10 +231,10 @@ def _op_fix(name: str) -> str:
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     required: List[str] = []
-    for op in list(_t(thresholds, "required_ops")) + list(facts.get("required_ops") or []):
+    for op in list(limits(thresholds, NAME)["required_ops"]) + list(facts.get("required_ops") or []):
         if op not in required:
             required.append(op)
-    ignore = set(_t(thresholds, "ignore_ops"))
+    ignore = set(limits(thresholds, NAME)["ignore_ops"])
     python = facts.get("python") or "python3"
     metrics: Dict[str, Any] = {"deepspeed": facts.get("deepspeed"), "torch": facts.get("torch"),
                                "source": facts.get("source"), "shm_bytes": facts.get("shm_bytes"),
@@ -307,7 +301,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             "%s -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)" % python))
 
     shm = facts.get("shm_bytes")
-    shm_min = int(_t(thresholds, "shm_min_mib")) * 1024 * 1024
+    shm_min = int(limits(thresholds, NAME)["shm_min_mib"]) * 1024 * 1024
     if shm is None:
         findings.append(Finding(Status.WARN, "/dev/shm is missing or unreadable; NCCL and DataLoader workers use it",
                                 "mount a tmpfs: sudo mount -t tmpfs -o size=16g tmpfs /dev/shm (docker: "

@@ -9,7 +9,7 @@ and scans the kernel log (``dmesg``, else /dev/kmsg) for lines like:
 
     NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 
-Thresholds: [gpu] in preflight/defaults.toml (gpus_expected, temp_warn_c, temp_fail_c, memory_used_warn_mib,
+Thresholds: [gpu] in gpu.toml beside this module (gpus_expected, temp_warn_c, temp_fail_c, memory_used_warn_mib,
 allow_mig, xid_fail, xid_ignore).
 """
 from __future__ import annotations
@@ -426,10 +426,6 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def _t(thresholds: Dict[str, Any], key: str) -> Any:
-    return limits(thresholds, NAME)[key]
-
-
 def _label(gpu: Dict[str, Any]) -> str:
     return "GPU %s (%s)" % (gpu.get("index"), gpu.get("uuid") or "uuid unknown")
 
@@ -490,7 +486,8 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                                  "PERFORMANCE,TEMPERATURE,POWER); drain the host if it persists" % i))
 
     temp = gpu.get("temp")
-    warn_c, fail_c = _t(thresholds, "temp_warn_c"), _t(thresholds, "temp_fail_c")
+    lim = limits(thresholds, NAME)
+    warn_c, fail_c = lim["temp_warn_c"], lim["temp_fail_c"]
     slowdown = gpu.get("temp_slowdown")
     if isinstance(slowdown, (int, float)) and slowdown > 0:
         fail_c = min(fail_c, slowdown)
@@ -510,7 +507,7 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                          % i))
 
     mig = gpu.get("mig")
-    if mig and mig[0] == 1 and not _t(thresholds, "allow_mig"):
+    if mig and mig[0] == 1 and not limits(thresholds, NAME)["allow_mig"]:
         f.append(Finding(Status.FAIL, "%s: MIG mode is enabled: the GPU is split into instances and NCCL "
                                       "cannot communicate between MIG instances" % label,
                          "sudo nvidia-smi -i %s -mig 0 && %s (or set [gpu] allow_mig = true)" % (i, reset)))
@@ -531,7 +528,7 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
     used = gpu.get("memory_used")
     if used is not None:
         in_use = max(0, used - (gpu.get("memory_reserved") or 0))
-        limit = int(_t(thresholds, "memory_used_warn_mib")) * MIB
+        limit = int(limits(thresholds, NAME)["memory_used_warn_mib"]) * MIB
         if in_use > limit:
             procs = gpu.get("processes") or []
             who = ", ".join("pid %s (%s MiB)" % (p.get("pid"), _mib(p.get("used_memory"))) for p in procs[:5])
@@ -552,8 +549,9 @@ def _mib(b: Any) -> str:
 
 
 def _xid_findings(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Finding]:
-    fail_set = set(int(x) for x in _t(thresholds, "xid_fail"))
-    ignore = set(int(x) for x in _t(thresholds, "xid_ignore"))
+    lim = limits(thresholds, NAME)
+    fail_set = set(int(x) for x in lim["xid_fail"])
+    ignore = set(int(x) for x in lim["xid_ignore"])
     by_pci = {}
     for gpu in facts.get("gpus") or []:
         key = _pci_key(gpu.get("pci_bus_id"))
@@ -587,7 +585,7 @@ def _xid_findings(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Fin
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    expected, why_expected = gpus_expected(facts, bool(_t(thresholds, "gpus_expected")))
+    expected, why_expected = gpus_expected(facts, bool(limits(thresholds, NAME)["gpus_expected"]))
     gpus = facts.get("gpus") or []
     metrics: Dict[str, Any] = {"gpu_count": len(gpus), "driver": facts.get("driver"), "source": facts.get("source")}
 

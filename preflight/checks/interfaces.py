@@ -9,7 +9,7 @@ Reads /sys/class/net/IF/{operstate,speed,mtu,type,flags}, ``ip -j addr`` / ``ip 
     ip -j route get 192.0.2.1  ->  [{"dst":"192.0.2.1","dev":"eth0","prefsrc":"192.0.2.2","flags":[],...}]
     /proc/net/route            ->  eth0  000200C0  00000000  0001 ... 00FFFFFF ...
 
-Thresholds: [interfaces] in preflight/defaults.toml.
+Thresholds: [interfaces] in interfaces.toml beside this module.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the
 (one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
 side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
 
-Thresholds: [iperf3] in preflight/defaults.toml.
+Thresholds: [iperf3] in iperf3.toml beside this module.
 """
 from __future__ import annotations
 

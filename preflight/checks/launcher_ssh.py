@@ -8,7 +8,7 @@ host and classifies ssh's rc and stderr, e.g.::
     ssh: Could not resolve hostname node09: Name or service not known    -> name does not resolve
     ssh: connect to host node04 port 22: Connection timed out            -> network / firewall
 
-Thresholds: [launcher_ssh] in preflight/defaults.toml.
+Thresholds: [launcher_ssh] in launcher_ssh.toml beside this module.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Parses ``ldconfig -p`` lines and /etc/os-release, e.g.::
 
 and the compiler's stderr (``/usr/bin/ld: cannot find -laio: No such file or directory``).
 
-Thresholds: [libaio] in preflight/defaults.toml.
+Thresholds: [libaio] in libaio.toml beside this module.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Reads RLIMIT_MEMLOCK of the agent, which an SSH session starts like the job's ra
     {"soft_bytes": 8388608, "hard_bytes": 8388608, "rdma_devices": ["mlx5_0", "mlx5_1"]}
     {"soft_bytes": null, "hard_bytes": null, "rdma_devices": []}          (null = unlimited)
 
-Thresholds: the ``[memlock]`` section of preflight/defaults.toml.
+Thresholds: the ``[memlock]`` section of memlock.toml beside this module.
 """
 from __future__ import annotations
 

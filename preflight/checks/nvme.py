@@ -8,7 +8,7 @@ Parses the last stderr line of GNU dd (LC_ALL=C), e.g.::
 
 and /proc/mounts lines (``/dev/nvme0n1p1 /local_nvme xfs rw,noatime 0 0``) for the filesystem type.
 
-Thresholds: [nvme] in preflight/defaults.toml.
+Thresholds: [nvme] in nvme.toml beside this module.
 """
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ from ..hostside.proc import read_text, sh
 NAME = "nvme"
 
 MiB = 1024 * 1024
-# Host-side defaults; the coordinator overrides them from [nvme] thresholds via params_from_thresholds().
-DEFAULT_TEST_BYTES = 1024 * MiB
-DEFAULT_MAX_FREE_FRACTION = 0.10
-DEFAULT_MIN_TEST_BYTES = 64 * MiB
+# What collect needs besides nvme_paths: the coordinator derives them from [nvme] (nvme.toml, the one source of the
+# numbers) with params_from_thresholds() and sends them to every host.
+HOST_PARAMS = ("nvme_test_bytes", "nvme_max_free_fraction", "nvme_min_test_bytes")
 DD_TIMEOUT_CAP_S = 120.0
 TEST_PREFIX = ".preflight-dd-"
 
@@ -92,9 +91,8 @@ def mount_for(path: str, mounts: List[Dict[str, str]]) -> Optional[Dict[str, str
 def params_from_thresholds(thresholds: Dict[str, Any]) -> Dict[str, Any]:
     """Host params the coordinator should send with nvme_paths, from the [nvme] section."""
     t = limits(thresholds, NAME)
-    return {"nvme_test_bytes": int(t.get("test_mib", DEFAULT_TEST_BYTES // MiB)) * MiB,
-            "nvme_max_free_fraction": float(t.get("max_free_fraction", DEFAULT_MAX_FREE_FRACTION)),
-            "nvme_min_test_bytes": int(t.get("min_test_mib", DEFAULT_MIN_TEST_BYTES // MiB)) * MiB}
+    return {"nvme_test_bytes": int(t["test_mib"]) * MiB, "nvme_max_free_fraction": float(t["max_free_fraction"]),
+            "nvme_min_test_bytes": int(t["min_test_mib"]) * MiB}
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -246,9 +244,15 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
 def collect(ctx: HostContext) -> Dict[str, Any]:
     params = ctx.params or {}
     paths = [str(p) for p in (params.get("nvme_paths") or [])]
-    want = int(params.get("nvme_test_bytes", DEFAULT_TEST_BYTES))
-    fraction = float(params.get("nvme_max_free_fraction", DEFAULT_MAX_FREE_FRACTION))
-    min_bytes = int(params.get("nvme_min_test_bytes", DEFAULT_MIN_TEST_BYTES))
+    if not paths:
+        return {"paths": []}
+    missing = [k for k in HOST_PARAMS if k not in params]
+    if missing:  # a coordinator bug, not a host fault: no silent second copy of the [nvme] numbers here
+        raise ValueError("nvme collect needs params %s (the coordinator sends params_from_thresholds() of [nvme])"
+                         % ", ".join(missing))
+    want = int(params["nvme_test_bytes"])
+    fraction = float(params["nvme_max_free_fraction"])
+    min_bytes = int(params["nvme_min_test_bytes"])
     cap = float(params.get("nvme_dd_timeout_s", DD_TIMEOUT_CAP_S))
     mounts = parse_mounts(read_text("/proc/mounts") or "")
     out = []

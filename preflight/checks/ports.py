@@ -7,7 +7,7 @@ connects to (address, port) lists. The master-port holder is found in /proc/net/
      0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 48213 1 ...
     (LISTEN = 0A on 0.0.0.0:29500, socket inode 48213 -> /proc/PID/fd/N -> socket:[48213] -> PID's cmdline)
 
-Thresholds: [ports] in preflight/defaults.toml.
+Thresholds: [ports] in ports.toml beside this module.
 """
 from __future__ import annotations
 

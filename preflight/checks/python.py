@@ -5,7 +5,7 @@ Collected by importing the packages in the interpreter given by ``--python``, e.
     {"python": "3.11.7", "executable": "/opt/venv/bin/python3", "torch": "2.13.0+cpu", "torch_cuda": null,
      "nccl": null, "deepspeed": null, "nvidia_ml_py": null}
 
-Thresholds: [python] in preflight/defaults.toml.
+Thresholds: [python] in python.toml beside this module.
 """
 from __future__ import annotations
 

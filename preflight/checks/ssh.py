@@ -6,7 +6,7 @@ Facts come from the coordinator's connection attempt, not from the host, e.g.:
     {"connected": true, "hostname": "node03", ..., "via": "jump host bastion"}
     {"connected": false, "error": "TCP connect to 198.18.0.9:22 timed out after 5s", "fix": "...", "status": "error"}
 
-Thresholds: [ssh] in preflight/defaults.toml.
+Thresholds: [ssh] in ssh.toml beside this module.
 """
 from __future__ import annotations
 

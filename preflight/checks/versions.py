@@ -13,7 +13,7 @@ unknown is not compared; None means "known to be absent" (e.g. DeepSpeed not ins
 
 Thresholds: [versions] ignore (fields not to compare).
 
-Thresholds: [versions] in preflight/defaults.toml.
+Thresholds: [versions] in versions.toml beside this module.
 """
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec
 
 NAME = "versions"
-
-# Mirrors [versions] in preflight/defaults.toml (a test keeps them equal); used only when a key is absent.
 
 # field -> (label, [(check, key), ...] in order of preference)
 FIELDS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {

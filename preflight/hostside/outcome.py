@@ -88,18 +88,18 @@ def error(reason: str, fix: str = "", **metrics: Any) -> Outcome:
 
 
 class ThresholdsError(KeyError):
-    """A check asked for a [section] that the thresholds do not have: a bug or a stale defaults.toml."""
+    """A check asked for a [section] that the thresholds do not have: a bug, or its TOML missing beside it."""
 
 
 def limits(thresholds: Mapping[str, Any], name: str) -> Dict[str, Any]:
     """The one accessor for a check's thresholds: the ``[name]`` section of the merged config.
 
-    ``preflight/defaults.toml`` is the only source of the numbers; there are no fallback copies in the
+    The check's TOML beside it (``nvme.toml``) is the only source of the numbers; there are no fallback copies in the
     checks, so a missing section is an error that names it rather than a silently different default.
     """
     section = thresholds.get(name)
     if not isinstance(section, dict):
-        raise ThresholdsError("thresholds have no [%s] section (preflight/defaults.toml is the source of every "
+        raise ThresholdsError("thresholds have no [%s] section (the TOML beside each check is the source of every "
                               "threshold)" % name)
     return section
 

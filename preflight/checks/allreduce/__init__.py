@@ -2,7 +2,7 @@
 
 One process per slot runs a message-size sweep; the verdict names the rank, host and cause of a failure, e.g.
 ``ranks 1, 2 on node02, node03 could not connect to MASTER_ADDR 198.18.0.1:29500 within 10s``. Thresholds: the
-``[allreduce]`` section of preflight/defaults.toml. The files say where their code runs:
+``[allreduce]`` section of thresholds.toml in this package. The files say where their code runs:
 
 - ``orchestrate.py`` on the coordinator: plan the ranks, run the sweep on every host, localize a failure (pairwise);
 - ``supervisor.py``   on each host, in the agent: ``probe`` (torch, GPUs, interface) and ``run`` (that host's ranks);

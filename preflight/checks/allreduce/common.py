@@ -13,7 +13,7 @@ import ipaddress
 import re
 from typing import Any, Dict, List, Sequence
 
-NAME = "allreduce"  # the check id, and the [allreduce] section of preflight/defaults.toml
+NAME = "allreduce"  # the check id, and the [allreduce] section of thresholds.toml beside this file
 PHASE = "@@ALLREDUCE-PHASE"
 # The order in which failure kinds are reported: the first is most likely the root cause.
 KIND_ORDER = ["torch_missing", "no_gpu", "port_in_use", "rendezvous", "incomplete", "mesh", "hung", "oom", "nccl",

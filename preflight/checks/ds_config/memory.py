@@ -2,7 +2,8 @@
 
 Pure. E.g. ZeRO-3 + optimizer offload to cpu, --model-params 13e9, 16 GPUs -> "est. 0.0 GiB/GPU"
 (4*L) on the GPU and N*16/nodes*1.5 of CPU RAM per host, against the gpu facts' ``memory_free`` and the
-``host.memory`` facts (``MemAvailable``, ``RLIMIT_MEMLOCK``). Thresholds: ``[ds_config]`` in defaults.toml.
+``host.memory`` facts (``MemAvailable``, ``RLIMIT_MEMLOCK``).
+Thresholds: ``[ds_config]`` in thresholds.toml in this package.
 """
 from __future__ import annotations
 
