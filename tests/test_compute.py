@@ -162,6 +162,17 @@ def test_no_torch_skips_errors_are_errors_and_a_failed_gpu_is_an_error():
     assert out["gpu01"].status == Status.ERROR and "GPU 1: could not measure" in out["gpu01"].message
 
 
+def test_a_gpu_host_whose_cuda_fails_is_failed_not_measured_as_a_cpu():
+    facts = copy.deepcopy(CPU_RECORDED)
+    err = "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu."
+    facts["by_host"]["node02"].update(cuda_error=err, gpu_evidence=["/dev/nvidia0 exists"])
+    facts["by_host"]["node04"].update(cuda_error=err, gpu_evidence=[])  # a CPU host: its CPU is what it has
+    out = compute.evaluate(facts, TH)
+    assert out["node02"].status == Status.FAIL and "CUDA failed on node02" in out["node02"].message
+    assert "/dev/nvidia0 exists" in out["node02"].message and "driver_cuda" in out["node02"].fix
+    assert out["node04"].status == Status.PASS
+
+
 # Rounds recorded by bench/compute_straggler.py (results/compute_straggler-before.json) on 4 namespace hosts measured
 # one at a time, CPU fp32 GEMM GFLOPS; the limited host is in a cgroup at half a core. In its first round (run
 # limited-0) node01 is limited, but node04 and node03 were measured while other work loaded the machine: the spread

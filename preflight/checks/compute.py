@@ -25,8 +25,9 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..hostside.nvidia import gpu_evidence, gpus_expected
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
 from ..hostside.robust import MAD_TO_SIGMA, p_text, robust_z
 
@@ -188,6 +189,8 @@ def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as exc:  # a driver problem: the gpu and driver_cuda checks say more
         out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        # Whether this host should have GPUs at all: if so, a CPU measurement is no result (evaluate FAILs it).
+        out["gpu_evidence"] = gpu_evidence(getattr(getattr(torch, "version", None), "cuda", None))
         gpus = 0
     if params.get("start_at"):
         # Hosts that share CPUs start together, so that whatever else runs slows all of them alike.
@@ -203,7 +206,7 @@ def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 # --- coordinator side --------------------------------------------------------------------------------------------
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     lim = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     params = {key: lim[key] for key in ("seconds", "chunks", "gpu_gemm_n", "hbm_mib", "pcie_mib", "cpu_gemm_n",
@@ -416,6 +419,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             continue
         mine = [d for d in devices if d["host"] == h]
         findings: List[Finding] = []
+        expected, why = gpus_expected(hf, False)
+        if hf.get("cuda_error") and expected:
+            findings.append(Finding(Status.FAIL, "CUDA failed on %s: %s, although %s; its CPU was measured "
+                                                 "instead, which says nothing of its GPUs" % (h, hf["cuda_error"], why),
+                                    "see the driver_cuda and gpu checks of %s; nvidia-smi there shows whether the "
+                                    "driver answers" % h))
         for g in hf.get("gpus") or []:
             if "error" in g:
                 findings.append(Finding(Status.ERROR, "%s GPU %s: could not measure: %s" % (h, g.get("index"),
