@@ -1,5 +1,6 @@
-"""The README's "Adding a check" example is real code: it loads as a check, passes the registry's Protocol
-check, collects on this machine and evaluates against its own defaults section."""
+"""The "Adding a check" example (docs/adding-a-check.md, linked from the README) is real code: it loads as a
+check, passes the registry's Protocol check, collects on this machine and evaluates against its own defaults
+section."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,12 +14,11 @@ from preflight.hostside import outcome as oc
 from preflight.hostside import seams
 from preflight.config import tomllib
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+PAGE = (Path(__file__).resolve().parent.parent / "docs" / "adding-a-check.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
-    section = README[README.index("## Adding a check"):]
-    section = section[:section.index("\n## ", 1)]
+    section = PAGE[PAGE.index("# Adding a check"):]  # the page is the section
     return re.findall(r"```%s\n(.*?)```" % lang, section, re.S)
 
 
@@ -28,7 +28,7 @@ def _load(source: str):
     module.__package__ = "preflight.checks"  # its imports are relative, as in every check
     sys.modules[spec.name] = module
     try:
-        exec(compile(source, "README.md:shm_free.py", "exec"), module.__dict__)
+        exec(compile(source, "docs/adding-a-check.md:shm_free.py", "exec"), module.__dict__)
     finally:
         del sys.modules[spec.name]
     return module
