@@ -143,17 +143,45 @@ def test_other_xids_warn_and_ignored_xids_pass(healthy, thresholds):
     assert out.status == Status.FAIL and "PCI 0000:3b:00" in out.message  # a GPU NVML no longer lists
 
 
-def test_unreadable_kernel_log_is_noted_not_failed(healthy, thresholds):
+def test_unreadable_kernel_log_warns_with_the_reason_never_a_silent_pass(healthy, thresholds):
     healthy.update(kernel_log_source=None, xid_lines=[],
                    kernel_log_error="dmesg: read kernel buffer failed: Operation not permitted; "
                                     "/dev/kmsg: Permission denied")
     out = g.evaluate(healthy, thresholds)
-    assert out.status == Status.PASS
+    assert out.status == Status.WARN  # issue 26: it was PASS, and a GPU that fell off the bus looked healthy
     assert "Xid scan skipped" in out.message and "Operation not permitted" in out.message
+    assert "kernel.dmesg_restrict=0" in out.fix
     _gpu(healthy)["persistence"] = 0
     out = g.evaluate(healthy, thresholds)
-    assert out.status == Status.WARN
-    assert any(f.status == Status.SKIP and "Xid scan skipped" in f.message for f in out.findings)
+    assert out.status == Status.WARN and "Xid scan skipped" in out.message and "persistence" in out.message.lower()
+
+
+def _lost(raw):
+    return {k: "ERR NVMLError_GpuIsLost GPU is lost" for k in raw}
+
+
+def test_a_gpu_whose_every_nvml_query_failed_fails_naming_the_error(healthy, thresholds):
+    raw = json.loads(_read("nvml.txt"))["gpus"][0]
+    healthy["gpus"] = [g.normalize_nvml_gpu(_lost(raw), 0)]
+    out = g.evaluate(healthy, thresholds)
+    assert out.status == Status.FAIL and "every query of the GPU failed" in out.message and "GpuIsLost" in out.message
+
+
+def test_nvml_field_errors_warn_naming_the_fields_and_not_supported_stays_quiet(healthy, thresholds):
+    raw = json.loads(_read("nvml.txt"))["gpus"][0]
+    raw.update(ecc_uncorrected_volatile="ERR NVMLError_Unknown Unknown Error",
+               remapped_rows="ERR NVMLError_Timeout Timeout")
+    healthy["gpus"] = [g.normalize_nvml_gpu(raw, 0)]
+    out = g.evaluate(healthy, thresholds)
+    assert out.status == Status.WARN and "2 of its health fields could not be read" in out.message
+    assert "ecc_uncorrected_volatile: NVMLError_Unknown" in out.message and "remapped_rows" in out.message
+    assert g.normalize_nvml_gpu(json.loads(_read("nvml.txt"))["gpus"][0], 0)["query_errors"] == {}
+
+
+def test_nvidia_smi_field_errors_are_errors_too():
+    rows = g.parse_nvidia_smi_csv(_read("nvidia-smi-csv.txt"))
+    rows[0]["temperature.gpu"] = "[Unknown Error]"
+    assert g.normalize_smi_gpu(rows[0])["query_errors"] == {"temperature.gpu": "[Unknown Error]"}
 
 
 def test_persistence_off_warns(healthy, thresholds):

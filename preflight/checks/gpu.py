@@ -154,6 +154,10 @@ def normalize_smi_gpu(row: Dict[str, str]) -> Dict[str, Any]:
         "compute_mode": compute_mode,
         "processes": [],
         "unsupported": sorted(k for k, v in row.items() if v in ("[N/A]", "N/A", "[Not Supported]")),
+        # '[Unknown Error]', '[GPU requires reset]', '[GPU is lost]': nvidia-smi could not read the field.
+        "query_errors": {k: v[:200] for k, v in sorted(row.items())
+                         if isinstance(v, str) and v.startswith("[") and v not in ("[N/A]", "[Not Supported]")},
+        "queried": len(row),
     }
     return gpu
 
@@ -206,7 +210,12 @@ def normalize_nvml_gpu(raw: Dict[str, Any], index: int) -> Dict[str, Any]:
         "mig": list(mig) if isinstance(mig, (list, tuple)) else None,
         "compute_mode": _nvml_value(raw.get("compute_mode")),
         "processes": list(_nvml_value(raw.get("processes")) or []),
-        "unsupported": sorted(k for k, v in raw.items() if isinstance(v, str) and v.startswith("ERR")),
+        "unsupported": sorted(k for k, v in raw.items() if isinstance(v, str) and v.startswith("ERR")
+                              and "NotSupported" in v),
+        # Any other refusal (GpuIsLost, Unknown, Timeout...) is a query that failed: evidence, never a silent None.
+        "query_errors": {k: v[4:][:200] for k, v in sorted(raw.items())
+                         if isinstance(v, str) and v.startswith("ERR") and "NotSupported" not in v},
+        "queried": len(raw),
     }
 
 
@@ -440,6 +449,17 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
         f.append(Finding(Status.FAIL, "%s: NVML cannot open the GPU: %s" % (label, gpu["handle_error"]),
                          "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset)))
         return f
+    errors = gpu.get("query_errors") or {}
+    if errors:
+        shown = "; ".join("%s: %s" % (k, v) for k, v in list(errors.items())[:4])
+        if len(errors) >= int(gpu.get("queried") or 0) > 0:
+            f.append(Finding(Status.FAIL, "%s: every query of the GPU failed (%s)" % (label, shown),
+                             "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset)))
+            return f
+        f.append(Finding(Status.WARN, "%s: %d of its health fields could not be read, so they were not checked "
+                                      "(%s)" % (label, len(errors), shown),
+                         "check `nvidia-smi -i %s -q`; a field that errors on an idle GPU often precedes a GPU that "
+                         "falls off the bus" % i))
 
     unc = gpu.get("ecc_uncorrected_volatile")
     if unc:
@@ -632,8 +652,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                                           facts.get("source"), xid_note)
     if not findings:
         findings.append(Finding(Status.PASS, ok))
-    elif facts.get("kernel_log_error"):
-        findings.append(Finding(Status.SKIP, xid_note))
+    if facts.get("kernel_log_error"):
+        # Not a silent pass: without the kernel log a GPU that fell off the bus last hour looks healthy.
+        findings.append(Finding(Status.WARN, xid_note, "run preflight as root, or allow reading the kernel log: "
+                                                      "sudo sysctl -w kernel.dmesg_restrict=0"))
     return combine(findings, ok, metrics)
 
 
