@@ -1,5 +1,7 @@
 """preflight installed into a project's own environment leaves that project alone: no top-level ``checks``
-package in site-packages, and its auto-loaded pytest plugin does not break a project that has its own ``checks/``."""
+package in site-packages, and its auto-loaded pytest plugin does not break a project that has its own ``checks/``;
+and the install is whole: every check's thresholds TOML beside it, so the installed `preflight config --defaults`
+prints the same page as the checkout."""
 from __future__ import annotations
 
 import os
@@ -71,3 +73,26 @@ def test_a_project_with_its_own_checks_package_still_works(installed, tmp_path):
                        cwd=project, capture_output=True, text=True, env=env)
     assert "'preflight/checks/__init__.py'" in r.stdout, r.stderr
     assert sys.executable != str(installed)
+
+
+def test_the_install_ships_every_checks_thresholds_toml(installed, tmp_path):
+    from preflight import checks
+    from preflight.config import DEFAULTS_PATH, default_page
+    site = Path(subprocess.run([str(installed), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    package = REPO / "preflight"
+    wanted = [DEFAULTS_PATH] + [checks.thresholds_path(name) for name in checks.ORDER]
+    assert {p.name for p in wanted} >= {"defaults.toml", "nvme.toml", "thresholds.toml"}
+    for path in wanted:  # byte for byte what the checkout has, at the same place in the package
+        installed_copy = site / "preflight" / path.relative_to(package)
+        assert installed_copy.is_file() and installed_copy.read_bytes() == path.read_bytes(), installed_copy
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    # Run from elsewhere, so the import is the installed package's and not the checkout's.
+    r = subprocess.run([str(installed.parent / "preflight"), "config", "--defaults"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout == default_page(), r.stderr[-1500:]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[driver_cuda]\nminor_compat_status = "warm"\n')
+    r = subprocess.run([str(installed.parent / "preflight"), "node-check", "--config", str(bad)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "driver_cuda.minor_compat_status" in r.stderr and '"warn", "fail"' in r.stderr
