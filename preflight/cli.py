@@ -1,4 +1,4 @@
-"""Command line: ``preflight run``, ``preflight list``, ``preflight --version``.
+"""Command line: ``preflight run``, ``preflight list``, ``preflight config --defaults``, ``preflight --version``.
 
 Exit codes: 0 no FAIL/ERROR (warnings allowed); 1 any FAIL or ERROR (or WARN with --strict);
 2 usage or input error (nothing was run); 130 interrupted (after cleaning up on the hosts).
@@ -304,6 +304,21 @@ def build_options(args: argparse.Namespace):
             raise UsageError(f"--ssh-config {exc}") from None
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
+
+
+def cmd_config_defaults(out, err) -> int:
+    """``preflight config --defaults``: the documented defaults page on stdout; it loads back as a --config."""
+    try:
+        page = default_page()
+    except ConfigError as exc:  # a check's TOML missing from the install, or one that breaks its own rules
+        print(f"preflight: error: {exc}", file=err)
+        return EXIT_USAGE
+    try:
+        out.write(page)
+        out.flush()
+    except BrokenPipeError:  # `preflight config --defaults | head`
+        _drop_stdout()
+    return EXIT_OK
 
 
 def cmd_config_defaults(out, err) -> int:
