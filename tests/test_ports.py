@@ -238,6 +238,10 @@ def test_firewalled_host_fails_as_the_destination_and_names_port_and_sources():
     assert "inbound TCP to node03:" in bad.message and "from node01, node02" in bad.message
     assert "timed out" in bad.message and "NCCL will hang" in bad.message
     assert "nft insert rule" in bad.fix and "iptables -I INPUT" in bad.fix and "ufw allow" in bad.fix
+    # alternatives, one per line: pasted, '|' would have run all three as one pipeline (issue 26)
+    lines = bad.fix.splitlines()
+    assert " | " not in bad.fix and [ln.split()[0] for ln in lines[1:3]] == ["nft", "iptables"]
+    assert len(lines) == 4 and "ufw allow" in lines[3]
     assert "198.18.1.1" in bad.fix and "1024-65535" in bad.fix
     assert bad.metrics["probes_in_ok"] == 0 and bad.metrics["probes_out_ok"] == bad.metrics["probes_out"] > 0
 
@@ -518,6 +522,7 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
     """Two networks; the interfaces facts (normally from the interfaces check) name both; node03 drops high
     ports on its second network only: the second network WARNs on node03, the SSH network passes."""
     from preflight.hostfile import load_hostfile
+    from preflight.hostside.seams import CheckOptions
     from preflight.runner import RunOptions, Runner
     from preflight.transport import SSHOptions
 
@@ -539,7 +544,7 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
                          thresholds=THRESHOLDS, python=sys.executable,
                          ssh=SSHOptions(key=str(cluster.user_key), config_path=str(cluster.ssh_config),
                                         known_hosts=str(cluster.known_hosts)),
-                         extra={"master_port": 29500, "python": sys.executable, "host_params": {}})
+                         check_options=CheckOptions(master_port=29500, python=sys.executable), host_params={})
     report = WithInterfaceFacts(options).run()
     cells = {(r.host, r.check): r for r in report.results}
     second = str(ipaddress.ip_interface(cluster.hosts[0].addresses[1] + "/24").network)  # networks are /24s

@@ -25,9 +25,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
-from .iperf3 import host_subnets
+from ..hostside.mesh import REASONS, egress_blocked, short_list
+from ..hostside.netinfo import host_subnets
 
 NAME = "ports"
 
@@ -35,16 +36,6 @@ LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp 
 DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range
 READY_TIMEOUT_S = 30.0
 PRIMARY = "ssh"  # label of the network the coordinator reached the hosts on
-
-REASONS = {
-    "timeout": "timed out: a firewall drops the packets",
-    "refused": "refused while our listener was up: a firewall rejects them",
-    "unreachable": "no route to the host (ICMP unreachable)",
-    "unresolved": "the address does not resolve on the source",
-    "skipped": "not probed: the probe ran out of time",
-    "error": "connect failed",
-}
-
 
 
 # --- pure parsers ----------------------------------------------------------------------------
@@ -371,13 +362,13 @@ def _parallel(fn, items: Sequence[Any], limit: int, timeout: float) -> List[Any]
     return parallel_map(fn, list(items), limit, timeout)
 
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     from ..hostside.schedule import probe_targets
 
     lim = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     master = cluster.master.name
-    master_port = int(cluster.options.get("master_port") or 29500)
+    master_port = cluster.options.master_port
     addresses = {h: cluster.address(h) for h in hosts}
     facts: Dict[str, Any] = {
         "master": master, "master_port": master_port, "hosts": hosts, "addresses": addresses,
@@ -477,11 +468,6 @@ def _plan(facts: Dict[str, Any], pairs: Sequence[Tuple[int, int]]) -> Dict[str, 
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def _names(items: Iterable[str]) -> str:
-    items = sorted(set(items))
-    return ", ".join(items[:8]) + (" and %d more" % (len(items) - 8) if len(items) > 8 else "")
-
-
 def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
     """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
     rng = ports.replace("-", ":")
@@ -489,58 +475,11 @@ def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
     nft_src = sources[0] if len(sources) == 1 else "{ %s }" % ", ".join(sources)
     ufw = ("ufw allow from %s proto tcp to any port %s" % (sources[0], rng) if len(sources) == 1 else
            "for s in %s; do ufw allow from $s proto tcp to any port %s; done" % (" ".join(sources), rng))
-    return ("on %s allow TCP from the cluster: nft insert rule inet filter input ip saddr %s tcp dport %s accept"
-            " | iptables -I INPUT -p tcp -s %s --dport %s -j ACCEPT | %s"
-            % (host, nft_src, ports, ",".join(sources), rng, ufw))
-
-
-def _egress_blocked(probes: List[Dict[str, Any]]) -> Dict[str, List[str]]:
-    """Sources that reached none of their (>= 2) destinations, each of which another source did reach:
-    their own outbound traffic is filtered, so the destinations are not to blame."""
-    by_src: Dict[str, Dict[str, bool]] = {}
-    reached_by: Dict[str, set] = {}
-    for p in probes:
-        if p["result"] == "skipped":
-            continue
-        ok = p["result"] == "ok"
-        by_src.setdefault(p["src"], {})
-        by_src[p["src"]][p["dst"]] = by_src[p["src"]].get(p["dst"], False) or ok
-        if ok:
-            reached_by.setdefault(p["dst"], set()).add(p["src"])
-    out = {}
-    for src, dsts in by_src.items():
-        if len(dsts) >= 2 and not any(dsts.values()) and \
-                all(reached_by.get(d, set()) - {src} for d in dsts):
-            out[src] = sorted(dsts)
-    return out
-
-
-def blocked_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
-    """{host: why} for hosts that this check proved other hosts cannot open TCP connections to (or from) on the
-    given addresses ({host: address}, the network a later phase will use): a failed inbound probe to the host's
-    address from a source whose own egress works, or the host's own egress blocked. Pure; the all-reduce uses it
-    to leave such hosts out instead of waiting for its init timeout."""
-    probes = [p for p in facts.get("probes") or [] if isinstance(p, dict) and p.get("result") != "skipped"]
-    egress = _egress_blocked(probes)
-    found: Dict[str, str] = {}
-    for h, dsts in egress.items():
-        if h in addresses:
-            found[h] = "ports: outbound TCP from %s to high ports is blocked (none of %s reachable from it)" % (
-                h, _names(dsts))
-    failed: Dict[str, Dict[str, Any]] = {}
-    for p in probes:
-        dst = p.get("dst")
-        if p.get("result") == "ok" or dst not in addresses or p.get("address") != addresses[dst] \
-                or p.get("src") in egress:
-            continue
-        entry = failed.setdefault(dst, {"srcs": set(), "ports": set(), "result": p.get("result")})
-        entry["srcs"].add(p.get("src"))
-        entry["ports"].add(p.get("port"))
-    for h, e in failed.items():
-        found.setdefault(h, "ports: inbound TCP to %s (%s) port%s %s from %s %s" % (
-            h, addresses[h], "s" if len(e["ports"]) > 1 else "", ", ".join(str(x) for x in sorted(e["ports"])),
-            _names(e["srcs"]), REASONS.get(e["result"], e["result"])))
-    return found
+    # Alternatives, one per line (never joined with '|', which a paste would run as one pipeline of all three).
+    return ("on %s allow TCP from the cluster, with the one of these that manages its firewall:\n"
+            "  nft insert rule inet filter input ip saddr %s tcp dport %s accept\n"
+            "  iptables -I INPUT -p tcp -s %s --dport %s -j ACCEPT\n"
+            "  %s" % (host, nft_src, ports, ",".join(sources), rng, ufw))
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -549,7 +488,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     probes: List[Dict[str, Any]] = facts.get("probes", [])
     listeners = facts.get("listeners", {})
     nets = {n["name"]: n for n in facts.get("networks", [])}
-    egress = _egress_blocked(probes)
+    egress = egress_blocked(probes)
     out: Dict[str, Outcome] = {}
     for h in facts.get("unreachable", []):
         out[h] = error("not run: the host is unreachable (see its ssh result)")
@@ -586,7 +525,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         if h in egress:
             findings.append(Finding(
                 Status.FAIL, "outbound TCP from %s to high ports blocked: none of %s reachable from it, though "
-                "other hosts reach them; NCCL will hang at init" % (h, _names(egress[h])),
+                "other hosts reach them; NCCL will hang at init" % (h, short_list(egress[h])),
                 "check the OUTPUT chain / egress policy on %s (nft list ruleset; iptables -S OUTPUT)" % h))
         inbound = [p for p in probes if p["dst"] == h and p["src"] not in egress and p["result"] != "skipped"]
         groups: Dict[Tuple[str, str, str, Tuple[str, ...]], List[int]] = {}
@@ -616,7 +555,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             findings.append(Finding(
                 Status.FAIL if primary else Status.WARN,
                 "inbound TCP to %s:%s (%s)%s blocked from %s (%s): %s"
-                % (h, label, addr, where, _names(srcs), REASONS.get(result, result), consequence), fix))
+                % (h, label, addr, where, short_list(srcs), REASONS.get(result, result), consequence), fix))
         ok = [p for p in inbound if p["result"] == "ok"]
         outbound = [p for p in probes if p["src"] == h]
         ms = sorted(p["ms"] for p in ok)
@@ -651,6 +590,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    reads=("interfaces",),  # the subnets every host shares, probed besides the SSH network
     # Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
     # (runner.py), never while compute, iperf3 or the all-reduce measure.
     quiet=True,
