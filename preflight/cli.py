@@ -321,21 +321,6 @@ def cmd_config_defaults(out, err) -> int:
     return EXIT_OK
 
 
-def cmd_config_defaults(out, err) -> int:
-    """``preflight config --defaults``: the documented defaults page on stdout; it loads back as a --config."""
-    try:
-        page = default_page()
-    except ConfigError as exc:  # a check's TOML missing from the install, or one that breaks its own rules
-        print(f"preflight: error: {exc}", file=err)
-        return EXIT_USAGE
-    try:
-        out.write(page)
-        out.flush()
-    except BrokenPipeError:  # `preflight config --defaults | head`
-        _drop_stdout()
-    return EXIT_OK
-
-
 def cmd_list(out) -> int:
     width = max(len(n) for n in registry.ORDER)
     for name in registry.ORDER:
