@@ -143,6 +143,13 @@ def test_slow_read_warns():
     assert o.status == Status.WARN and "sequential read 400 MB/s" in o.message
 
 
+def test_the_slow_fix_names_the_paths_own_nvme_device_and_no_nvme_for_another_disk():
+    on_nvme = nvme.evaluate({"paths": [entry(write_Bps=2e9, read_Bps=4e8, device="/dev/nvme1n1p2")]}, T)
+    assert on_nvme.fix.endswith("nvme smart-log /dev/nvme1n1")
+    on_vda = nvme.evaluate({"paths": [entry(write_Bps=2e9, read_Bps=4e8, device="/dev/vda1")]}, T)
+    assert "smart-log" not in on_vda.fix and "lsblk" in on_vda.fix  # issue 26: it said /dev/nvme0n1 for /dev/vda
+
+
 def test_missing_path_fails_with_fix():
     e = entry(path="/local_nvme/offload", exists=False, is_dir=False, writable=False, fstype=None, free_bytes=None,
               test_bytes=0, direct=False, error="does not exist", kind=None)

@@ -348,7 +348,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                 if bound < op_min:
                     findings.append(Finding(Status.WARN, "nvme path %s: %s, so %s throughput is below %s (expected "
                                                          ">= %s)" % (where, e["error"], e["timed_out"], _gb(bound),
-                                                                     _gb(op_min)), _slow_fix(p)))
+                                                                     _gb(op_min)), _slow_fix(p, e.get("device"))))
                 else:
                     findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
                                             "rerun with a longer --timeout or a smaller [nvme] test_mib"))
@@ -365,12 +365,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
                                                  "typically > 3 GB/s; check what backs the path and the device's "
                                                  "health)" % (where, _gb(w), tag, _gb(min_w)),
-                                    _slow_fix(p)))
+                                    _slow_fix(p, e.get("device"))))
         if r is not None and r < min_r:
             findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
                                                  "typically > 3 GB/s; check what backs the path and the device's "
                                                  "health)" % (where, _gb(r), tag, _gb(min_r)),
-                                    _slow_fix(p)))
+                                    _slow_fix(p, e.get("device"))))
         oks.append("%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
                                                                   " (direct)" if e.get("direct") else tag,
                                                                   _size(e.get("test_bytes")),
@@ -380,9 +380,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     return combine(findings, "; ".join(oks), metrics)
 
 
-def _slow_fix(p: str) -> str:
-    # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)?
-    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL; nvme smart-log /dev/nvme0n1" % q(p)
+_NVME_DEVICE = re.compile(r"^(/dev/nvme[0-9]+n[0-9]+)(?:p[0-9]+)?$")
+
+
+def _slow_fix(p: str, device: Any = None) -> str:
+    # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)? smart-log only for
+    # the NVMe namespace the path is on: a fixed /dev/nvme0n1 was the wrong disk for a path on /dev/vda.
+    m = _NVME_DEVICE.match(device) if isinstance(device, str) else None
+    health = "; nvme smart-log %s" % q(m.group(1)) if m else ""
+    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL%s" % (q(p), health)
 
 
 def _dd_fix(p: str) -> str:
