@@ -63,3 +63,19 @@ def test_nccl_version_of_every_torch_shape_is_read_and_torch_is_not_called_broke
     outcome = py.evaluate(facts, load_defaults())
     assert outcome.status != Status.FAIL, outcome.message
     assert f"NCCL {shown}" in outcome.message
+
+
+def test_no_torch_fails_the_gate_in_a_local_run_as_over_ssh(tmp_path):
+    """issue 26: a local run WARNed and exited 0 where a multi-host run FAILed (tests/test_allreduce.py)."""
+    from tests.test_allreduce import _python_without_torch
+    python = _python_without_torch()
+    assert python, "no interpreter without torch on this machine (tests/test_allreduce.py needs one too)"
+    out = tmp_path / "out.json"
+    r = subprocess.run([sys.executable, "-m", "preflight", "run", "--python", python, "--checks", "python",
+                        "--json", str(out)], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                       text=True, timeout=300)
+    cell = next(c for c in json.loads(out.read_text())["results"] if c["check"] == "python")
+    assert r.returncode == 1 and cell["status"] == "fail", (r.returncode, cell)
+    assert "torch is not importable" in cell["message"] and "--python" in cell["fix"]
+    assert py.evaluate({"python": "3.11.7", "executable": python, "torch": None},
+                       {"python": dict(load_defaults()["python"], require_torch=False)}).status == Status.PASS

@@ -31,7 +31,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     facts: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable,
                              "torch": None, "torch_cuda": None, "nccl": None, "torch_error": None,
                              "deepspeed": _version_of("deepspeed"), "nvidia_ml_py": _version_of("nvidia-ml-py")}
-    from .allreduce.supervisor import torch_view
+    from ..hostside.torchview import torch_view
     # What a rank will see (CUDA, device count, GPU names, NCCL): the all-reduce reads it from these facts instead
     # of importing torch again on every host to probe, and NCCL's version is read once, here.
     facts["rank_view"] = view = torch_view()
@@ -60,7 +60,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         findings.append(Finding(Status.FAIL, "torch is installed but fails to import: %s" % facts["torch_error"],
                                 "reinstall torch in this environment: pip install --force-reinstall torch"))
     elif facts.get("torch") is None and lim["require_torch"]:
-        findings.append(Finding(Status.WARN, "torch is not importable by %s" % facts.get("executable"),
+        # FAIL, as the all-reduce fails a multi-host run for the same cause: the job cannot start either way.
+        findings.append(Finding(Status.FAIL, "torch is not importable by %s; the job needs it on every host"
+                                % facts.get("executable"),
                                 "pass --python with the job's interpreter, or pip install torch"))
     summary = "Python %s" % facts["python"] + "".join(
         ", %s %s" % (label, facts[key]) for key, label in
