@@ -121,7 +121,13 @@ def reason_line(outcomes: Sequence[Tuple[str, Outcome]], strict: bool = False) -
     bad = [(c, o) for c, o in outcomes if _is_bad(o.status, strict)]
     if not bad:
         names = ", ".join(c for c, _ in outcomes)
-        return f"{REASON_PREFIX} ok ({len(outcomes)} check{'s' if len(outcomes) != 1 else ''}: {names})"
+        # What "ok" rests on: skipped checks proved nothing and warnings are worth a look (issue 26).
+        counts = [f"{len(outcomes)} check{'s' if len(outcomes) != 1 else ''}"]
+        for status, word in ((Status.SKIP, "skipped"), (Status.WARN, "warning")):
+            n = sum(1 for _, o in outcomes if o.status == status)
+            if n:
+                counts.append(f"{n} {word}" + ("s" if n != 1 and status == Status.WARN else ""))
+        return f"{REASON_PREFIX} ok ({', '.join(counts)}: {names})"
     line = f"{REASON_PREFIX} " + "; ".join(_clause(c, o) for c, o in bad)
     # Printable ASCII only: the reason is host-reported text going into the scheduler's state.
     line = "".join(ch if " " <= ch <= "~" else "?" for ch in line)

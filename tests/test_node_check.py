@@ -95,6 +95,9 @@ def test_the_line_names_every_bad_check_on_one_printable_line_within_the_reason_
     assert reason_line(outcomes, strict=True).startswith(
         "preflight: libaio: libaio.so.1 cannot be loaded; nvme: /local_nvme: 0.4 GB/s < 1.0; driver_cuda")
     assert reason_line(outcomes[1:2]) == "preflight: ok (1 check: gpu)"
+    mixed = [("gpu", Outcome(Status.PASS, "ok")), ("nvme", Outcome(Status.SKIP, "no path")),
+             ("ds_report", Outcome(Status.SKIP, "no DeepSpeed")), ("memlock", Outcome(Status.WARN, "64 KiB"))]
+    assert reason_line(mixed) == "preflight: ok (4 checks, 2 skipped, 1 warning: gpu, nvme, ds_report, memlock)"
     long = reason_line([(f"check{i}", Outcome(Status.FAIL, "x" * 80)) for i in range(5)])
     assert len(long) == MAX_REASON and long.endswith("...")
 
@@ -124,6 +127,7 @@ def test_the_checks_node_check_and_run_run_come_from_the_same_config(tmp_path):
     proc = node_check("--config", str(config), "--skip", "memlock", "-v")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "preflight: ok (1 check: libaio)"
+    assert "::libaio PASSED - " in proc.stdout  # the words of `preflight run` (it said PASS)
     # ...and `preflight run` on this machine runs all three, after ssh.
     report = tmp_path / "r.json"
     run = subprocess.run([sys.executable, "-m", "preflight", "run", "--python", sys.executable, "--config",

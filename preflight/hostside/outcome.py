@@ -25,6 +25,11 @@ class Status(str, enum.Enum):
     ERROR = "error"
 
     @property
+    def word(self) -> str:
+        """How a report line says it, pytest-style: PASSED, WARNED, FAILED, SKIPPED, ERROR."""
+        return {"pass": "PASSED", "warn": "WARNED", "fail": "FAILED", "skip": "SKIPPED", "error": "ERROR"}[self.value]
+
+    @property
     def rank(self) -> int:
         # A definite FAIL outranks ERROR when one check has both: it is the more useful thing to show.
         return {"skip": 0, "pass": 1, "warn": 2, "error": 3, "fail": 4}[self.value]
