@@ -22,6 +22,8 @@ BENCH = REPO / "bench" / "README.md"
 # must not come back) and is not part of a longer path (/opt/preflight/bin, ~/.preflight, deepspeed/launcher/...).
 CITED = re.compile(r"(?<![\w./~$-])((?:bench|docs|preflight|tests|\.ci|checks)/[\w.{},*/-]*)")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+# The files docs/adding-a-check.md tells the reader to create: cited, and rightly not in git.
+TO_CREATE = {"preflight/checks/shm_free.py", "preflight/checks/shm_free.toml"}
 
 
 def _documents() -> list[Path]:
@@ -72,7 +74,8 @@ def test_readme_is_a_front_door():
 def test_every_cited_path_is_in_git():
     tracked = _tracked()
     missing = sorted({"%s: %s" % (doc.relative_to(REPO), written)
-                      for doc in _documents() for written, path in _citations(doc) if not _exists(path, tracked)})
+                      for doc in _documents() for written, path in _citations(doc)
+                      if not _exists(path, tracked) and path not in TO_CREATE})
     assert not missing, "cited but not in git (commit it, or fix the citation):\n" + "\n".join(missing)
 
 
@@ -84,6 +87,7 @@ def test_the_checker_sees_citations_and_misses():
     assert "docs/ssh.md" in cites  # from the link ../docs/ssh.md
     assert _braces("a/x{,-max}.{json,txt}") == ["a/x.json", "a/x.txt", "a/x-max.json", "a/x-max.txt"]
     assert not _exists("checks/base.py", tracked) and not _exists("bench/results/scale-light.json", tracked)
+    assert not any(_exists(path, tracked) for path in TO_CREATE), "the example's check exists: drop it from TO_CREATE"
     assert CITED.findall("run /opt/preflight/bin/preflight or ~/.preflight/bin/pip; see `checks/base.py`.") == [
         "checks/base.py"]
 
