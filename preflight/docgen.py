@@ -1,7 +1,8 @@
 """The checks reference page (docs/checks.md), written from the registry so that it cannot drift from the code.
 
-It reads each registered check's ``SPEC`` (name, description, scope, default, quiet, uses_torch, reads) and
-the first paragraph of its module's docstring, e.g. ``ssh``'s "Reachability of each host: SSH connection, ...".
+It reads each registered check's ``SPEC`` (name, description, scope, default, quiet, uses_torch, reads), the
+first paragraph of its module's docstring, e.g. ``ssh``'s "Reachability of each host: SSH connection, ...", and the
+keys and defaults of its thresholds TOML beside it, e.g. ``ssh.toml``'s ``warn_rtt_ms = 500.0``.
 
     python3 -m preflight.docgen            # rewrite docs/checks.md
     python3 -m preflight.docgen --check    # exit 1 if docs/checks.md differs from the registry
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from . import checks
+from .config import tomllib
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds preflight/
 PAGE = PACKAGE_ROOT / "docs" / "checks.md"
@@ -31,6 +34,15 @@ def _first_paragraph(module: ModuleType) -> str:
 
 def _source(module: ModuleType) -> str:
     return Path(inspect.getfile(module)).resolve().relative_to(PACKAGE_ROOT).as_posix()
+
+
+def _thresholds(name: str) -> str:
+    """One line: the check's thresholds file and each key's default, as TOML writes it."""
+    path = checks.thresholds_path(name)
+    source = path.resolve().relative_to(PACKAGE_ROOT).as_posix()
+    section = tomllib.loads(path.read_text()).get(name, {})
+    keys = ", ".join("`%s = %s`" % (key, json.dumps(value)) for key, value in section.items())
+    return "Thresholds ([`%s`](../%s)): %s." % (source, source, keys or "none")
 
 
 def _cell(text: str) -> str:
@@ -49,7 +61,8 @@ def render() -> str:
         "Every check preflight runs, in the order it runs them (the matrix's columns). `preflight list` prints the",
         "same; `--checks a,b` runs only those, `--skip a,b` leaves some out, and `[checks]` in `--config` does both",
         "(see [thresholds.md](thresholds.md)). A check that is not on by default runs when `--checks` names it or",
-        "when the input it checks is given (`ds_config`: `--deepspeed-config`).",
+        "when the input it checks is given (`ds_config`: `--deepspeed-config`). Each check's thresholds file says",
+        "where each default comes from; `preflight config --defaults` prints them all as one page.",
         "",
         "| check | scope | by default | what it checks |",
         "| --- | --- | --- | --- |",
@@ -70,7 +83,7 @@ def render() -> str:
         source = _source(module)
         lines += ["", "## %s" % spec.name, "",
                   "[`%s`](../%s) · %s" % (source, source, " · ".join(facts)), "",
-                  _first_paragraph(module)]
+                  _first_paragraph(module), "", _thresholds(spec.name)]
     return "\n".join(lines) + "\n"
 
 
