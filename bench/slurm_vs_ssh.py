@@ -63,7 +63,7 @@ from common import ROOT, median, table, write_json  # noqa: E402
 
 from preflight.hostside.agent import BOOTSTRAP, RESULT  # noqa: E402
 from preflight.remote import agent_code  # noqa: E402
-from preflight.transport_srun import SrunTransport  # noqa: E402
+from preflight.transport.srun import SrunTransport  # noqa: E402
 from tests.slurmcluster import SlurmCluster, slurm_unavailable_reason  # noqa: E402
 
 CHECKS = "interfaces,memlock"  # host facts read from /proc and /sys: no torch import, no compiler, no traffic

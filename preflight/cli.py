@@ -20,6 +20,7 @@ from preflight.config import ConfigError, default_page, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
                                 split_csv, with_slots)
+from preflight.hostside.seams import CheckOptions
 from preflight.results import CLUSTER_NAME
 from preflight.transport import SSHOptions
 
@@ -278,15 +279,11 @@ def build_options(args: argparse.Namespace):
         host_params["nvme_paths"] += [p for p in from_config.get("nvme_paths", [])
                                       if p not in host_params["nvme_paths"]]
         host_params["required_ops"] = from_config.get("required_ops", [])
-    extra: Dict[str, Any] = {
-        "master_port": args.master_port, "deepspeed_config": args.deepspeed_config,
-        "model_params": args.model_params, "largest_layer_params": args.largest_layer_params,
-        "model_parallel_size": args.model_parallel_size,
-        "min_busbw": args.min_busbw, "python": args.python, "host_params": host_params,
-        "input_notes": notes, "info_notes": info,
-        "checkpoint_dir": args.checkpoint_dir,
-        "transport": transport, "host_source": host_source, "srun_steps": args.srun_steps,
-    }
+    check_options = CheckOptions(
+        transport=transport, master_port=args.master_port, deepspeed_config=args.deepspeed_config,
+        model_params=args.model_params, largest_layer_params=args.largest_layer_params,
+        model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
+        checkpoint_dir=args.checkpoint_dir)
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
                      connect_timeout=args.connect_timeout)
@@ -303,7 +300,9 @@ def build_options(args: argparse.Namespace):
         except sshconfig.SSHConfigError as exc:
             raise UsageError(f"--ssh-config {exc}") from None
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
-                      timeout=args.timeout, parallel=args.parallel, strict=args.strict, extra=extra)
+                      timeout=args.timeout, parallel=args.parallel, strict=args.strict, transport=transport,
+                      srun_steps=args.srun_steps, host_params=host_params, host_source=host_source, info_notes=info,
+                      input_notes=notes, check_options=check_options)
 
 
 def cmd_config_defaults(out, err) -> int:
@@ -343,11 +342,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(Text(rep.plain(f"preflight: error: {exc}")), soft_wrap=True)
         return EXIT_USAGE
-    if options.extra.get("host_source") and not args.quiet:
-        err.print(f"preflight: {options.extra['host_source']}", soft_wrap=True, highlight=False, markup=False)
-    for note in options.extra.get("info_notes") or []:
+    if options.host_source and not args.quiet:
+        err.print(f"preflight: {options.host_source}", soft_wrap=True, highlight=False, markup=False)
+    for note in options.info_notes:
         err.print(f"preflight: {note}", soft_wrap=True, highlight=False, markup=False)
-    for note in options.extra.get("input_notes") or []:
+    for note in options.input_notes:
         err.print(f"preflight: warning: {note}", soft_wrap=True, highlight=False, markup=False)
     _tune_interpreter()
     runner = Runner(options, rep.TerminalProgress(err, quiet=args.quiet))

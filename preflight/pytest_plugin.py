@@ -234,7 +234,7 @@ class PreflightSession:
                 where = self.hostfile or "this machine"
                 console.print(f"preflight: checking {len(self.options.hosts)} host(s) of {where}: "
                               f"{', '.join(['ssh'] + self.options.checks)}", highlight=False, soft_wrap=True)
-            for note in self.options.extra.get("input_notes") or []:
+            for note in self.options.input_notes:
                 console.print(f"preflight: warning: {note}", highlight=False, soft_wrap=True, markup=False)
             try:
                 self.report = Runner(self.options, rep.TerminalProgress(console, quiet=quiet)).run()

@@ -17,28 +17,39 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
+from preflight.hostside.seams import CheckOptions
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input
-from preflight.transport import (CommandResult, LocalTransport, SSHOptions, SSHTransport, Transport,
-                                 TransportError, raise_fd_limit)
-from preflight.transport_srun import SharedStep, SrunTransport
+from preflight import transport as transports
+from preflight.transport import (CommandResult, SharedStep, SrunTransport, SSHOptions, Transport, TransportError,
+                                 raise_fd_limit)
 
 
 @dataclass
 class RunOptions:
+    """The coordinator's settings for a run. What the cluster checks read is ``check_options`` alone (it is their
+    ``cluster.options``); the rest stays here."""
+
     hosts: List[HostSpec]
     checks: List[str]
     thresholds: Dict[str, Dict[str, Any]]
-    local: bool = False
+    local: bool = False             # this machine, without a transport to connect ("local" in the registry)
     python: str = "python3"
     ssh: SSHOptions = field(default_factory=SSHOptions)
     timeout: float = 120.0          # per check on a host
     parallel: int = 32
     strict: bool = False
-    # Options that checks read (nvme_paths, master_port, deepspeed_config, model_params, ...).
-    extra: Dict[str, Any] = field(default_factory=dict)
+    transport: str = "ssh"          # how remote hosts are reached: a name in preflight.transport.TRANSPORTS
+    srun_steps: str = "shared"      # with srun: "shared" (every node's agent in one step) or "per-node"
+    # Added to every host's collect params (nvme_paths, required_ops): what the host-side checks read.
+    host_params: Dict[str, Any] = field(default_factory=dict)
+    # For the user, before the run: where the hosts came from, what preflight decided, warnings about the input.
+    host_source: str = ""
+    info_notes: List[str] = field(default_factory=list)
+    input_notes: List[str] = field(default_factory=list)
+    check_options: CheckOptions = field(default_factory=CheckOptions)
 
 
 class Progress:
@@ -86,7 +97,7 @@ class Cluster:
         self.master = self.all_hosts[0]
         self.world_size = sum(h.slots for h in self.all_hosts)
         self.facts = facts
-        self.options = options.extra
+        self.options = options.check_options
         self.thresholds = options.thresholds
         self.parallel = options.parallel
         self.local = options.local
@@ -143,9 +154,7 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
-        transport: Transport = LocalTransport(spec.name) if self.o.local else SSHTransport(spec.name, self.o.ssh)
-        if self.o.extra.get("transport") == "srun":  # job steps of the current Slurm allocation, no SSH
-            transport = SrunTransport(spec.name)
+        transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh)
         mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
         max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
         return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output))
@@ -157,7 +166,6 @@ class Runner:
             self._preload(node)  # starts this machine's agent
             return
         transport = node.transport
-        assert isinstance(transport, (SSHTransport, SrunTransport))
         try:
             transport.connect()
         except TransportError as exc:
@@ -183,7 +191,7 @@ class Runner:
             probe = transport.run(["uname", "-n"], timeout=self.o.ssh.connect_timeout)
         # The kernel's RTT of the connection, not the probe's duration: with hundreds of hosts connecting
         # at once the coordinator's own queueing would show up as a slow host.
-        rtt_ms = transport.network_rtt_ms() if isinstance(transport, SSHTransport) else None
+        rtt_ms = transport.network_rtt_ms()
         node.ssh_facts = {"connected": probe.rc == 0, "hostname": probe.stdout.strip(),
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
                           "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
@@ -213,7 +221,7 @@ class Runner:
         """With srun, every node's agent starts at once as one step (SharedStep); each node's agent adopts
         its task. A node whose task does not come up gets a step of its own in _connect."""
         srun_nodes = [n for n in self.nodes if isinstance(n.transport, SrunTransport)]
-        if not srun_nodes or self.o.extra.get("srun_steps", "shared") != "shared":
+        if not srun_nodes or self.o.srun_steps != "shared":
             return
         first = srun_nodes[0]
         assert isinstance(first.transport, SrunTransport)
@@ -234,8 +242,7 @@ class Runner:
         # a slot, so the phase's budget grows with the number of waves.
         waves = -(-len(self.nodes) // max(1, self.o.parallel))
         # A host behind jump hosts has the connect timeout once per hop (ProxyJump chains).
-        connect = max([n.transport.connect_budget_s() for n in self.nodes if isinstance(n.transport, SSHTransport)]
-                      or [self.o.ssh.connect_timeout])
+        connect = max([n.transport.connect_budget_s() for n in self.nodes] + [self.o.ssh.connect_timeout])
         timeout = (connect + self.o.ssh.connect_timeout + 10) * max(1, waves)
         for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
             if isinstance(res, BaseException):
@@ -253,7 +260,7 @@ class Runner:
         for module in modules:
             if module.SPEC.host_params:
                 params.update(module.SPEC.host_params(self.o.thresholds))
-        params.update(self.o.extra.get("host_params", {}))
+        params.update(self.o.host_params)
         return params
 
     def _host_checks(self, modules: List[ModuleType]) -> None:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from preflight.hostside.seams import HostContext
+from preflight.hostside.seams import CheckOptions, HostContext
 from preflight.hostside.proc import parallel_map
 from preflight.runner import Progress
 
@@ -41,7 +41,7 @@ class FakeCluster:
     slots: int = 1
     thresholds: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     facts: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    options: Dict[str, Any] = field(default_factory=dict)
+    options: CheckOptions = field(default_factory=CheckOptions)
     handlers: Dict[str, Handler] = field(default_factory=dict)
     unreachable: Sequence[str] = ()
     parallel: int = 32

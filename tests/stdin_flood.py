@@ -1,4 +1,4 @@
-"""Filling the stdin of a command that nobody reads: what preflight.transport.SEND_STALL_S bounds.
+"""Filling the stdin of a command that nobody reads: what preflight.transport.base.SEND_STALL_S bounds.
 
     flood_until_it_fails(cmd.send)  ->  [StdinStalled("the command stopped reading its stdin ...")]
 """

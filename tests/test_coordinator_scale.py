@@ -23,7 +23,9 @@ from preflight.hostside.proc import parallel_map
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import Progress, RunOptions, Runner
-from preflight.transport import _LIVENESS, SSHOptions, SSHTransport, _SSHCommand
+from preflight.transport import SSHOptions, SSHTransport
+from preflight.transport.liveness import LIVENESS
+from preflight.transport.ssh import _SSHCommand
 from tests.netcluster import NetCluster
 
 N = 16
@@ -139,8 +141,8 @@ def test_direct_connections_are_watched_by_ssh_keepalives_not_the_kernels(cluste
     try:
         sock = conn._client.get_transport().sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
-        with _LIVENESS._lock:
-            assert id(conn) in _LIVENESS._conns
+        with LIVENESS._lock:
+            assert id(conn) in LIVENESS._conns
         assert conn.run(["true"], timeout=20).rc == 0
     finally:
         conn.close()

@@ -1,7 +1,7 @@
 """known_hosts read once per run and indexed: hashed entries, @revoked and @cert-authority lines on real sshd hosts.
 
 paramiko's own loader re-parses the whole file for every host and gives up on marker lines; preflight's
-index (preflight.transport.KnownHosts) must keep the same accept / refuse / changed-key answers.
+index (preflight.transport.known_hosts.KnownHosts) must keep the same accept / refuse / changed-key answers.
 """
 from __future__ import annotations
 

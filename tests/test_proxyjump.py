@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from preflight import sshconfig
-from preflight.transport import _JUMPS, SSHOptions, SSHTransport, TransportError
+from preflight.transport import SSHOptions, SSHTransport, TransportError
+from preflight.transport import jump
 from tests.netcluster import NetCluster
 from tests.test_cli_cluster import ROOT, assert_nothing_left
 
@@ -210,14 +211,14 @@ def test_in_process_jump_reuse_and_nothing_leaks(topo, tmp_path):
         conn.connect()
     try:
         assert conns[0]._jump is not None and conns[0]._jump is conns[1]._jump.parent  # one jump1 connection
-        assert _JUMPS.open_count() == 2  # jump1, and jump2 through it
+        assert jump.JUMPS.open_count() == 2  # jump1, and jump2 through it
         for conn, name in zip(conns, ("node1", "node3", "node2")):
             assert conn.run(["uname", "-n"], timeout=20).stdout.strip() == name
         assert children() - kids  # node2's ProxyCommand runs
     finally:
         for conn in conns:
             conn.close()
-    assert _JUMPS.open_count() == 0
+    assert jump.JUMPS.open_count() == 0
     assert children() == kids
     deadline = time.monotonic() + 15  # paramiko's reader threads notice the close within their socket timeout
     while (ours() - threads or set(fds()) - set(before)) and time.monotonic() < deadline:
@@ -235,7 +236,7 @@ def test_in_process_jump_reuse_and_nothing_leaks(topo, tmp_path):
                                                    port=2222, connect_timeout=5))
     with pytest.raises(TransportError, match=r"^jump host jump1 could not connect to .*:2222: .*(refused|failed)"):
         closed_port.connect()
-    assert _JUMPS.open_count() == 0
+    assert jump.JUMPS.open_count() == 0
 
 
 # ------------------------------------------------------------------------------------- ssh -G as the oracle

@@ -186,7 +186,7 @@ def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3)
 def test_a_timed_out_step_is_taken_down_although_its_command_ignores_the_lifeline(healthy3):
     """The deadline path: `sleep` does not read stdin, so only kill() (srun alone gets SIGKILL, its helper
     cancels the step) can end it; nothing may stay on the node, and no srun on the submit host."""
-    from preflight.transport_srun import SrunTransport
+    from preflight.transport.srun import SrunTransport
     alloc = healthy3.client(["salloc", "--no-shell", "-N1", "-w", "slm2"]).stderr
     job = re.search(r"Granted job allocation (\d+)", alloc)[1]
     try:
@@ -334,11 +334,13 @@ def test_inside_a_job_the_hostfile_still_wins_and_srun_outside_a_job_is_a_usage_
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "x[1-3]")
     options = build_options(build_parser().parse_args(["run", "--hostfile", str(hostfile)]))
-    assert [h.name for h in options.hosts] == ["a", "b"] and options.extra["transport"] == "ssh"
-    assert "wins over the Slurm allocation" in options.extra["host_source"]
+    assert [h.name for h in options.hosts] == ["a", "b"] and options.transport == "ssh"
+    assert options.check_options.transport == "ssh"
+    assert "wins over the Slurm allocation" in options.host_source
     monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the range library expands the list
     options = build_options(build_parser().parse_args(["run"]))
-    assert [h.name for h in options.hosts] == ["x1", "x2", "x3"] and options.extra["transport"] == "srun"
+    assert [h.name for h in options.hosts] == ["x1", "x2", "x3"] and options.transport == "srun"
+    assert options.check_options.transport == "srun"
     assert not options.local
     monkeypatch.delenv("SLURM_JOB_ID")
     assert main(["run", "--transport", "srun", "--hostfile", str(hostfile)]) == 2
@@ -347,7 +349,7 @@ def test_inside_a_job_the_hostfile_still_wins_and_srun_outside_a_job_is_a_usage_
 def test_closing_the_srun_transport_leaves_no_srun_that_ignores_its_lifeline(tmp_path, monkeypatch):
     """An srun whose controller or node stopped answering does not end when its stdin closes: close() kills it
     after the grace. The stand-in is an `srun` on PATH that ignores stdin and hangs, as such an srun does."""
-    from preflight.transport_srun import SrunTransport
+    from preflight.transport.srun import SrunTransport
     fake = tmp_path / "srun"
     fake.write_text("#!/bin/sh\nexec sleep 600\n")
     fake.chmod(0o755)
@@ -367,7 +369,7 @@ def test_an_srun_that_never_reads_its_stdin_cannot_hold_the_agent_past_its_deadl
     code (~200 KB) in a full pipe: starting the agent must still return, and close() end that srun."""
     import threading
     from preflight.remote import Agent
-    from preflight.transport_srun import SrunTransport
+    from preflight.transport.srun import SrunTransport
     marker = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"
     fake = tmp_path / "srun"
     fake.write_text(f"#!/bin/sh\nexec sleep {marker}\n")
@@ -407,8 +409,8 @@ def test_a_shared_step_that_stops_taking_input_is_stopped_instead_of_hanging_its
     that never reads; in life a frozen node), slurmstepd and srun fill their buffers and srun stops reading: a
     send must then fail within the stall limit and take the step down (each node then gets a step of its own),
     not block every sender behind it for ever."""
-    from preflight import transport
-    from preflight.transport_srun import SharedStep
+    from preflight.transport import base as transport
+    from preflight.transport.srun import SharedStep
 
     from .stdin_flood import flood_until_it_fails
     monkeypatch.setattr(transport, "SEND_STALL_S", 2.0)

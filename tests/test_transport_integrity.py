@@ -238,9 +238,10 @@ def test_a_host_that_stops_reading_its_stdin_fails_the_send_instead_of_blocking_
     """Over SSH the channel's window is the pipe: a command that never reads (a frozen or stopped agent, while
     its sshd still answers keepalives) shuts it after ~2 MiB. send() must then fail within the stall limit."""
     from preflight import transport as tr
+    from preflight.transport import base
 
     from .stdin_flood import flood_until_it_fails
-    monkeypatch.setattr(tr, "SEND_STALL_S", 1.0)
+    monkeypatch.setattr(base, "SEND_STALL_S", 1.0)
     options = tr.SSHOptions(key=str(cluster4.user_key), config_path=str(cluster4.ssh_config),
                             known_hosts=str(cluster4.known_hosts))
     transport = tr.SSHTransport("node01", options)

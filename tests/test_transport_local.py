@@ -70,7 +70,7 @@ def test_one_persistent_agent_serves_every_request_and_preloads_torch():
 def test_a_command_that_stops_reading_its_stdin_fails_the_send_and_is_killed(monkeypatch):
     """A frozen host, or an srun whose step stopped taking input: send() must not block its caller for ever (a
     shared srun step's every sender waits behind it). Past the stall limit the command is failed and killed."""
-    from preflight import transport
+    from preflight.transport import base as transport
 
     from .stdin_flood import flood_until_it_fails
     monkeypatch.setattr(transport, "SEND_STALL_S", 1.0)

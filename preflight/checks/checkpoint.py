@@ -96,9 +96,9 @@ def cleanup(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 def coordinate(cluster: Any) -> Dict[str, Any]:
     import secrets
-    path = cluster.options.get("checkpoint_dir")
+    path = cluster.options.checkpoint_dir
     hosts = [h.name for h in cluster.hosts]
-    facts: Dict[str, Any] = {"path": path, "hosts": hosts, "model_params": cluster.options.get("model_params"),
+    facts: Dict[str, Any] = {"path": path, "hosts": hosts, "model_params": cluster.options.model_params,
                              "world_size": sum(h.slots for h in cluster.hosts),
                              "slots": {h.name: h.slots for h in cluster.hosts},
                              "unreachable": [h.name for h in cluster.all_hosts if h.name not in hosts],

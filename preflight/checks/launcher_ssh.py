@@ -179,7 +179,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     if len(names) == 1:
         facts["single_host"] = True
         return facts
-    if cluster.options.get("transport") == "srun":
+    if cluster.options.transport == "srun":
         facts["launcher"] = "srun"  # inside a Slurm allocation the job is launched by srun, not pdsh over SSH
         return facts
     if master not in {h.name for h in cluster.hosts}:

@@ -75,13 +75,35 @@ class ServiceHandle(Protocol):
     def kill(self) -> None: ...
 
 
+@dataclass
+class CheckOptions:
+    """The run's options that cluster checks read, as ``cluster.options`` (the CLI's flags of the same names).
+
+    transport: how the coordinator reaches the hosts, "ssh" or "srun" (a run without a hostfile is local but says
+    "ssh"); master_port: the job's torch.distributed master port; deepspeed_config: the DeepSpeed config file, if
+    any; model_params, largest_layer_params: parameter counts for the ZeRO estimates; model_parallel_size: tensor x
+    pipeline degree; min_busbw: the all-reduce bus bandwidth floor (GB/s); python: the hosts' interpreter;
+    checkpoint_dir: the job's checkpoint directory. None: not given.
+    """
+
+    transport: str = "ssh"
+    master_port: int = 29500
+    deepspeed_config: Optional[str] = None
+    model_params: Optional[float] = None
+    largest_layer_params: Optional[float] = None
+    model_parallel_size: Optional[int] = None
+    min_busbw: Optional[float] = None
+    python: Optional[str] = None
+    checkpoint_dir: Optional[str] = None
+
+
 @runtime_checkable
 class ClusterView(Protocol):
     """What a cluster check's ``coordinate(cluster)`` receives; the coordinator's ``runner.Cluster`` is one.
 
     hosts: reachable hosts; all_hosts: every host of the hostfile, in order; master: the first host.
-    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: run options the checks
-    read (nvme_paths, master_port, deepspeed_config, ...); thresholds: the merged config (read it with
+    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the run options the checks
+    read (CheckOptions: master_port, deepspeed_config, ...); thresholds: the merged config (read it with
     ``limits``); parallel: the fan-out limit. ``call``/``call_all``/``start`` run a host-side function
     ``"module.func"`` of this package through the agent on a host.
     """
@@ -91,7 +113,7 @@ class ClusterView(Protocol):
     master: Any
     world_size: int
     facts: Dict[str, Dict[str, Any]]
-    options: Dict[str, Any]
+    options: CheckOptions
     thresholds: Dict[str, Dict[str, Any]]
     parallel: int
     local: bool

@@ -22,10 +22,10 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Optional, Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from preflight.hostside.agent import FRAME, LINE_FRAME
-from preflight.transport import RunningCommand, Transport, TransportError, _FailedCommand, _LocalCommand
+from preflight.transport.base import FailedCommand, ProcessCommand, RunningCommand, Transport, TransportError
 
 # --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry
 # payloads with no trailing newline (its hello): the coordinator waited for a hello that sat in slurmstepd.
@@ -55,7 +55,7 @@ def node_addresses(names: Sequence[str] = ()) -> Dict[str, str]:
         return dict(_addr_cache)
 
 
-class _SrunCommand(_LocalCommand):
+class _SrunCommand(ProcessCommand):
     def kill(self) -> None:
         self._killed = True
         # EOF first: the agent stops its children itself; then srun alone gets SIGKILL (see the module docstring).
@@ -103,7 +103,7 @@ class SrunTransport(Transport):
         try:
             cmd = _SrunCommand(self.srun_argv(argv), stdin, keep_stdin_open, max_output)
         except FileNotFoundError:
-            return _FailedCommand(127, "srun: not found on this machine")
+            return FailedCommand(127, "srun: not found on this machine")
         with self._commands_lock:
             self._commands = [c for c in self._commands if not c.done] + [cmd]
         return cmd
@@ -275,7 +275,7 @@ class SharedStep:
         try:
             self._cmd = _SrunCommand(self.argv, stdin, True, None)
         except FileNotFoundError:
-            self._cmd = _FailedCommand(127, "srun: not found on this machine")
+            self._cmd = FailedCommand(127, "srun: not found on this machine")
         self._cmd.stream_to(self.demux.feed)
         self._cmd.add_done_callback(self._ended)
 

@@ -424,7 +424,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     t0 = time.monotonic()
     hosts = list(cluster.hosts)
     reachable = {x.name for x in hosts}
-    port = int(cluster.options.get("master_port") or 29500)
+    port = cluster.options.master_port
     iperf = _iperf3(cluster)
     chosen = iperf.get("chosen") or {}
     chosen_addr = chosen.get("addresses") or {}
@@ -440,7 +440,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
             hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
     facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
                              "world_size": sum(h.slots for h in hosts), "master_port": port,
-                             "min_busbw": cluster.options.get("min_busbw"), "excluded": excluded,
+                             "min_busbw": cluster.options.min_busbw, "excluded": excluded,
                              "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable]}
 
     def done(status: str, **more: Any) -> Dict[str, Any]:
@@ -478,7 +478,7 @@ def coordinate(cluster: Any) -> Dict[str, Any]:
     no_torch = {h: p["error"] for h, p in probes.items() if p.get("torch") is None}
     if no_torch:
         return done("no_torch", hosts_without_torch=sorted(no_torch), reason=next(iter(no_torch.values())),
-                    python=cluster.options.get("python"))
+                    python=cluster.options.python)
     facts["interfaces"] = {h: p.get("interface") for h, p in probes.items()}
     ifnames = {h: (p.get("interface") or {}).get("ifname") for h, p in probes.items()}
     cuda = {h: bool(p.get("cuda")) for h, p in probes.items()}

@@ -19,13 +19,13 @@ HOST_FACTS = ("gpu", "ds_report", "nvme", "python")
 
 def base_facts(cluster: ClusterView) -> Dict[str, Any]:
     """The skeleton: options, world size, hosts and the host checks' facts; the config is filled in later."""
-    opts = getattr(cluster, "options", None) or {}
+    opts = cluster.options
     hosts = [{"name": h.name, "slots": int(getattr(h, "slots", 0) or 0)} for h in cluster.hosts]
     facts: Dict[str, Any] = {
-        "config_path": opts.get("deepspeed_config"), "config": None, "load_findings": [],
+        "config_path": opts.deepspeed_config, "config": None, "load_findings": [],
         "world_size": int(cluster.world_size), "hosts": hosts,
-        "model_params": opts.get("model_params"), "largest_layer_params": opts.get("largest_layer_params"),
-        "model_parallel_size": opts.get("model_parallel_size"),
+        "model_params": opts.model_params, "largest_layer_params": opts.largest_layer_params,
+        "model_parallel_size": opts.model_parallel_size,
         "host_facts": {}, "host_memory": {}, "host_probe": {}, "deepspeed_models": None,
     }
     for h in hosts:
