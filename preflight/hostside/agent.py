@@ -188,7 +188,7 @@ def _wait_stop(max_s: float) -> bool:
     return _stop.wait(max_s)
 
 
-class _ForkedCall(procs._Forked):
+class _ForkedCall(procs.Forked):
     """A call running in a forked child, with the pipes of a Popen(stdin=PIPE, stdout=PIPE, stderr=PIPE)."""
 
     def __init__(self, pid: int, stdin, stdout, stderr):

@@ -131,7 +131,7 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
     return Cmd(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - start)
 
 
-class _Forked:
+class Forked:
     """A forked child seen as much of a Popen as stop() and LIVE need (pid, poll, wait)."""
 
     def __init__(self, pid: int):
@@ -209,7 +209,7 @@ def fork_python(script: str, timeout: float = 10.0) -> Cmd:
                 os._exit(rc)
     os.close(out_w)
     os.close(err_w)
-    child = _Forked(pid)
+    child = Forked(pid)
     LIVE.add(child)  # type: ignore[arg-type]  # stop() and kill_all() need only pid, poll and wait
     chunks: Dict[int, List[bytes]] = {out_r: [], err_r: []}
     sel = selectors.DefaultSelector()
@@ -236,7 +236,7 @@ def fork_python(script: str, timeout: float = 10.0) -> Cmd:
     finally:
         if code is None or child.poll() is None:
             stop(child, grace=0)  # type: ignore[arg-type]
-        LIVE.discard(child)  # type: ignore[arg-type]
+        LIVE.discard(child)
         sel.close()
         os.close(out_r)
         os.close(err_r)
