@@ -61,7 +61,7 @@ def main() -> int:
                         help="measure all hosts at once (each gets cores/hosts), as the namespace test does")
     parser.add_argument("--no-equal-cgroups", dest="equal_cgroups", action="store_false",
                         help="only the limited host in a cgroup (the other hosts' processes compete one by one)")
-    parser.add_argument("--confirm", type=int, help="[compute] confirm (default: defaults.toml's)")
+    parser.add_argument("--confirm", type=int, help="[compute] confirm (default: preflight/checks/compute.toml's)")
     parser.add_argument("--out", help="JSON path (default bench/results/compute_straggler.json)")
     args = parser.parse_args()
     require_netcluster()

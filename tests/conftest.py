@@ -33,7 +33,8 @@ def cluster3():
 
 @pytest.fixture
 def thresholds():
-    """The documented defaults (preflight/defaults.toml), as evaluate() gets them without --config."""
+    """The documented defaults (each check's TOML beside it, and preflight/defaults.toml), as evaluate() gets them
+    without --config."""
     from preflight.config import load_defaults
     return load_defaults()
 
