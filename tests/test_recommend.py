@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from preflight.hostside.outcome import Status
-from preflight.recommend import NEVER, recommend, roce_gid_index, socket_ifname
+from preflight.hostside.ncclenv import roce_gid_index, socket_ifname
+from preflight.recommend import NEVER, recommend
 
 H100 = Path(__file__).parent / "fixtures" / "h100-host"
 

@@ -44,7 +44,21 @@ def load(name: str) -> ModuleType:
     if spec.name != name:
         raise TypeError("check module %s: SPEC.name %r differs from its registry name %r" % (module.__name__,
                                                                                            spec.name, name))
+    check_reads(spec, module.__name__)
     return module
+
+
+def check_reads(spec: CheckSpec, where: str) -> None:
+    """A check reads only registered checks that run before it (``SPEC.reads``): the runner runs the checks in
+    ORDER, so a later one's facts are not there yet. TypeError naming ``where`` and each wrong name if not."""
+    problems = []
+    for read in spec.reads:
+        if read not in ORDER:
+            problems.append("reads %r, which is not a registered check (%s)" % (read, ", ".join(ORDER)))
+        elif spec.name in ORDER and ORDER.index(read) > ORDER.index(spec.name):
+            problems.append("reads %r, which runs after it in ORDER (its facts are not there yet)" % read)
+    if problems:
+        raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
 
 
 def thresholds_path(name: str) -> Path:

@@ -26,6 +26,7 @@ from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits,
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expected, nvml_session
 from ..hostside.proc import read_text, sh
+from ..hostside.torchview import format_nccl_version
 
 NAME = "driver_cuda"
 
@@ -210,18 +211,6 @@ def _torch_facts() -> Dict[str, Any]:
             out["nccl"] = None
             out["torch_error"] = "torch.cuda.nccl.version(): %s" % exc
     return out
-
-
-def format_nccl_version(value: Any) -> Optional[str]:
-    """torch.cuda.nccl.version(): (2, 28, 9) on new torch, 22809 (or 2708 before NCCL 2.9) on old."""
-    if value is None:
-        return None
-    if isinstance(value, (tuple, list)):
-        return ".".join(str(int(v)) for v in value)
-    value = int(value)
-    if value >= 10000:
-        return "%d.%d.%d" % (value // 10000, (value // 100) % 100, value % 100)
-    return "%d.%d.%d" % (value // 1000, (value // 100) % 10, value % 100)
 
 
 def _find_nvcc() -> Optional[str]:

@@ -24,6 +24,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside import validate
+from ..hostside.netinfo import trusted_interfaces
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh
@@ -417,20 +418,12 @@ def _port(p: Dict[str, Any]) -> str:
     return "%s:%s" % (p.get("device"), p.get("port"))
 
 
-def _strs(value: Any) -> List[str]:
-    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
-
-
-def _opt_str(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
 def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
     """The facts with every name that breaks validate's rules left out (and every field of the wrong type
     dropped), and one FAIL listing those names.
 
     The facts come from the host: a name like '$(touch x)' or one holding a newline must never reach a message
-    unquoted, a fix, or (preflight.recommend uses this view too) the recommended environment.
+    unquoted, a fix, or the recommended environment (hostside.netinfo.trusted_interfaces, which this uses).
     """
     facts = facts if isinstance(facts, dict) else {}
     bad = validate.bad_interface_names(facts)
@@ -443,35 +436,7 @@ def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
                              ", ".join("%s %s" % (what, validate.quote(v)) for what, v in bad[:8])
                              + (", ..." if len(bad) > 8 else "")),
             "ip -br link; rename with: ip link set dev OLD name NEW (or find out what on this host reports them)"))
-    view = dict(facts)
-    view["interfaces"] = [
-        dict(i, ipv4=_strs(i.get("ipv4")), ipv6=_strs(i.get("ipv6")), kind=_opt_str(i.get("kind")),
-             operstate=_opt_str(i.get("operstate")))
-        for i in facts.get("interfaces") or [] if isinstance(i, dict) and validate.ifname(i.get("name"))
-        and (i.get("bridge_master") is None or validate.ifname(i.get("bridge_master")))]
-    ib = []
-    for p in facts.get("ib") if isinstance(facts.get("ib"), list) else []:
-        if isinstance(p, dict) and validate.hca_name(p.get("device")) and (
-                p.get("port") is None or validate.port_number(p.get("port"))):
-            rate = p.get("rate_gbps")
-            p = dict(p, netdevs=[n for n in _strs(p.get("netdevs")) if validate.ifname(n)],
-                     gids=[g for g in p.get("gids") or [] if isinstance(g, dict)] if isinstance(p.get("gids"), list)
-                     else [], active=p.get("active") is True, link_layer=_opt_str(p.get("link_layer")),
-                     state=_opt_str(p.get("state")), phys_state=_opt_str(p.get("phys_state")),
-                     rate_gbps=rate if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None)
-            ib.append(p)
-    view["ib"] = ib
-    route = facts.get("route_to_master")
-    if not isinstance(route, dict):
-        view["route_to_master"] = None
-    else:
-        view["route_to_master"] = {k: _opt_str(route.get(k)) for k in ("dev", "src", "gateway", "ip", "via")}
-        if view["route_to_master"]["dev"] is not None and not validate.ifname(route.get("dev")):
-            view["route_to_master"]["dev"] = None
-    view["peermem"] = facts.get("peermem") is True
-    if not isinstance(facts.get("master"), dict):
-        view["master"] = None
-    return view, findings
+    return trusted_interfaces(facts), findings
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:

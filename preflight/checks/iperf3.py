@@ -23,29 +23,27 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import shlex
 import socket
 import statistics
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, EnvVar, HostContext, Recommendation, RecommendInput
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
-from ..hostside.robust import MAD_TO_SIGMA, MEDIAN_SE, p_text, p_value, rel_noise
+from ..hostside.robust import p_text
+from ..hostside.mesh import blame_failures, find_stragglers
+from ..hostside import ncclenv
+from ..hostside.netinfo import host_subnets, trusted_interfaces
 
 NAME = "iperf3"
 
 CLUSTER = "*"
-# Interfaces NCCL must never use for inter-host traffic: NCCL's own default also avoids lo and docker*.
-# A veth is NOT excluded: in containers (and in network namespaces) the veth is the host's only NIC.
-EXCLUDED_KINDS = ("loopback", "docker", "bridge")
-EXCLUDED_PREFIXES = ("lo", "docker", "virbr", "br-", "cni", "flannel", "cilium", "kube-ipvs")
 LISTEN = "0A"
 SERVER_READY_S = 15.0     # iperf3 -s listens within milliseconds; the margin covers a loaded host
 AGENT_MARGIN_S = 20.0     # SSH channel + interpreter start + shipping the checks zip, per call
@@ -115,33 +113,6 @@ def listening_ports(texts: Sequence[str]) -> List[int]:
     return sorted(ports)
 
 
-def usable_interface(itf: Dict[str, Any]) -> bool:
-    """May NCCL use this interface between hosts? Not loopback, docker, bridges (or their ports), down links."""
-    name = itf.get("name") or ""
-    if itf.get("kind") in EXCLUDED_KINDS or itf.get("bridge_master"):
-        return False
-    if name == "lo" or any(name.startswith(p) for p in EXCLUDED_PREFIXES if p != "lo"):
-        return False
-    return (itf.get("operstate") or "").lower() not in ("down", "lowerlayerdown", "notpresent", "dormant")
-
-
-def host_subnets(iface_facts: Dict[str, Any]) -> List[Tuple[str, str, str, Optional[int]]]:
-    """(network, device, address, speed_mbps) for each usable IPv4 address of one host."""
-    out = []
-    for itf in (iface_facts or {}).get("interfaces") or []:
-        if not usable_interface(itf):
-            continue
-        for cidr in itf.get("ipv4") or []:
-            try:
-                iface = ipaddress.ip_interface(cidr)
-            except ValueError:
-                continue
-            if iface.ip.is_loopback or iface.ip.is_link_local or iface.network.prefixlen >= 32:
-                continue
-            out.append((str(iface.network), itf["name"], str(iface.ip), itf.get("speed_mbps")))
-    return out
-
-
 def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[str],
                     limit: int) -> Tuple[List[Dict[str, Any]], Dict[str, List[str]]]:
     """Candidate networks: every IPv4 subnet on a usable interface of every host.
@@ -198,109 +169,6 @@ def choose(networks: List[Dict[str, Any]], hosts: Sequence[str]) -> Optional[Dic
     best = min(candidates, key=lambda n: (failed(n) > 0, -n["median_gbps"], n["network"]))
     return {"network": best["network"], "devices": [best["devices"][h] for h in hosts],
             "addresses": dict(best["addresses"]), "median_gbps": best["median_gbps"], "hosts": list(hosts)}
-
-
-def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
-                    stats: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
-    """Hosts whose links are consistently slow, with the slowness attributed to the host the slow links share.
-
-    A slow host drags down every link it is part of, so its partners look slow too. Each step compares every
-    host's median link rate with the median of the links that do not involve it (its ``ratio``), flags only the
-    worst host, then forgets the flagged host's links (they are explained) and repeats. A partner of the straggler
-    keeps its other, fast links and is not flagged.
-
-    A host is flagged when its ratio is below ``fraction`` (the hard floor), or, with ``stats`` (``z_threshold``,
-    ``min_deficit``, ``noise_floor``), when its deficit is statistically clear and large enough: robust z =
-    (ratio - median ratio) / sigma below -z_threshold and ratio below 1 - min_deficit. sigma is the largest of the
-    fleet's spread (1.4826 x MAD of the hosts' ratios), the measurement's own noise (each link's interval rates give
-    its spread; a host's median over n links is known to about 1.25 x spread / sqrt(n), and the reference as well)
-    and noise_floor. Returns {host: {"median_gbps", "links", "reference_gbps", "ratio", "z", "p", "sigma", "by"}},
-    "by" being "fraction" or "statistics".
-    """
-    good = [ln for ln in links if not ln.get("error") and ln.get("gbps") is not None]
-    flagged: Dict[str, Dict[str, Any]] = {}
-    while True:
-        active = [ln for ln in good if ln["src"] not in flagged and ln["dst"] not in flagged]
-        entries: Dict[str, Dict[str, Any]] = {}
-        for h in hosts:
-            if h in flagged:
-                continue
-            own = [ln for ln in active if h in (ln["src"], ln["dst"])]
-            rest = [ln for ln in active if h not in (ln["src"], ln["dst"])]
-            ref = _median([ln["gbps"] for ln in rest])
-            if not own or not ref:
-                continue  # nothing to compare with (2 hosts, or every other link failed)
-            med = _median([ln["gbps"] for ln in own]) or 0.0
-            noise = [n for n in (rel_noise(ln.get("samples_gbps") or []) for ln in own + rest) if n is not None]
-            meas = MEDIAN_SE * statistics.median(noise) * math.sqrt(1.0 / len(own) + 1.0 / len(rest)) if noise else 0.0
-            entries[h] = {"median_gbps": med, "links": len(own), "reference_gbps": ref, "ratio": med / ref,
-                          "noise": meas}
-        worst = None
-        ratios = [e["ratio"] for e in entries.values()]
-        if ratios:
-            center = statistics.median(ratios)
-            spread = MAD_TO_SIGMA * statistics.median([abs(r - center) for r in ratios])
-        for h, e in entries.items():
-            if stats:
-                sigma = max(spread, e["noise"], float(stats["noise_floor"]))
-                e.update(sigma=sigma, z=(e["ratio"] - center) / sigma)
-                e["p"] = p_value(e["z"])
-                clear = e["z"] < -float(stats["z_threshold"]) and e["ratio"] < 1.0 - float(stats["min_deficit"])
-            else:
-                clear = False
-            if e["ratio"] < fraction or clear:
-                e["by"] = "fraction" if e["ratio"] < fraction else "statistics"
-                if worst is None or e["ratio"] < worst[1]["ratio"]:
-                    worst = (h, e)
-        if worst is None:
-            return flagged
-        flagged[worst[0]] = worst[1]
-
-
-def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
-    """{host: [failed links attributed to it]}: a failed test is blamed on its known culprit ("blame"), else on
-    the end that also fails elsewhere; when neither (or both equally) does, on both ends."""
-    failed = [ln for ln in links if ln.get("error")]
-    count: Dict[str, int] = {}
-    for ln in failed:
-        for h in (ln["src"], ln["dst"]):
-            count[h] = count.get(h, 0) + 1
-    blamed: Dict[str, List[Dict[str, Any]]] = {}
-    for ln in failed:
-        a, b = count[ln["src"]] - 1, count[ln["dst"]] - 1
-        ends = [ln["src"]] if a > b else [ln["dst"]] if b > a else [ln["src"], ln["dst"]]
-        if ln.get("blame") in (ln["src"], ln["dst"]):
-            ends = [ln["blame"]]  # the cause is known: no server there, or no iperf3 on the client
-        for h in ends:
-            blamed.setdefault(h, []).append(ln)
-    return blamed
-
-
-def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
-    """{host: why} for hosts that no iperf3 test could connect to, on the network whose addresses are given
-    ({host: address}): every inbound test to the host failed (two at least), the failures are blamed on it (its
-    peers succeed elsewhere), and its server was up (so it is the network, not a missing iperf3). Pure; used by
-    the all-reduce to leave such hosts out."""
-    found: Dict[str, str] = {}
-    for net in facts.get("networks") or []:
-        if not isinstance(net, dict) or not net.get("links"):
-            continue
-        net_addrs = net.get("addresses") or {}
-        hosts = [h for h in addresses if net_addrs.get(h) == addresses[h]]
-        if not hosts:
-            continue
-        links = [ln for ln in net["links"] if isinstance(ln, dict)]
-        blamed = blame_failures(links)
-        for h in hosts:
-            inbound = [ln for ln in links if ln.get("dst") == h]
-            bad = [ln for ln in blamed.get(h, []) if ln.get("dst") == h and ln.get("blame") is None
-                   and not ln.get("agent_failed")]
-            # Two failed tests at least: one lost connect under load must not take a host out of a run.
-            if len(bad) >= 2 and len(bad) == len(inbound) and h not in found:
-                found[h] = "iperf3: every test to %s on %s failed (%s)" % (
-                    h, net.get("network"), "; ".join("%s->%s: %s" % (ln["src"], h, str(ln.get("error"))[:120])
-                                                     for ln in bad[:2]))
-    return found
 
 
 # --- host side -------------------------------------------------------------------------------------------
@@ -418,9 +286,9 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 
 def interfaces(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
-    """The interfaces check's facts, for runs where that check was not selected."""
-    from . import interfaces as itf
-    return itf.collect(HostContext(params={}, deadline=ctx.deadline))
+    """The interfaces check's facts (a declared read), for runs where that check was not selected."""
+    from ..hostside.depends import collect_facts
+    return collect_facts("interfaces", ctx)
 
 
 # --- coordinator side ------------------------------------------------------------------------------------
@@ -677,6 +545,43 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     return dict(out, **{CLUSTER: Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)})
 
 
+# --- the recommended environment (SPEC.recommend) ---------------------------------------------------------------
+
+def _nccl_versions(given: RecommendInput) -> Dict[str, Optional[Tuple[int, int]]]:
+    """NCCL's version on each host, as the python check (else driver_cuda) read it from torch."""
+    out = {}
+    for h in given.hosts:
+        hf = given.facts.get(h) or {}
+        raw = (hf.get("python") or {}).get("nccl") or (hf.get("driver_cuda") or {}).get("nccl")
+        out[h] = ncclenv.nccl_version(raw) if raw else None
+    return out
+
+
+def recommend(given: RecommendInput) -> Recommendation:
+    """NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME on the network this check measured fastest (without a measurement,
+    the interface each host routes to the master over) and the IB/RoCE variables, from the interfaces facts; the
+    rules are hostside.ncclenv's. Pure: the facts of this check and its reads in, its part of the environment out."""
+    iface = {}
+    for h in given.hosts:
+        facts = (given.facts.get(h) or {}).get("interfaces")
+        if isinstance(facts, dict):
+            iface[h] = trusted_interfaces(facts)  # host-reported names outside validate's rules left out
+    measured = (given.facts.get(CLUSTER) or {}).get(NAME) or {}
+    steps: List[Union[EnvVar, str]] = []
+    try:
+        ncclenv.socket_env(steps, given.hosts, iface, measured, given.master_address)
+        ncclenv.ib_env(steps, given.hosts, iface, lambda: _nccl_versions(given))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # Facts of a shape no check produces (a broken or lying host): no network variables, never a crash.
+        steps = [s for s in steps if isinstance(s, str)]
+        steps.append("no network recommendation: the hosts' interface facts are malformed (%s: %s)"
+                     % (type(exc).__name__, validate.quote(str(exc))))
+    failing = sorted(set(given.failed.get("interfaces", [])) | set(given.failed.get(NAME, [])))
+    caveats = ("network checks failed (%s): fix them before trusting the interface recommendation"
+               % ", ".join(failing),) if failing else ()
+    return Recommendation(tuple(steps), caveats)
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -686,4 +591,8 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    # interfaces: the candidate networks (and their facts, listed here when that check did not run); python and
+    # driver_cuda: NCCL's version, for the recommended environment.
+    reads=("python", "driver_cuda", "interfaces"),
+    recommend=recommend,
 )

@@ -158,6 +158,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    reads=tuple(dict.fromkeys(check for _, sources in FIELDS.values() for check, _ in sources)),
     # Measures nothing and loads no host: runs together with its QUIET neighbours in ORDER (runner.py).
     quiet=True,
 )

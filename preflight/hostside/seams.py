@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union,
+                    runtime_checkable)
 
 from .outcome import Evaluation
 
@@ -142,6 +143,44 @@ class HtmlSection:
 
 
 @dataclass(frozen=True)
+class RecommendInput:
+    """What a check's ``recommend`` receives, once every check has run (``preflight.recommend`` builds it).
+
+    hosts: the reachable hosts' names in hostfile order, the master first; facts: {host name or "*": {check:
+    facts}} holding this check and the checks in its ``reads`` only, where they ran; failed: {check: the hosts
+    (or "*") whose result is FAIL}, for the same checks; master_address: the address the coordinator reached the
+    master at (None if unknown), e.g. to tell whether the hostfile's names resolve to the recommended network.
+    """
+
+    hosts: List[str]
+    facts: Dict[str, Dict[str, Any]]
+    failed: Dict[str, List[str]]
+    master_address: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable of a recommendation: ``name=value``, because ``why`` (shown beside it)."""
+
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What a check's ``recommend`` returns: its part of the job's environment.
+
+    steps: in the order it decided them, an ``EnvVar`` for each variable to set and a str for each note to the
+    operator (why a variable is not recommended, what to do instead); caveats: notes on how far to trust this
+    part (e.g. the checks it rests on FAILed), listed after every contribution and the general notes.
+    """
+
+    steps: Tuple[Union[EnvVar, str], ...] = ()
+    caveats: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CheckSpec:
     """Everything the registry knows of a check, declared once at the end of the check's own module as ``SPEC``.
 
@@ -154,8 +193,13 @@ class CheckSpec:
     host_params: thresholds -> extra per-host params for collect (e.g. nvme's test size).
     reads: the other checks whose facts this one reads (``cluster.facts[host][name]``): a declared dependency,
     never an import of their modules.
-    html: its own section of the HTML report, if any. recommend: its contribution to the recommended NCCL
-    environment, if any (see ``preflight.recommend``).
+    html: its own section of the HTML report, if any.
+    recommend: its part of the recommended job environment (NCCL/Gloo variables), if any: a pure function
+    ``RecommendInput -> Recommendation``. ``preflight.recommend`` calls every registered check's, in ORDER, after
+    the run, whether or not the check ran (its facts may be absent: it recommends from what there is), gives it
+    the facts of this check and of its ``reads`` only, and merges the parts; it may set only the variables
+    preflight owns (``preflight.recommend.OWNED_KEYS``), each value is checked again before it is printed or
+    written, and a part that raises is left out with a note.
     """
 
     name: str
@@ -170,7 +214,7 @@ class CheckSpec:
     host_params: Optional[Callable[[Thresholds], Dict[str, Any]]] = None
     reads: Tuple[str, ...] = ()
     html: Optional[HtmlSection] = None
-    recommend: Optional[Callable[..., Any]] = None
+    recommend: Optional[Callable[[RecommendInput], Recommendation]] = None
 
 
 def validate_spec(spec: Any, where: str) -> CheckSpec:
@@ -196,8 +240,12 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("coordinate belongs to scope 'cluster' only")
     if spec.quiet and spec.scope != "cluster":
         problems.append("quiet applies to scope 'cluster' only")
-    if spec.name in spec.reads:
+    if not isinstance(spec.reads, tuple) or not all(isinstance(r, str) for r in spec.reads):
+        problems.append("reads must be a tuple of check names")
+    elif spec.name in spec.reads:
         problems.append("reads names the check itself")
+    if spec.recommend is not None and not callable(spec.recommend):
+        problems.append("recommend must be a function")
     if problems:
         raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
     return spec

@@ -31,6 +31,9 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    # python's rank_view and gpu's GPUs (what the ranks will see), the hosts ports and iperf3 proved unreachable,
+    # iperf3's chosen network and its stragglers.
+    reads=("python", "gpu", "ports", "iperf3"),
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
 )

@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...hostside.outcome import Status, limits
 from ...hostside.fmt import gbps
 from ...hostside.robust import MAD_TO_SIGMA
+from ...hostside.mesh import blocked_hosts, unreachable_hosts
+from ...hostside.mesh import find_stragglers as find_link_stragglers
 from .common import KIND_ORDER, NAME, addresses_in, bandwidth_table, classify, names, rank_list, sweep_sizes
 from .stragglers import describe as describe_straggler
 from .stragglers import find as find_stragglers
@@ -46,8 +48,7 @@ def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: fl
     if not net:
         return []
     try:
-        from ..iperf3 import find_stragglers
-        found = find_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
+        found = find_link_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
     except Exception:  # another check's facts: a schema change there must not break this check
         return []
     return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f%s"
@@ -402,12 +403,7 @@ def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) ->
         if not isinstance(facts, dict):
             continue
         try:
-            if check == "ports":
-                from ..ports import blocked_hosts
-                hits = blocked_hosts(facts, addr_of)
-            else:
-                from ..iperf3 import unreachable_hosts
-                hits = unreachable_hosts(facts, addr_of)
+            hits = blocked_hosts(facts, addr_of) if check == "ports" else unreachable_hosts(facts, addr_of)
         except Exception:  # another check's facts: a schema change there must not break this check
             continue
         for h, why in hits.items():

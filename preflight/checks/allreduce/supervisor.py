@@ -14,12 +14,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ...hostside.proc import sh
+from ...hostside.torchview import torch_view
 from .common import PHASE
 
 def _ipv4_interfaces() -> Dict[str, str]:
@@ -87,31 +87,6 @@ def probe(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
 def interface(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """The interface for this host's ranks (no torch import: the python check already gave torch_view)."""
     return pick_interface(params.get("bind_address"), params.get("master_addr"))
-
-
-def torch_view() -> Dict[str, Any]:
-    """torch, CUDA, GPUs and NCCL as a rank on this host will see them. Imports torch: the python check calls it
-    in the worker where it imports torch anyway, so the all-reduce needs no import of its own to probe."""
-    out: Dict[str, Any] = {"torch": None, "error": None, "cuda": False, "device_count": 0, "gpu_names": [],
-                           "nccl": None, "python": sys.version.split()[0]}
-    try:
-        import torch
-    except Exception as exc:  # ImportError, or a broken install raising anything at import
-        out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
-        return out
-    out["torch"] = torch.__version__
-    try:
-        out["cuda"] = bool(torch.cuda.is_available())
-        if out["cuda"]:
-            out["device_count"] = torch.cuda.device_count()
-            out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(out["device_count"])]
-            from ..driver_cuda import format_nccl_version  # a tuple; an int such as 2708 on old torch
-            out["nccl"] = format_nccl_version(torch.cuda.nccl.version())
-    except Exception as exc:  # a driver problem: the gpu check says more; here it only means "no NCCL run"
-        out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
-        out["cuda"] = False
-    return out
-
 
 
 # --- the ranks of one host ----------------------------------------------------------------------------

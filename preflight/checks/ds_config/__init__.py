@@ -23,7 +23,7 @@ from ...hostside.seams import CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
-from .gather import base_facts, no_config_finding, probe_hosts
+from .gather import HOST_FACTS, base_facts, no_config_finding, probe_hosts
 from .keycheck import check_deprecated, check_installed, check_keys, check_optimizer, check_versions
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
@@ -127,6 +127,7 @@ SPEC = CheckSpec(
     default=False,
     coordinate=coordinate,
     evaluate=evaluate,
+    reads=HOST_FACTS,
     # Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
     # (runner.py).
     quiet=True,
