@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import checks as registry
 from preflight import __version__
+from preflight import render
 from preflight.config import ConfigError, default_page, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
 from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
@@ -137,12 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--connect-timeout", type=_connect_seconds, default=10.0, metavar="S",
                    help="TCP connect + SSH handshake deadline per host (default 10)")
     g = run.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the JSON report (contract: README); '-': stdout, and the "
-                   "terminal report goes to stderr")
-    g.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML: one testcase per (host, check)")
-    g.add_argument("--env-file", metavar="FILE", help="write the recommended environment as .deepspeed_env lines")
-    g.add_argument("--html", metavar="FILE", help="write a self-contained HTML report: matrix, details, "
-                   "environment, iperf3 heat map, all-reduce busbw plot (no external assets)")
+    for output in render.file_outputs():  # --json, --junit-xml, ...: preflight/render/__init__.py's RENDERERS
+        g.add_argument(output.flag, metavar=output.metavar, help=output.help)
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
@@ -237,11 +234,11 @@ def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
 
 def build_options(args: argparse.Namespace):
     from preflight.runner import RunOptions
-    outputs = ("json", "junit_xml", "env_file", "html")
-    for option in outputs:
-        _check_output_path("--" + option.replace("_", "-"), getattr(args, option))
-    if [getattr(args, option) for option in outputs].count("-") > 1:
-        raise UsageError("only one of --json/--junit-xml/--env-file/--html can be '-' (stdout)")
+    outputs = render.file_outputs()
+    for output in outputs:
+        _check_output_path(output.flag, getattr(args, output.dest))
+    if [getattr(args, output.dest) for output in outputs].count(render.STDOUT) > 1:
+        raise UsageError(f"only one of {'/'.join(o.flag for o in outputs)} can be '-' (stdout)")
     thresholds = load_thresholds(args.config)
     notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
     info: List[str] = []  # what preflight decided for the user (e.g. where the local slot count came from)
@@ -333,7 +330,7 @@ def cmd_list(out) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.text import Text
 
-    from preflight import report as rep
+    from preflight.render import terminal as rep
     from preflight.runner import Runner
 
     err = rep.stderr_console()
@@ -356,25 +353,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         err.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
         return EXIT_INTERRUPTED
     # The files first: a terminal that goes away (`| head -1`, a closed ssh session) must not lose them.
-    for path, text in ((args.json, rep.to_json), (args.junit_xml, rep.to_junit), (args.env_file, rep.to_env_file),
-                       (args.html, rep.to_html)):
+    paths = {output.name: getattr(args, output.dest) for output in render.file_outputs()}
+    for output in render.file_outputs():
+        path = paths[output.name]
         if path:
             try:
-                rep.write_file(path, text(result))
+                output.to_path(result, path)
             except BrokenPipeError:
                 _drop_stdout()
             except OSError as exc:
                 err.print(Text(rep.plain(f"preflight: error: cannot write {path}: {exc.strerror}")))
                 return EXIT_USAGE
-    if "-" in (args.json, args.junit_xml, args.env_file, args.html):
-        out = err  # stdout holds the report file alone
+    if render.STDOUT in paths.values():
+        stream, width = sys.stderr, None  # stdout holds the report file alone
     else:
         # Piped output (CI logs, files) gets a wide fixed width unless COLUMNS says otherwise.
         tty = sys.stdout.isatty() or "COLUMNS" in os.environ
-        out = rep.console(sys.stdout, width=None if tty else 240)
+        stream, width = sys.stdout, None if tty else 240
     try:
-        rep.print_report(result, out, verbose=args.verbose, quiet=args.quiet)
-        out.file.flush()
+        render.get("terminal").load()(result, stream, render.Settings(args.verbose, args.quiet, width))
+        stream.flush()
     except BrokenPipeError:
         _drop_stdout()
     return result.exit_code

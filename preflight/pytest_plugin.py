@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequ
 
 import pytest
 
+from preflight import render
 from preflight.hostside.outcome import Status
 from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result
 from preflight.text import plain, xml_safe
@@ -35,8 +36,8 @@ from preflight.text import plain, xml_safe
 if TYPE_CHECKING:
     from preflight.runner import RunOptions
 
-# The CLI, runner and reporters (paramiko, rich) are imported only in a preflight session: this module is
-# imported by every pytest session on a machine where preflight is installed.
+# The CLI, runner and renderers (paramiko, rich) are imported only in a preflight session: this module is
+# imported by every pytest session on a machine where preflight is installed (preflight.render itself is light).
 
 VALUE, REPEAT, SWITCH = "value", "repeat", "switch"
 PREFIX = "--preflight-"
@@ -66,7 +67,8 @@ class Flag:
         return "preflight_" + self.cli[2:].replace("-", "_")
 
 
-FLAGS: Tuple[Flag, ...] = (
+# The run's own options; the outputs' (--preflight-json, ...) come from preflight.render's RENDERERS (flags()).
+RUN_FLAGS: Tuple[Flag, ...] = (
     Flag("--hostfile", "DeepSpeed hostfile: run preflight on its hosts and report each (host, check) as a test",
          metavar="FILE"),
     Flag("--include", "DeepSpeed syntax 'host1:0,1@host2'", metavar="SPEC"),
@@ -95,12 +97,8 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--accept-new-host-keys", "record unknown host keys in the known_hosts file (a changed key is always "
          "refused)", SWITCH),
     Flag("--connect-timeout", "TCP connect + SSH handshake deadline per host, seconds (default 10)", metavar="S"),
-    Flag("--json", "also write preflight's JSON report (contract: README)", metavar="FILE"),
-    Flag("--env-file", "write the recommended environment as .deepspeed_env lines", metavar="FILE"),
-    Flag("--html", "write preflight's self-contained HTML report (matrix, heat map, busbw plot)", metavar="FILE"),
-    Flag("--strict", "a WARN fails its test (like `preflight run --strict`)", SWITCH),
 )
-_RENAMES = {flag.cli: flag.option for flag in FLAGS}
+STRICT = Flag("--strict", "a WARN fails its test (like `preflight run --strict`)", SWITCH)
 # A CLI flag inside a message, not the tail of a longer flag (--json inside --preflight-json).
 _CLI_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 
@@ -115,9 +113,17 @@ class PreflightWarning(UserWarning):
 
 # ------------------------------------------------------------------------------------------- options
 
+def flags() -> Tuple[Flag, ...]:
+    """Every --preflight- option: the run's, the outputs the plugin offers (read from the renderer registry when
+    pytest asks, so a renderer registered before pytest collects options is offered too), and --preflight-strict."""
+    outputs = tuple(Flag(output.flag, output.pytest_help or "", metavar=output.metavar)
+                    for output in render.pytest_outputs())
+    return RUN_FLAGS + outputs + (STRICT,)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("preflight", "preflight: check the cluster's hosts, one test per (host, check)")
-    for flag in FLAGS:
+    for flag in flags():
         if flag.kind == SWITCH:
             group.addoption(flag.option, dest=flag.dest, action="store_true", default=False, help=flag.help)
         else:
@@ -130,13 +136,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _given(config: pytest.Config) -> List[str]:
     """The --preflight- options on the command line (or in addopts)."""
-    return [flag.option for flag in FLAGS if config.getoption(flag.dest) not in (None, False, [])]
+    return [flag.option for flag in flags() if config.getoption(flag.dest) not in (None, False, [])]
 
 
 def cli_argv(config: pytest.Config) -> List[str]:
     """The ``preflight run`` argv equivalent to this session's --preflight- options."""
     argv = ["run"]
-    for flag in FLAGS:
+    for flag in flags():
         value = config.getoption(flag.dest)
         if flag.kind == SWITCH:
             argv += [flag.cli] if value else []
@@ -149,7 +155,8 @@ def cli_argv(config: pytest.Config) -> List[str]:
 
 def _rename(message: str) -> str:
     """The CLI's messages name its flags; the user typed the --preflight- ones."""
-    return _CLI_FLAG.sub(lambda m: _RENAMES.get(m.group(0), m.group(0)), message)
+    renames = {flag.cli: flag.option for flag in flags()}
+    return _CLI_FLAG.sub(lambda m: renames.get(m.group(0), m.group(0)), message)
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -223,7 +230,7 @@ class PreflightSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.report is not None:
             return
-        from preflight import report as rep
+        from preflight.render import terminal as rep
         from preflight.runner import Runner
 
         capman = self.config.pluginmanager.getplugin("capturemanager")
@@ -241,11 +248,11 @@ class PreflightSession:
             except KeyboardInterrupt:
                 console.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
                 raise
-        for path, text in ((self.args.json, rep.to_json), (self.args.env_file, rep.to_env_file),
-                           (self.args.html, rep.to_html)):
+        for output in render.pytest_outputs():
+            path = getattr(self.args, output.dest)
             if path:
                 try:
-                    rep.write_file(path, text(self.report))
+                    output.to_path(self.report, path)
                 except OSError as exc:
                     raise pytest.UsageError(f"preflight: cannot write {path}: {exc.strerror}") from None
 
@@ -257,12 +264,10 @@ class PreflightSession:
             if self.args.json:  # written in pytest_sessionstart already
                 self._shared_json = os.path.abspath(self.args.json)
             else:
-                from preflight import report as rep
-
                 fd, self._shared_json = tempfile.mkstemp(prefix="preflight-", suffix=".json")
                 os.close(fd)
                 self._temp_json = True
-                rep.write_file(self._shared_json, rep.to_json(self.report))
+                render.get("json").to_path(self.report, self._shared_json)
         node.workerinput[WORKER_REPORT] = self._shared_json
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from preflight.hostside.outcome import Status
-from preflight.html import CELL_MIN_PX, HEATMAP_MAX_PX, STATUS_COLOURS, to_html
+from preflight.checks.iperf3 import CELL_MIN_PX, HEATMAP_MAX_PX
+from preflight.hostside.display import STATUS_COLOURS
+from preflight.render.html import to_html
 from preflight.results import HostRecord, Report, Result
 from preflight.hostside.schedule import pair_rounds
 from tests import test_cli_cluster as cli_cluster  # its CLI run helper; a module import is not re-collected

@@ -5,7 +5,10 @@ import junitparser
 
 from preflight.hostside.outcome import Status
 from preflight.results import HostRecord, Report, Result
-from preflight.report import matrix, result_line, summary_line, to_env_file, to_json, to_junit
+from preflight.render.env_file import to_env_file
+from preflight.render.json import to_json
+from preflight.render.junit import to_junit
+from preflight.render.terminal import matrix, result_line, summary_line
 
 
 def sample(strict=False):

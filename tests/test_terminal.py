@@ -83,7 +83,8 @@ def test_the_progress_line_keeps_ticking_while_one_phase_waits(tmp_path):
     if not shutil.which("script"):
         pytest.skip("script(1) (util-linux) is needed for a real pty")
     program = tmp_path / "phase.py"
-    program.write_text("import time\nfrom rich.console import Console\nfrom preflight.report import TerminalProgress\n"
+    program.write_text("import time\nfrom rich.console import Console\n"
+                       "from preflight.render.terminal import TerminalProgress\n"
                        "p = TerminalProgress(Console(stderr=True))\np.phase('allreduce: [bold]4 ranks', 1)\n"
                        "time.sleep(1.5)\np.done()\n")
     proc = subprocess.run(["script", "-qec", shlex.join([sys.executable, str(program)]), "/dev/null"], cwd=ROOT,

@@ -9,14 +9,16 @@ One process per slot runs a message-size sweep; the verdict names the rank, host
 - ``rank.py``         in each torch rank process: rendezvous, init_process_group, the timed sweep;
 - ``verdict.py``      pure: facts in, outcomes out;
 - ``stragglers.py``   pure: the straggler rounds' per-link timings in, slow hosts (robust z, hard floors) out;
-- ``common.py``       pure pieces all of them share (sizes, bus bandwidth, failure kinds).
+- ``common.py``       pure pieces all of them share (sizes, bus bandwidth, failure kinds);
+- ``html.py``         on the coordinator, in the HTML report: the busbw plot (``SPEC.html``).
 """
 from __future__ import annotations
 
 from .common import NAME
+from .html import TITLE, render as render_html
 from .orchestrate import coordinate
 from .verdict import evaluate
-from ...hostside.seams import CheckSpec
+from ...hostside.seams import CheckSpec, HtmlSection
 
 
 __all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
@@ -36,4 +38,5 @@ SPEC = CheckSpec(
     reads=("python", "gpu", "ports", "iperf3"),
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
+    html=HtmlSection(TITLE, render_html),
 )

@@ -1,19 +1,17 @@
-"""Reporters: terminal (progress, pytest-style lines, matrix, exports, summary), JSON, JUnit XML, env file.
+"""The terminal: progress while hosts work, then pytest-style lines, the matrix, the exports and the summary line.
 
-Every reporter reads only the Report's structured results. Sample of the terminal output:
+Reads only the Report's structured results, like every renderer. Sample (HOST::CHECK STATUS - message; fix):
 
-    node02::libaio FAILED - libaio.so.1 not found; fix: apt-get install libaio-dev
+    node02::CHECK FAILED - what was found, against what was expected; fix: the command that fixes it
     ...matrix...
     export NCCL_SOCKET_IFNAME==eth1
     5 passed, 1 failed, 2 skipped, 1 error in 4.2s
 """
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
-import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
 from rich import box
@@ -22,14 +20,15 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from preflight.hostside.display import CELL
 from preflight.hostside.outcome import Status
+from preflight.render import Settings
 from preflight.results import CLUSTER, Report, Result, display_host
 from preflight.runner import Progress
-from preflight.text import plain, xml_safe
+from preflight.text import plain
 
 WORD = {Status.PASS: "PASSED", Status.WARN: "WARNED", Status.FAIL: "FAILED", Status.SKIP: "SKIPPED",
         Status.ERROR: "ERROR"}
-CELL = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "skip", Status.ERROR: "ERROR"}
 STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim",
          Status.ERROR: "bold magenta"}
 # Worst first: the summary line takes the colour of the worst status present.
@@ -91,7 +90,7 @@ class TerminalProgress(Progress):
         if self.console.is_terminal:
             if self._status is None:
                 # A renderable, not a str (a str would be parsed as markup), re-rendered on every refresh, so the
-                # elapsed time keeps ticking while a long phase (the all-reduce, iperf3 rounds) waits on hosts.
+                # elapsed time keeps ticking while a long phase (a cluster check's rounds) waits on hosts.
                 self._status = self.console.status(_Ticking(self._line))
                 self._status.start()
         else:
@@ -107,7 +106,7 @@ class TerminalProgress(Progress):
 # --------------------------------------------------------------------------------------- terminal
 
 def result_line(r: Result, verbose: bool = False) -> str:
-    """``node02::libaio FAILED - message; fix: ...`` (plain text: the caller prints it without markup)."""
+    """``node02::CHECK FAILED - message; fix: ...`` (plain text: the caller prints it without markup)."""
     line = f"{display_host(r.host)}::{r.check} {WORD[r.status]} - {r.message}"
     if r.fix and r.status != Status.PASS:
         line += f"; fix: {r.fix}"
@@ -214,89 +213,11 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
     console.print(Text(summary_line(report), style=STYLE[worst(report)]))
 
 
-# --------------------------------------------------------------------------------------- files
+# --------------------------------------------------------------------------------------- renderer
 
-# json's C encoder: with indent= json.dumps runs its pure-Python encoder instead, which was 8% of the
-# coordinator's GIL-holding samples at 1,000 hosts (bench/results/profile-1000.txt).
-_ENCODE = json.JSONEncoder(default=str).encode
-
-
-def to_json(report: Report) -> str:
-    """The JSON report (README "JSON report"), one host and one result per line, so a diff shows which changed::
-
-        {
-         "version": 1,
-         "started_at": "2026-11-23T10:00:00+00:00",
-         "hosts": [
-          {"name": "node01", "address": "198.18.0.1", "slots": 8, "reachable": true}
-         ],
-         "results": [
-          {"host": "node01", "check": "ssh", "status": "pass", "message": "...", "fix": "", "metrics": {}, ...},
-          {"host": "node01", "check": "libaio", "status": "fail", ...}
-         ],
-         ...
-        }
-    """
-    lines = []
-    for key, value in report.to_dict().items():
-        if isinstance(value, list) and value:
-            items = ",\n".join("  " + _ENCODE(item) for item in value)
-            lines.append(f" {_ENCODE(key)}: [\n{items}\n ]")
-        else:
-            lines.append(f" {_ENCODE(key)}: {_ENCODE(value)}")
-    return "{\n" + ",\n".join(lines) + "\n}\n"
-
-
-def to_junit(report: Report) -> str:
-    """One testcase per (host, check): classname = host, name = check."""
-    c = report.counts()
-    failures = c["fail"] + (c["warn"] if report.strict else 0)
-    suite = ET.Element("testsuite", name="preflight", tests=str(len(report.results)), failures=str(failures),
-                       errors=str(c["error"]), skipped=str(c["skip"]), time=f"{report.duration_s:.3f}",
-                       timestamp=report.started_at)
-    for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname=xml_safe(display_host(r.host)), name=xml_safe(r.check),
-                             time=f"{r.duration_s:.3f}")
-        message = xml_safe(r.message)
-        text = xml_safe(r.message + (f"\nfix: {r.fix}" if r.fix else ""))
-        if r.status == Status.FAIL:
-            ET.SubElement(case, "failure", message=message, type="fail").text = text
-        elif r.status == Status.ERROR:
-            ET.SubElement(case, "error", message=message, type="error").text = text
-        elif r.status == Status.SKIP:
-            ET.SubElement(case, "skipped", message=message)
-        elif r.status == Status.WARN:
-            if report.strict:
-                ET.SubElement(case, "failure", message=message, type="warning").text = text
-            else:
-                ET.SubElement(case, "system-out").text = "WARN: " + text
-    suites = ET.Element("testsuites")
-    suites.append(suite)
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
-
-
-def to_html(report: Report) -> str:
-    """The self-contained HTML page (preflight/html.py), imported only when a run asks for it."""
-    from preflight.html import to_html as render
-    return render(report)
-
-
-def to_env_file(report: Report) -> str:
-    """DeepSpeed's .deepspeed_env: KEY=VALUE lines and nothing else (a blank line crashes its launcher)."""
-    from preflight.recommend import env_file_text
-    return env_file_text(report.env)
-
-
-def write_file(path: str, text: str, out: Optional[TextIO] = None) -> None:
-    """``-`` is stdout (``--json -``). A lone surrogate from a host is written escaped, never a crash."""
-    if path == "-":
-        stream = out or sys.stdout
-        stream.write(text)
-        stream.flush()
-        return
-    with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
-        fh.write(text)
+def write(report: Report, out: TextIO, settings: Settings) -> None:
+    """The terminal renderer (``RENDERERS``' "terminal"): the report printed on ``out`` as print_report does."""
+    print_report(report, console(out, settings.width), verbose=settings.verbose, quiet=settings.quiet)
 
 
 def console(file: Optional[TextIO] = None, width: Optional[int] = None) -> Console:

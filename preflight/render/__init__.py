@@ -1,0 +1,118 @@
+"""The report's outputs, registered once: ``RENDERERS`` lists every renderer, and the CLI's output flags
+(``preflight run --json FILE``) and the pytest plugin's (``--preflight-json=FILE``) are generated from it.
+
+A renderer writes a finished Report to a stream: ``write(report, out, settings)``, one module each beside this
+one. Adding an output is that module plus one line below, e.g.::
+
+    Renderer("json", "--json", "write the JSON report ...", "preflight.render.json:write", pytest_help="...")
+
+This module imports nothing heavy: the pytest plugin reads the list in every pytest session on the machine, so a
+renderer's module (rich, the checks' HTML sections) is imported only when its output is written.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, List, Optional, TextIO, Union
+
+if TYPE_CHECKING:
+    from preflight.results import Report
+
+STDOUT = "-"  # as a path: write to stdout (``--json -``); then the terminal report goes to stderr
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the user asked for output: ``-v`` / ``-q``, and the terminal's width (None: the stream's own)."""
+
+    verbose: bool = False
+    quiet: bool = False
+    width: Optional[int] = None
+
+
+Write = Callable[["Report", TextIO, Settings], None]
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """One output format.
+
+    name: its id; flag: ``preflight run``'s option that names the file (``--json``), "" for the terminal, which
+    is always written; help: that option's help. write: the function, or ``"module:function"`` imported when
+    the output is written. pytest_help: the help of the plugin's ``--preflight-<flag>``; None: the plugin does
+    not offer it (pytest's own ``--junitxml`` already writes a testcase per result).
+    """
+
+    name: str
+    flag: str
+    help: str
+    write: Union[str, Write]
+    pytest_help: Optional[str] = None
+    metavar: str = "FILE"
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination of ``flag``: ``--junit-xml`` -> ``junit_xml``."""
+        return self.flag[2:].replace("-", "_")
+
+    def load(self) -> Write:
+        if callable(self.write):
+            return self.write
+        module, _, function = self.write.partition(":")
+        found: Write = getattr(importlib.import_module(module), function)
+        return found
+
+    def to_path(self, report: "Report", path: str, settings: Optional[Settings] = None,
+                stdout: Optional[TextIO] = None) -> None:
+        """Write to a file, or to stdout for ``-``. A lone surrogate from a host is written escaped, never a crash."""
+        write, settings = self.load(), settings or Settings()
+        if path == STDOUT:
+            stream = stdout or sys.stdout
+            write(report, stream, settings)
+            stream.flush()
+            return
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            write(report, fh, settings)
+
+
+RENDERERS: List[Renderer] = [
+    Renderer("terminal", "", "the lines of what is not a pass, the matrix, the recommended environment and the "
+             "summary line", "preflight.render.terminal:write"),
+    Renderer("json", "--json", "write the JSON report (contract: README); '-': stdout, and the terminal report goes "
+             "to stderr", "preflight.render.json:write", pytest_help="also write preflight's JSON report (contract: "
+             "README)"),
+    Renderer("junit", "--junit-xml", "write JUnit XML: one testcase per (host, check)", "preflight.render.junit:write"),
+    Renderer("env_file", "--env-file", "write the recommended environment as .deepspeed_env lines",
+             "preflight.render.env_file:write", pytest_help="write the recommended environment as .deepspeed_env "
+             "lines"),
+    Renderer("html", "--html", "write a self-contained HTML report: matrix, details, environment and the checks' "
+             "own sections, such as plots (no external assets)", "preflight.render.html:write",
+             pytest_help="write preflight's self-contained HTML report (matrix, details, the checks' plots)"),
+]
+
+
+def register(renderer: Renderer) -> Renderer:
+    """Add an output (a plugin's, or a test's): its flag then appears in the CLI and, with ``pytest_help``, the
+    pytest plugin. ValueError if its name or flag is taken or the flag is not a long option."""
+    if renderer.flag and not (renderer.flag.startswith("--") and renderer.dest.isidentifier()):
+        raise ValueError(f"renderer {renderer.name!r}: flag {renderer.flag!r} must be a long option like --json")
+    for other in RENDERERS:
+        if other.name == renderer.name or (renderer.flag and other.flag == renderer.flag):
+            raise ValueError(f"renderer {renderer.name!r}: name or flag already taken by {other.name!r}")
+    RENDERERS.append(renderer)
+    return renderer
+
+
+def get(name: str) -> Renderer:
+    return next(r for r in RENDERERS if r.name == name)
+
+
+def file_outputs() -> List[Renderer]:
+    """The renderers that write a file a flag names, in the order the CLI lists them."""
+    return [r for r in RENDERERS if r.flag]
+
+
+def pytest_outputs() -> List[Renderer]:
+    """The file outputs the pytest plugin offers as ``--preflight-<flag>``."""
+    return [r for r in file_outputs() if r.pytest_help is not None]

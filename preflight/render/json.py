@@ -1,0 +1,42 @@
+"""The JSON report (``--json FILE``; its contract is the README's "JSON report"): the Report's ``to_dict``,
+one host and one result per line, so that a diff shows which changed::
+
+    {
+     "version": 1,
+     "started_at": "2026-11-23T10:00:00+00:00",
+     "hosts": [
+      {"name": "node01", "address": "198.18.0.1", "slots": 8, "reachable": true}
+     ],
+     "results": [
+      {"host": "node01", "check": "...", "status": "pass", "message": "...", "fix": "", "metrics": {}, ...},
+      {"host": "*", "check": "...", "status": "fail", ...}
+     ],
+     ...
+    }
+"""
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from preflight.render import Settings
+from preflight.results import Report
+
+# json's C encoder: with indent= json.dumps runs its pure-Python encoder instead, which was 8% of the
+# coordinator's GIL-holding samples at 1,000 hosts (bench/results/profile-1000.txt).
+_ENCODE = json.JSONEncoder(default=str).encode
+
+
+def to_json(report: Report) -> str:
+    lines = []
+    for key, value in report.to_dict().items():
+        if isinstance(value, list) and value:
+            items = ",\n".join("  " + _ENCODE(item) for item in value)
+            lines.append(f" {_ENCODE(key)}: [\n{items}\n ]")
+        else:
+            lines.append(f" {_ENCODE(key)}: {_ENCODE(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def write(report: Report, out: TextIO, settings: Settings) -> None:
+    out.write(to_json(report))
