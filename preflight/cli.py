@@ -23,10 +23,15 @@ from preflight.hostfile import (HostfileError, apply_filters, expanded_text, loa
                                 split_csv, with_slots)
 from preflight.hostside.seams import CheckOptions
 from preflight.results import CLUSTER_NAME
+from preflight import transport as transports
 from preflight.transport import SSHOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 VERSION_LINE = f"preflight {__version__}"
+# --transport's choices: the registered transports that reach other hosts ("local" is the run without a hostfile);
+# a hostfile run outside a Slurm allocation uses the checks' default (CheckOptions.transport).
+TRANSPORT_CHOICES = [name for name in transports.names() if name != "local"]
+DEFAULT_TRANSPORT = CheckOptions.transport
 
 
 class UsageError(Exception):
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", metavar="DIR",
                    help="the job's checkpoint directory: exists and writable on every host, free space for one "
                         "checkpoint (with --model-params), one shared filesystem; the test files are removed")
-    g = run.add_argument_group("ssh")
+    g = run.add_argument_group("SSH")
     g.add_argument("--ssh-user", metavar="USER")
     g.add_argument("--ssh-port", type=_port, metavar="PORT")
     g.add_argument("--ssh-key", metavar="FILE", help="private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)")
@@ -161,13 +166,19 @@ def _configured_checks(thresholds: Optional[Dict[str, Dict[str, Any]]], key: str
     return list(value)
 
 
-def select_checks(only: Optional[str], skip: Optional[str], deepspeed_config: Optional[str],
+def _given(option_names: Sequence[str], options: Optional[CheckOptions]) -> bool:
+    return options is not None and any(getattr(options, name, None) not in (None, "", [], ()) for name in option_names)
+
+
+def select_checks(only: Optional[str], skip: Optional[str], options: Optional[CheckOptions],
                   thresholds: Optional[Dict[str, Dict[str, Any]]] = None, config: Optional[str] = None) -> List[str]:
-    """Check ids to run, in registry order ('ssh' always runs: every other check needs the connection).
+    """Check ids to run, in registry order (a check of scope "connection" always runs: every other check needs the
+    connection).
 
     only/skip are --checks/--skip (None: not given); the [checks] section of --config fills in what they leave
-    out: --checks replaces both of its keys, --skip its skip."""
-    known = [n for n in registry.ORDER if n != "ssh"]
+    out: --checks replaces both of its keys, --skip its skip. Without a list, the default checks run, and each
+    opt-in check one of whose ``SPEC.selected_by`` options is given in options (--deepspeed-config's check)."""
+    known = [n for n in registry.ORDER if registry.spec(n).scope != "connection"]
     wanted = list(split_csv(only or ""))
     skipped = list(split_csv(skip or ""))
     if only is not None and not wanted:
@@ -190,7 +201,7 @@ def select_checks(only: Optional[str], skip: Optional[str], deepspeed_config: Op
     if wanted:
         chosen = [n for n in known if n in wanted]
     else:
-        chosen = [n for n in known if registry.load(n).SPEC.default or (n == "ds_config" and deepspeed_config)]
+        chosen = [n for n in known if registry.spec(n).default or _given(registry.spec(n).selected_by, options)]
     return [n for n in chosen if n not in skipped]
 
 
@@ -220,16 +231,27 @@ def _check_input_file(option: str, path: str, max_bytes: int) -> None:
         raise UsageError(f"{option} {path}: not a UTF-8 text file") from None
 
 
-def _params_from_deepspeed_config(path: str) -> Dict[str, Any]:
-    """What the job's config asks of every host: its nvme_path runs the nvme check there, its ops ds_report.
+def params_from_options(options: CheckOptions) -> Dict[str, Dict[str, Any]]:
+    """{check: per-host params} from each check's ``SPEC.params_from_options`` (the nvme paths and ops a DeepSpeed
+    config asks of every host). A check that cannot use an option it reads (a config DeepSpeed would refuse at
+    start: nothing to check it against) is a UsageError, before any host is contacted, whether it runs or not."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for spec in registry.all_specs():
+        if spec.params_from_options is not None:
+            try:
+                out[spec.name] = spec.params_from_options(options)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    return out
 
-    A config that does not parse never gets here: build_options stops on it with file:line:col.
-    """
-    from preflight.checks import ds_config
-    config, _ = ds_config.load_config(path)
-    if not config:
-        return {}
-    return {"nvme_paths": ds_config.nvme_paths(config), "required_ops": ds_config.required_ops(config)}
+
+def merge_params(into: Dict[str, Any], params: Dict[str, Any]) -> None:
+    """Add one check's per-host params: a list extends the same key's list (without repeating an item)."""
+    for key, value in params.items():
+        if isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] += [v for v in value if v not in into[key]]
+        else:
+            into[key] = value
 
 
 def build_options(args: argparse.Namespace):
@@ -265,22 +287,16 @@ def build_options(args: argparse.Namespace):
                              "here); pass an existing interpreter")
     if args.deepspeed_config:
         _check_input_file("--deepspeed-config", args.deepspeed_config, MAX_DEEPSPEED_CONFIG_BYTES)
-        from preflight.checks.ds_config.parse import usage_error
-        bad = usage_error(args.deepspeed_config)  # DeepSpeed would refuse it at start: nothing to check it against
-        if bad:
-            raise UsageError(bad)
-    checks = select_checks(args.checks, args.skip, args.deepspeed_config, thresholds, args.config)
-    host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
-    if args.deepspeed_config and "ds_config" in checks:
-        from_config = _params_from_deepspeed_config(args.deepspeed_config)
-        host_params["nvme_paths"] += [p for p in from_config.get("nvme_paths", [])
-                                      if p not in host_params["nvme_paths"]]
-        host_params["required_ops"] = from_config.get("required_ops", [])
     check_options = CheckOptions(
         transport=transport, master_port=args.master_port, deepspeed_config=args.deepspeed_config,
         model_params=args.model_params, largest_layer_params=args.largest_layer_params,
         model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
         checkpoint_dir=args.checkpoint_dir)
+    from_options = params_from_options(check_options)
+    checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
+    host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
+    for name in checks:
+        merge_params(host_params, from_options.get(name, {}))
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
                      connect_timeout=args.connect_timeout)
@@ -430,7 +446,7 @@ def _add_slurm_options(run: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm", action="store_true",
                    help="take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set "
                         "(inside a job this is automatic; --hostfile still wins)")
-    g.add_argument("--transport", choices=["ssh", "srun"], default=None,
+    g.add_argument("--transport", choices=TRANSPORT_CHOICES, default=None,
                    help="how to reach the hosts: ssh (default with --hostfile) or srun job steps (default inside "
                         "a Slurm allocation without --hostfile; needs no SSH keys)")
     g.add_argument("--srun-steps", choices=["shared", "per-node"], default="shared",
@@ -446,7 +462,7 @@ def _slurm_selection(args: argparse.Namespace):
 
     env = os.environ
     inside = args.slurm or slurm.in_allocation(env)
-    transport = args.transport or ("srun" if inside and not args.hostfile else "ssh")
+    transport = args.transport or ("srun" if inside and not args.hostfile else DEFAULT_TRANSPORT)
     if transport == "srun" and not env.get("SLURM_JOB_ID"):
         raise UsageError("--transport srun runs job steps in an allocation, and SLURM_JOB_ID is not set: "
                          "run inside salloc/sbatch")

@@ -194,3 +194,46 @@ def test_the_name_rule_catches_what_it_should():
     fine = ('from preflight import checks as registry\nfrom preflight.checks import ORDER\n'
             'p.add_argument("--nvme-path", "--ssh-port", help="the ssh check and python3")\nx = registry.ORDER\n')
     assert named_checks(fine, "preflight.cli", names) == []
+
+
+# --- what the CLI does for a check, the check declares -----------------------------------------------------------
+
+def test_an_opt_in_check_runs_when_an_option_it_is_selected_by_is_given(tmp_path):
+    from preflight.cli import select_checks
+    by = [s.name for s in registry.all_specs() if s.selected_by and not s.default]
+    assert by, "no opt-in check declares selected_by"
+    every = select_checks(None, "", None)
+    assert not set(by) & set(every)
+    for spec in registry.all_specs():
+        if spec.name in by:
+            given = seams.CheckOptions(**{option: str(tmp_path / "x") for option in spec.selected_by})
+            assert spec.name in select_checks(None, "", given)
+            assert spec.name not in select_checks(None, spec.name, given)  # --skip still wins
+            assert select_checks("gpu", "", given) == ["gpu"]  # so does --checks
+    assert all(registry.spec(n).scope != "connection" for n in every)  # it runs anyway, first
+
+
+def test_a_check_turns_options_into_host_params_and_refuses_a_bad_one(tmp_path):
+    from preflight.cli import UsageError, merge_params, params_from_options
+    good = tmp_path / "ds.json"
+    good.write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": '
+                    '{"device": "nvme", "nvme_path": "/local_nvme"}}}')
+    got = params_from_options(seams.CheckOptions(deepspeed_config=str(good)))
+    assert [name for name, params in got.items() if params.get("nvme_paths") == ["/local_nvme"]]
+    assert all(params == {} for params in params_from_options(seams.CheckOptions()).values())
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1,,}')
+    with pytest.raises(UsageError, match=r"bad.json:1:\d+: DeepSpeed config does not parse"):
+        params_from_options(seams.CheckOptions(deepspeed_config=str(bad)))
+    host_params = {"nvme_paths": ["/scratch", "/local_nvme"]}
+    merge_params(host_params, {"nvme_paths": ["/local_nvme", "/other"], "required_ops": ["cpu_adam"]})
+    assert host_params == {"nvme_paths": ["/scratch", "/local_nvme", "/other"], "required_ops": ["cpu_adam"]}
+
+
+def test_selected_by_names_check_options_only():
+    with pytest.raises(TypeError, match=r"selected_by must be a tuple of CheckOptions fields \(checkpoint_dir, "):
+        seams.validate_spec(seams.CheckSpec("x", "x", "cluster", False, _evaluate, coordinate=lambda c: {},
+                                            selected_by=("deepspeed_cfg",)), "x")
+    with pytest.raises(TypeError, match="params_from_options must be a function"):
+        seams.validate_spec(seams.CheckSpec("x", "x", "cluster", False, _evaluate, coordinate=lambda c: {},
+                                            params_from_options="nope"), "x")  # type: ignore[arg-type]

@@ -7,16 +7,15 @@ import pytest
 from preflight.hostside.outcome import Status
 from preflight.hostside.ncclenv import roce_gid_index, socket_ifname
 from preflight.recommend import NEVER, recommend
+from preflight.testing import FakeCluster
 
 H100 = Path(__file__).parent / "fixtures" / "h100-host"
 
 
 def make_cluster(facts, hosts=None, addresses=None):
+    """The hosts (default: those in facts), each reached at its own name unless addresses says otherwise."""
     names = hosts or [h for h in facts if h != "*"]
-    cluster = SimpleNamespace(facts=facts, hosts=[SimpleNamespace(name=n, slots=1, index=i)
-                                                   for i, n in enumerate(names)])
-    cluster.address = lambda name: (addresses or {}).get(name, name)
-    return cluster
+    return FakeCluster(names, facts=facts, addresses={n: (addresses or {}).get(n, n) for n in names})
 
 
 def itf(name, ipv4=(), kind="physical", **extra):
@@ -252,3 +251,72 @@ def test_never_recommends_folklore_even_if_asked():
     assert set(env) <= {"NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
     assert_never_folklore(env, notes)
     assert any("NCCL_MIN_NRINGS" in n for n in notes)
+
+
+# --- the gatherer: every check's contribution, seen through its declared reads ----------------------------------
+
+def _spec(name, recommend_fn, reads=()):
+    from preflight.hostside.seams import CheckSpec
+    return CheckSpec(name, "x", "cluster", True, lambda facts, t: None, coordinate=lambda c: {}, reads=reads,
+                     recommend=recommend_fn)
+
+
+def test_a_contribution_sees_only_its_own_and_its_reads_facts():
+    from preflight.hostside.seams import Recommendation
+    seen = []
+
+    def part(given):
+        seen.append(given)
+        return Recommendation()
+
+    hosts = ["a", "b"]
+    facts = {"a": {"interfaces": {"x": 1}, "gpu": {"y": 2}, "mine": {"z": 3}}, "b": {"gpu": {}},
+             "*": {"mine": {"chosen": None}, "ports": {"p": 1}}}
+    results = [SimpleNamespace(host="b", check="interfaces", status=Status.FAIL),
+               SimpleNamespace(host="a", check="gpu", status=Status.FAIL),
+               SimpleNamespace(host="*", check="mine", status=Status.WARN)]
+    recommend(make_cluster(facts, hosts, {"a": "10.0.0.1"}), results, [_spec("mine", part, ("interfaces",))])
+    given = seen[0]
+    assert given.hosts == hosts and given.master_address == "10.0.0.1"
+    assert given.facts == {"a": {"interfaces": {"x": 1}, "mine": {"z": 3}}, "*": {"mine": {"chosen": None}}}
+    assert given.failed == {"interfaces": ["b"]}
+
+
+def test_a_broken_contribution_costs_its_part_only_and_the_gate_still_holds():
+    from preflight.hostside.seams import EnvVar, Recommendation
+
+    def folklore(given):
+        return Recommendation((EnvVar("NCCL_SOCKET_IFNAME", "=eth9", "x"), EnvVar("NCCL_TIMEOUT", "30", "no")))
+
+    def crashes(given):
+        raise KeyError("chosen")
+
+    def fine(given):
+        return Recommendation(("first note", EnvVar("NCCL_IB_HCA", "=mlx5_0:1", "because"),
+                               EnvVar("NCCL_IB_DISABLE", "$(reboot)", "a host said so")), ("trust this less",))
+
+    env, reasons, notes = recommend(make_cluster({}, ["solo"]), [],
+                                    [_spec("folk", folklore), _spec("crash", crashes), _spec("ok", fine)])
+    assert "NCCL_SOCKET_IFNAME" not in env and "NCCL_TIMEOUT" not in env
+    assert notes[0] == "no recommendation from the folk check (ValueError: 'refusing to recommend NCCL_TIMEOUT')"
+    assert notes[1].startswith("no recommendation from the crash check (KeyError: ")
+    assert notes[2] == "first note"
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1" and reasons["NCCL_IB_HCA"] == "because"
+    assert "NCCL_IB_DISABLE" not in env and "holds characters a shell would interpret" in notes[3]
+    assert list(env) == ["NCCL_IB_HCA", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    assert notes[-1] == "trust this less" and notes[-1 - len(NEVER):-1] == list(NEVER.values())
+
+
+def test_the_network_part_is_iperf3s_pure_contribution():
+    from preflight.checks import iperf3
+    from preflight.recommend import contribution_input
+    hosts = ["gpu01", "gpu02"]
+    facts = {h: {"interfaces": h100_interfaces(2 + i)} for i, h in enumerate(hosts)}
+    facts["*"] = {"iperf3": iperf3_facts(chosen("192.0.2.0/24", ["eth0", "eth0"], hosts))}
+    cluster = make_cluster(facts, hosts)
+    part = iperf3.SPEC.recommend(contribution_input(iperf3.SPEC, cluster, []))
+    assert [(s.name, s.value) for s in part.steps if not isinstance(s, str)] == [
+        ("NCCL_SOCKET_IFNAME", "=eth0"), ("GLOO_SOCKET_IFNAME", "eth0"), ("NCCL_IB_DISABLE", "1")]
+    env, _, _ = recommend(cluster, [])
+    assert [k for k in env if k not in ("NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING")] == [
+        "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"]

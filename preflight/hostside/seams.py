@@ -7,7 +7,7 @@ which the coordinator's ``runner.Cluster`` satisfies.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union,
                     runtime_checkable)
 
@@ -191,6 +191,11 @@ class CheckSpec:
     quiet: a cluster check that measures nothing load disturbs; it may run beside its quiet neighbours.
     uses_torch: collect imports torch, so the agent imports it once before the host checks.
     host_params: thresholds -> extra per-host params for collect (e.g. nvme's test size).
+    selected_by: ``CheckOptions`` fields that, when given, select this opt-in check without ``--checks``
+    (ds_config: ``deepspeed_config``). params_from_options: the run's ``CheckOptions`` -> extra per-host params
+    for the host checks' collect (a list extends the same key's list, e.g. ``nvme_paths``), used when this check
+    is selected; ValueError with one line for an option it cannot use (the CLI's exit 2, before any host is
+    contacted). The CLI calls it for every check that has one, selected or not, so a bad option always stops.
     reads: the other checks whose facts this one reads (``cluster.facts[host][name]``): a declared dependency,
     never an import of their modules.
     html: its own section of the HTML report, if any.
@@ -212,6 +217,8 @@ class CheckSpec:
     quiet: bool = False
     uses_torch: bool = False
     host_params: Optional[Callable[[Thresholds], Dict[str, Any]]] = None
+    selected_by: Tuple[str, ...] = ()
+    params_from_options: Optional[Callable[[CheckOptions], Dict[str, Any]]] = None
     reads: Tuple[str, ...] = ()
     html: Optional[HtmlSection] = None
     recommend: Optional[Callable[[RecommendInput], Recommendation]] = None
@@ -246,6 +253,12 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("reads names the check itself")
     if spec.recommend is not None and not callable(spec.recommend):
         problems.append("recommend must be a function")
+    if spec.params_from_options is not None and not callable(spec.params_from_options):
+        problems.append("params_from_options must be a function")
+    options = {f.name for f in fields(CheckOptions)}
+    if not isinstance(spec.selected_by, tuple) or not all(isinstance(o, str) and o in options
+                                                           for o in spec.selected_by):
+        problems.append("selected_by must be a tuple of CheckOptions fields (%s)" % ", ".join(sorted(options)))
     if problems:
         raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
     return spec

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict
 
-from ...hostside.seams import CheckSpec, ClusterView
+from ...hostside.seams import CheckOptions, CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
@@ -28,7 +28,7 @@ from .keycheck import check_deprecated, check_installed, check_keys, check_optim
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
 from .ops import check_ops, required_ops
-from .parse import load_config, nvme_paths, offload_devices, optimizer_type, zero_stage
+from .parse import load_config, nvme_paths, offload_devices, optimizer_type, usage_error, zero_stage
 from .precision import check_precision
 from .findings import Report, gpus_by_host, host_versions, vstr
 
@@ -37,6 +37,24 @@ __all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
 NAME = "ds_config"
 
 CLUSTER = "*"
+
+
+def params_from_options(options: CheckOptions) -> Dict[str, Any]:
+    """What the job's config asks of every host: its nvme_path runs the nvme check there, its ops ds_report.
+
+    ValueError with one line (``file:line:col: ...``) for a config DeepSpeed would refuse at start: the CLI stops
+    on it before contacting any host, since there is nothing to check it against.
+    """
+    path = options.deepspeed_config
+    if not path:
+        return {}
+    bad = usage_error(path)
+    if bad:
+        raise ValueError(bad)
+    config, _ = load_config(path)
+    if not config:
+        return {}
+    return {"nvme_paths": nvme_paths(config), "required_ops": required_ops(config)}
 
 
 def coordinate(cluster: ClusterView) -> Dict[str, Any]:
@@ -128,6 +146,8 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     reads=HOST_FACTS,
+    selected_by=("deepspeed_config",),  # --deepspeed-config runs it without --checks
+    params_from_options=params_from_options,
     # Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
     # (runner.py).
     quiet=True,
