@@ -110,16 +110,14 @@ def test_an_agent_in_a_shared_step_takes_only_its_nodes_requests_and_leaves_on_e
     proc = subprocess.Popen([sys.executable, "-c", agent.BOOTSTRAP, "pf-step-test"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, bufsize=0, env=dict(os.environ, SLURMD_NODENAME="n1"))
     try:
+        # The requests follow the code at once, before the hello: they are in the pipe while the agent starts, and
+        # the BOOTSTRAP must not swallow them into a buffered reader that serve() never reads (it reads fd 0).
         proc.stdin.write(serve_input(step=True))
-        proc.stdin.flush()
-        # Requests only after the hello, as the coordinator sends them: lines already in the pipe while the agent
-        # reads its code and serve request land in that buffered reader, not in serve()'s loop.
-        frames = _read_frames(proc, lambda rid, kind: rid == 0 and kind == b"h", 60)
         call = {"op": "call", "func": "hostside.agent.loaded", "params": {"names": []}, "timeout": 30}
         proc.stdin.write(b"@n2 " + json.dumps(dict(call, id=5)).encode() + b"\n")  # another node's
         proc.stdin.write(b"@n1 " + json.dumps(dict(call, id=6)).encode() + b"\n")
         proc.stdin.flush()
-        frames += _read_frames(proc, lambda rid, kind: rid == 6 and kind == b"x", 60)
+        frames = _read_frames(proc, lambda rid, kind: rid == 6 and kind == b"x", 60)
         assert frames[0][:2] == (0, b"h") and json.loads(frames[0][2])["node"] == "n1"
         assert {rid for rid, _, _ in frames} == {0, 6}, frames
         value = agent.read_result(b"".join(d for r, k, d in frames if k == b"o"))["value"]

@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import proc as procs
 from . import seams
@@ -62,11 +62,28 @@ class Abort(BaseException):
 
 
 # Runs the agent from code streamed on stdin: "<length>\n<zip of the checks package><request line>".
-# Kept small and Python 3.9-compatible: it is passed as `python -c` on every host.
+# Kept small and Python 3.9-compatible: it is passed as `python -c` on every host. It reads fd 0 itself, exactly
+# what it needs and not a byte more: a buffered reader would swallow the requests that follow in the pipe, and
+# serve() reads fd 0 directly (a shared srun step's requests arrive while the agent is still starting).
 BOOTSTRAP = r"""
-import sys, io, zipfile, marshal, importlib.abc, importlib.util
-n = int(sys.stdin.buffer.readline())
-code = sys.stdin.buffer.read(n)
+import sys, io, os, zipfile, marshal, importlib.abc, importlib.util
+def line():
+    b = b""
+    while not b.endswith(b"\n"):
+        c = os.read(0, 1)
+        if not c:
+            break
+        b += c
+    return b
+n = int(line())
+parts, got = [], 0
+while got < n:
+    c = os.read(0, min(n - got, 1 << 20))
+    if not c:
+        break
+    parts.append(c)
+    got += len(c)
+code = b"".join(parts)
 z = zipfile.ZipFile(io.BytesIO(code))
 names = set(z.namelist())
 pyc = "pyc/" + importlib.util.MAGIC_NUMBER.hex() + "/"
@@ -85,8 +102,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         c = marshal.loads(z.read(pyc + fn)) if pyc + fn in names else compile(z.read(fn), fn, "exec")
         exec(c, module.__dict__)
 sys.meta_path.insert(0, Finder())
-import preflight.hostside.agent, os
-rc = preflight.hostside.agent.main(sys.argv[1:], code)
+import preflight.hostside.agent
+rc = preflight.hostside.agent.main(sys.argv[1:], code, line())
 sys.stdout.flush()
 # Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
 os._exit(rc)
@@ -108,7 +125,7 @@ def _emit(tag: str, payload: Dict[str, Any]) -> None:
 _aborting = [False]
 
 
-def _on_signal(signum, frame) -> None:
+def _on_signal(signum: int, frame: Any) -> None:
     if signum == signal.SIGALRM:
         # Deadlines are per check: each one may fire once.
         raise Abort("deadline")
@@ -120,7 +137,7 @@ def _on_signal(signum, frame) -> None:
     raise Abort(_abort_reason[0])
 
 
-def _lifeline(stdin) -> None:
+def _lifeline(stdin: IO[bytes]) -> None:
     """Block on stdin; EOF means the coordinator is gone or wants us to stop."""
     try:
         while stdin.read(4096):
@@ -145,7 +162,7 @@ def _host_facts() -> Dict[str, Any]:
             "executable": sys.executable, "pid": os.getpid()}
 
 
-def _collect(names, params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
+def _collect(names: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
     """Run each named check's collect under its own deadline; one check's failure never stops the next."""
     out: Dict[str, Any] = {}
     for name in names:
@@ -191,12 +208,13 @@ def _wait_stop(max_s: float) -> bool:
 class _ForkedCall(procs.Forked):
     """A call running in a forked child, with the pipes of a Popen(stdin=PIPE, stdout=PIPE, stderr=PIPE)."""
 
-    def __init__(self, pid: int, stdin, stdout, stderr):
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
         super().__init__(pid)
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
 
 
-def fork_call(func: str, params: Dict[str, Any], timeout: float, env: Optional[Dict[str, str]] = None):
+def fork_call(func: str, params: Dict[str, Any], timeout: float,
+              env: Optional[Dict[str, str]] = None) -> Any:
     """Run ``func`` (e.g. one all-reduce rank) in a forked child of this process, tracked for cleanup; returns a
     Popen-like object (pid, poll, wait, stdin/stdout/stderr pipes); read its result with
     ``read_result(proc.stdout.read())``. The child has every module this process imported (torch, once the agent
@@ -275,19 +293,20 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
     return {"killed": killed}
 
 
-def main(argv, code=None) -> int:
+def main(argv: Sequence[str], code: Optional[bytes] = None, first: Optional[bytes] = None) -> int:
+    """first: the request line, when the BOOTSTRAP read it (unbuffered); else it is read here."""
     # Marks this agent and every child it starts, so that reap() can find them after a hard failure.
     if argv:
         os.environ[RUN_ENV] = argv[0]
     stdin = sys.stdin.buffer
-    request = json.loads(stdin.readline().decode())
+    request = json.loads((first if first is not None else stdin.readline()).decode())
     procs.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
     if request.get("op") == "serve":
         return serve(os.environ.get(RUN_ENV, ""), bool(request.get("step")))
     return _run_one(request, stdin)
 
 
-def _run_one(request: Dict[str, Any], stdin) -> int:
+def _run_one(request: Dict[str, Any], stdin: IO[bytes]) -> int:
     """One request in this process: stdin is its lifeline, RESULT (and READY) lines go to stdout."""
     for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -366,7 +385,8 @@ def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
     return _Worker(pid, out_r, err_r, life_w)
 
 
-def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None, session: bool = False):
+def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None,
+              session: bool = False) -> Tuple[int, int, int, int]:
     """Fork a one-request agent serving request: its stdin is a lifeline pipe, its stdout and stderr pipes; it
     holds none of this process's other descriptors (the agent's channel, the other workers' or ranks' pipes).
     Its own process group (session=True: its own session), env added. Returns (pid, lifeline write end,
@@ -425,8 +445,8 @@ _PRELOADABLE = ("torch",)
 _PRELOAD_TIMEOUT_S = 120.0  # when the request names none
 
 
-def _preload(names, timeout: float = _PRELOAD_TIMEOUT_S) -> int:
-    def on_alarm(signum, frame):
+def _preload(names: Sequence[str], timeout: float = _PRELOAD_TIMEOUT_S) -> int:
+    def on_alarm(signum: int, frame: Any) -> None:
         raise TimeoutError("preload took too long")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
@@ -467,7 +487,7 @@ def serve(token: str, step: bool = False) -> int:
         route = b"@" + node.encode() + b" "
         _line_frames[0] = True
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: Any) -> None:
         raise _Shutdown()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
