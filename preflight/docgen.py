@@ -1,6 +1,7 @@
 """The checks reference page (docs/checks.md), written from the registry so that it cannot drift from the code.
 
-It reads each registered check's ``SPEC`` (name, description, scope, default, quiet, uses_torch, reads), the
+It reads each registered check's ``SPEC`` (name, description, scope, default, selected_by, quiet, uses_torch,
+reads, html, recommend), the
 first paragraph of its module's docstring, e.g. ``ssh``'s "Reachability of each host: SSH connection, ...", and the
 keys and defaults of its thresholds TOML beside it, e.g. ``ssh.toml``'s ``warn_rtt_ms = 500.0``.
 
@@ -19,6 +20,7 @@ from types import ModuleType
 
 from . import checks
 from .config import tomllib
+from .hostside.seams import CheckSpec
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds preflight/
 PAGE = PACKAGE_ROOT / "docs" / "checks.md"
@@ -45,6 +47,13 @@ def _thresholds(name: str) -> str:
     return "Thresholds ([`%s`](../%s)): %s." % (source, source, keys or "none")
 
 
+def _default(spec: CheckSpec) -> str:
+    if spec.default:
+        return "yes"
+    flags = ", ".join("`--%s`" % option.replace("_", "-") for option in spec.selected_by)
+    return "no, or with %s" % flags if flags else "no"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -61,8 +70,8 @@ def render() -> str:
         "Every check preflight runs, in the order it runs them (the matrix's columns). `preflight list` prints the",
         "same; `--checks a,b` runs only those, `--skip a,b` leaves some out, and `[checks]` in `--config` does both",
         "(see [thresholds.md](thresholds.md)). A check that is not on by default runs when `--checks` names it or",
-        "when the input it checks is given (`ds_config`: `--deepspeed-config`). Each check's thresholds file says",
-        "where each default comes from; `preflight config --defaults` prints them all as one page.",
+        "when an option it names is given. Each check's thresholds file says where each default comes from;",
+        "`preflight config --defaults` prints them all as one page.",
         "",
         "| check | scope | by default | what it checks |",
         "| --- | --- | --- | --- |",
@@ -70,16 +79,20 @@ def render() -> str:
     for module in modules:
         spec = module.SPEC
         lines.append("| [`%s`](#%s) | %s | %s | %s |" % (spec.name, spec.name, SCOPE_WORDS[spec.scope],
-                                                        "yes" if spec.default else "no", _cell(spec.description)))
+                                                        _default(spec), _cell(spec.description)))
     for module in modules:
         spec = module.SPEC
-        facts = ["scope: %s" % SCOPE_WORDS[spec.scope], "by default: %s" % ("yes" if spec.default else "no")]
+        facts = ["scope: %s" % SCOPE_WORDS[spec.scope], "by default: %s" % _default(spec)]
         if spec.reads:
             facts.append("reads the facts of: %s" % ", ".join("`%s`" % name for name in spec.reads))
         if spec.quiet:
             facts.append("quiet (may run beside its quiet neighbours)")
         if spec.uses_torch:
             facts.append("imports torch on the hosts")
+        if spec.html is not None:
+            facts.append("its own HTML report section, \"%s\"" % spec.html.title)
+        if spec.recommend is not None:
+            facts.append("contributes to the recommended environment")
         source = _source(module)
         lines += ["", "## %s" % spec.name, "",
                   "[`%s`](../%s) · %s" % (source, source, " · ".join(facts)), "",
