@@ -475,7 +475,7 @@ def _probe(host, params, timeout):
 
 
 def test_coordinate_leaves_out_what_ports_and_iperf3_proved_and_runs_among_the_rest():
-    from tests.fakes import FakeCluster
+    from preflight.testing import FakeCluster
     cluster = FakeCluster(["node01", "node02", "node03"], thresholds=THRESHOLDS,
                           handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
     cluster.facts["*"] = {"ports": _ports_firewalled(),
@@ -504,7 +504,7 @@ def test_coordinate_leaves_out_what_ports_and_iperf3_proved_and_runs_among_the_r
 
 
 def test_a_firewalled_master_is_left_out_and_another_host_leads():
-    from tests.fakes import FakeCluster
+    from preflight.testing import FakeCluster
     cluster = FakeCluster(["node04", "node01", "node02", "node03"], thresholds=THRESHOLDS,
                           handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
     cluster.facts["*"] = {"iperf3": _iperf3_firewalled(("node04", "node01", "node02", "node03"), "node04")}
@@ -514,7 +514,7 @@ def test_a_firewalled_master_is_left_out_and_another_host_leads():
 
 
 def test_two_hosts_one_unreachable_fails_without_running_anything():
-    from tests.fakes import FakeCluster
+    from preflight.testing import FakeCluster
 
     def never(*a, **k):
         raise AssertionError("nothing may run: one rank left")

@@ -1,23 +1,23 @@
 """The cluster phase's schedule (runner._cluster_checks): checks run in ORDER, neighbours that are both QUIET run
 together, a measuring check runs alone, and a quiet check that never returns costs its own cell only.
 
-Fake cluster checks stand in for ports/launcher_ssh (quiet) and iperf3 (measuring); each records when it ran.
+Fake cluster checks (preflight.testing.fake_check) stand in for ports/launcher_ssh (quiet) and iperf3 (measuring);
+each records when it ran.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any, Dict, List
 
 import pytest
 
-from preflight.hostside.outcome import Outcome, Status
-from preflight.hostside.seams import CheckSpec
+from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
 from preflight.hostfile import HostSpec
 from preflight.runner import RunOptions, Runner
+from preflight.testing import fake_check
 
 
 def _runner(timeout: float = 120.0) -> Runner:
@@ -27,14 +27,6 @@ def _runner(timeout: float = 120.0) -> Runner:
     for node in runner.nodes:
         runner._connect(node)
     return runner
-
-
-def _check(name: str, quiet: bool, body: Any) -> SimpleNamespace:
-    def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-        return Outcome(Status.PASS if facts.get("ok") else Status.FAIL, str(facts))
-
-    spec = CheckSpec(name, "a test check", "cluster", True, evaluate, coordinate=body, quiet=quiet)
-    return SimpleNamespace(NAME=name, SPEC=spec, coordinate=body, evaluate=evaluate)
 
 
 def test_quiet_neighbours_run_together_and_a_measuring_check_alone_in_order():
@@ -59,10 +51,10 @@ def test_quiet_neighbours_run_together_and_a_measuring_check_alone_in_order():
         return {"ok": True}
 
     runner = _runner()
-    runner._cluster_checks([_check("ports", True, quiet("ports")),
-                            _check("launcher_ssh", True, quiet("launcher_ssh")),
-                            _check("measuring", False, measuring),
-                            _check("checkpoint", True, quiet("checkpoint", False))])
+    runner._cluster_checks([fake_check("ports", quiet("ports"), quiet=True),
+                            fake_check("launcher_ssh", quiet("launcher_ssh"), quiet=True),
+                            fake_check("measuring", measuring),
+                            fake_check("checkpoint", quiet("checkpoint", False), quiet=True)])
     cells = {r.check: r for r in runner.results}
     assert cells["ports"].status == Status.PASS and cells["launcher_ssh"].status == Status.PASS, cells
     assert cells["measuring"].status == Status.PASS and cells["checkpoint"].status == Status.PASS
@@ -85,8 +77,8 @@ def test_a_quiet_check_that_never_returns_costs_its_own_cell_only(monkeypatch):
     monkeypatch.setattr(Runner, "QUIET_BACKSTOP_S", 1.0)
     start = time.monotonic()
     try:
-        runner._cluster_checks([_check("ports", True, hangs), _check("launcher_ssh", True, fine),
-                                _check("measuring", False, fine)])
+        runner._cluster_checks([fake_check("ports", hangs, quiet=True), fake_check("launcher_ssh", fine, quiet=True),
+                                fake_check("measuring", fine)])
     finally:
         release.set()
     cells = {r.check: r for r in runner.results}

@@ -16,7 +16,7 @@ from preflight.checks import compute
 from preflight.hostside.seams import HostContext
 from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
-from tests.fakes import FakeCluster
+from preflight.testing import FakeCluster
 from tests.netcluster import NetCluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from preflight.hostside.seams import CheckOptions, HostContext
 from preflight.hostside.outcome import Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
 from preflight.checks.gpu import normalize_nvml_gpu
-from tests import fakes
+from preflight import testing
 from preflight.config import load_thresholds
 
 HERE = Path(__file__).parent
@@ -712,23 +712,23 @@ def test_host_memory_reads_this_machine():
     json.dumps(res)
 
 
-def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: Any) -> fakes.FakeCluster:
+def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: Any) -> testing.FakeCluster:
     """node00.. with 8 recorded H100s each; the host probe runs in this process, and raises on ``fail_on``."""
     names = ["node%02d" % i for i in range(hosts)]
 
     def probe(host: str, params: Dict[str, Any], timeout: float) -> Any:
         if host == fail_on:
             raise RuntimeError("agent died")
-        return fakes.run_host_function("ds_config.host.probe", params, timeout)
+        return testing.run_host_function("ds_config.host.probe", params, timeout)
 
     opts = CheckOptions(**{"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None,
                            **options})
     facts = {h: {"gpu": {"gpus": [h100_gpu(i) for i in range(8)]}, "ds_report": recorded_ds_report()} for h in names}
-    return fakes.FakeCluster(names, slots=8, thresholds=TH, facts=facts, options=opts,
+    return testing.FakeCluster(names, slots=8, thresholds=TH, facts=facts, options=opts,
                              handlers={"ds_config.host.probe": probe})
 
 
-def called(cluster: fakes.FakeCluster) -> List[Any]:
+def called(cluster: testing.FakeCluster) -> List[Any]:
     return sorted((host, func) for host, func, _ in cluster.calls)
 
 

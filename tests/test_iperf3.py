@@ -13,7 +13,7 @@ from preflight.checks import iperf3
 from preflight.hostside import fmt
 from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
-from tests import fakes
+from preflight.testing import FakeCluster, FakeService
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -252,68 +252,56 @@ def test_rate_formatting():
 
 # ------------------------------------------------------------------------ coordination with a fake cluster
 
-class FakeService:
-    def __init__(self, host, fail):
-        self.host, self.fail, self.stopped, self.killed = host, fail, False, False
+def iperf3_cluster(n, thresholds, rates=None, no_server=(), client_raises=(), explode_at=None, iface=True):
+    """Hosts on 10.0.0.0/24 (eth0) and 10.1.0.0/24 (eth1, 10x faster), docker0 everywhere; no SSH. Returns the
+    cluster, the last server started on each host, and every client round (its pairs)."""
+    rates = rates or {}
+    services, rounds = {}, []
 
-    def wait_ready(self, timeout):
-        if self.fail:
-            raise RuntimeError("iperf3.serve failed on the host: iperf3 is not installed on this host")
-        return {"port": 5201}
+    def serve(host, params, timeout):
+        assert timeout > 0
+        services[host] = (FakeService(error="iperf3 is not installed on this host", host=host, func="iperf3.serve")
+                          if host in no_server else FakeService(ready={"port": 5201}, host=host, func="iperf3.serve"))
+        return services[host]
 
-    def stop(self, timeout=15.0):
-        self.stopped = True
-        return {"port": 5201}
+    def interfaces(host, params, timeout):
+        return host_interfaces(int(host[-2:]) - 1)
 
-    def kill(self):
-        self.killed = True
-
-
-class FakeCluster(fakes.FakeCluster):
-    """Hosts on 10.0.0.0/24 (eth0) and 10.1.0.0/24 (eth1, 10x faster), docker0 everywhere; no SSH."""
-
-    def __init__(self, n, thresholds, rates=None, no_server=(), client_raises=(), explode_at=None, iface=True):
-        super().__init__(n, thresholds=thresholds)
-        self.facts = {h.name: ({"interfaces": host_interfaces(i, [itf("eth1", ["10.1.0.%d/24" % (i + 1)])])}
-                               if iface else {}) for i, h in enumerate(self.all_hosts)}
-        self.rates = rates or {}
-        self.no_server, self.client_raises, self.explode_at = set(no_server), set(client_raises), explode_at
-        self.services, self.rounds = {}, []
-
-    def start(self, host, func, params, timeout):
-        assert func == "iperf3.serve" and timeout > 0
-        self.services[host] = FakeService(host, host in self.no_server)
-        return self.services[host]
-
-    def call_all(self, func, params_by_host, timeout):
-        self.calls.append(func)
-        if func == "iperf3.interfaces":
-            return {h: host_interfaces(int(h[-2:]) - 1) for h in params_by_host}
-        assert func == "iperf3.client" and timeout < 60
-        if self.explode_at is not None and len(self.rounds) == self.explode_at:
+    def each_round(func, params_by_host, timeout):
+        if func != "iperf3.client":
+            return
+        assert timeout < 60
+        if explode_at is not None and len(rounds) == explode_at:
             raise KeyboardInterrupt  # Ctrl-C in the middle of a round
         ends = [h for src, p in params_by_host.items() for h in (src, p["dst"])]
         assert len(ends) == len(set(ends)), "a round's pairs must be disjoint"
-        self.rounds.append(params_by_host)
-        out = {}
-        for src, p in params_by_host.items():
-            speed = 10.0 if p["addr"].startswith("10.1.") else 1.0
-            if src in self.client_raises:
-                out[src] = TimeoutError("no answer within 45s")
-            else:
-                out[src] = {"gbps": speed * min(self.rates.get(src, 1.0), self.rates.get(p["dst"], 1.0)),
-                            "retransmits": 0, "error": None}
-        return out
+        rounds.append(params_by_host)
+
+    def client(src, p, timeout):
+        if src in client_raises:
+            raise TimeoutError("no answer within 45s")
+        speed = 10.0 if p["addr"].startswith("10.1.") else 1.0
+        return {"gbps": speed * min(rates.get(src, 1.0), rates.get(p["dst"], 1.0)), "retransmits": 0, "error": None}
+
+    cluster = FakeCluster(n, thresholds=thresholds, on_round=each_round,
+                          handlers={"iperf3.serve": serve, "iperf3.interfaces": interfaces, "iperf3.client": client})
+    cluster.facts.update({h.name: ({"interfaces": host_interfaces(i, [itf("eth1", ["10.1.0.%d/24" % (i + 1)])])}
+                                   if iface else {}) for i, h in enumerate(cluster.all_hosts)})
+    return cluster, services, rounds
+
+
+def called(cluster):
+    return [c.func for c in cluster.calls]
 
 
 def test_coordinate_measures_every_shared_network_and_stops_every_server(thresholds):
-    c = FakeCluster(5, thresholds, rates={"node02": 0.25})
+    c, services, rounds = iperf3_cluster(5, thresholds, rates={"node02": 0.25})
     facts = iperf3.coordinate(c)
     assert [n["network"] for n in facts["networks"]] == ["10.0.0.0/24", "10.1.0.0/24"]
     assert facts["chosen"]["network"] == "10.1.0.0/24" and facts["chosen"]["devices"] == ["eth1"] * 5
     assert facts["chosen"]["addresses"]["node03"] == "10.1.0.3"
-    assert all(s.stopped for s in c.services.values()) and len(c.services) == 5
-    assert len(c.rounds) == 2 * facts["rounds"] and facts["rounds"] <= 5  # linear in hosts, not pairs
+    assert all(s.stopped for s in services.values()) and len(services) == 5
+    assert len(rounds) == 2 * facts["rounds"] and facts["rounds"] <= 5  # linear in hosts, not pairs
     for net in facts["networks"]:
         per_host = {h: sum(h in (ln["src"], ln["dst"]) for ln in net["links"]) for h in facts["hosts"]}
         assert min(per_host.values()) >= 2, per_host  # every host against several peers
@@ -321,38 +309,38 @@ def test_coordinate_measures_every_shared_network_and_stops_every_server(thresho
     out = iperf3.evaluate(facts, thresholds)
     assert out["node02"].status == Status.FAIL
     assert {h for h, o in out.items() if o.status != Status.PASS} == {"node02"}
-    assert "iperf3.interfaces" not in c.calls  # the interfaces check's facts were used
+    assert "iperf3.interfaces" not in called(c)  # the interfaces check's facts were used
 
 
 def test_coordinate_records_failures_instead_of_crashing(thresholds):
-    c = FakeCluster(4, thresholds, no_server={"node04"}, client_raises={"node01"})
+    c, services, _ = iperf3_cluster(4, thresholds, no_server={"node04"}, client_raises={"node01"})
     facts = iperf3.coordinate(c)
     assert "not installed" in facts["errors"]["node04"]
     links = facts["networks"][0]["links"]
     assert any(ln["dst"] == "node04" and "no iperf3 server on node04" in ln["error"] for ln in links)
     assert any(ln["src"] == "node01" and "did not report" in ln["error"] for ln in links)
-    assert all(s.stopped for s in c.services.values())
+    assert all(s.stopped for s in services.values())
     out = iperf3.evaluate(facts, thresholds)
     assert out["node04"].status == Status.ERROR and "install iperf3" in out["node04"].fix
     assert out["*"].status in (Status.WARN, Status.FAIL)
 
 
 def test_coordinate_stops_servers_when_interrupted(thresholds):
-    c = FakeCluster(4, thresholds, explode_at=1)
+    c, services, _ = iperf3_cluster(4, thresholds, explode_at=1)
     with pytest.raises(KeyboardInterrupt):
         iperf3.coordinate(c)
-    assert len(c.services) == 4 and all(s.stopped for s in c.services.values())
+    assert len(services) == 4 and all(s.stopped for s in services.values())
 
 
 def test_coordinate_without_interfaces_facts_lists_them_itself(thresholds):
-    c = FakeCluster(3, thresholds, iface=False)
+    c, _, _ = iperf3_cluster(3, thresholds, iface=False)
     facts = iperf3.coordinate(c)
-    assert c.calls[0] == "iperf3.interfaces"
+    assert called(c)[0] == "iperf3.interfaces"
     assert facts["chosen"]["network"] == "10.0.0.0/24"
 
 
 def test_coordinate_single_host_skips(thresholds):
-    facts = iperf3.coordinate(FakeCluster(1, thresholds))
+    facts = iperf3.coordinate(iperf3_cluster(1, thresholds)[0])
     assert "at least 2" in facts["skipped"]
     assert iperf3.evaluate(facts, thresholds)["*"].status == Status.SKIP
 

@@ -108,7 +108,7 @@ def test_the_coordinator_cluster_and_the_test_fake_both_satisfy_cluster_view(thr
     from preflight.remote import Agent
     from preflight.runner import Cluster, Node, Progress, RunOptions
     from preflight.transport import LocalTransport
-    from tests.fakes import FakeCluster
+    from preflight.testing import FakeCluster
     assert isinstance(FakeCluster(3, thresholds=thresholds), seams.ClusterView)
     node = Node(HostSpec("localhost", 1), LocalTransport("localhost"), Agent(LocalTransport("localhost")))
     real = Cluster([node], RunOptions(hosts=[node.spec], checks=[], thresholds=thresholds), {}, Progress())

@@ -11,7 +11,7 @@ from preflight.checks import ds_report as dr
 from preflight.checks import versions as v
 from preflight.hostside.outcome import Status
 from preflight.config import load_defaults
-from tests import fakes
+from preflight import testing
 
 FIX = Path(__file__).parent / "fixtures" / "h100-host"
 
@@ -42,7 +42,7 @@ def _cluster(n=3, **per_host):
         facts["node%02d" % i] = copy.deepcopy(_h100_host_facts())
     for name, change in per_host.items():
         change(facts[name])
-    return fakes.FakeCluster(sorted(facts), facts=facts)
+    return testing.FakeCluster(sorted(facts), facts=facts)
 
 
 def test_coordinate_reads_other_checks_facts():
