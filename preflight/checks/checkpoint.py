@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
 
 NAME = "checkpoint"
@@ -94,7 +94,7 @@ def cleanup(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 # --- coordinator side --------------------------------------------------------------------------------------------
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     import secrets
     path = cluster.options.checkpoint_dir
     hosts = [h.name for h in cluster.hosts]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.outcome import Outcome, Status, error, limits
 
 NAME = "clock"
@@ -27,7 +27,7 @@ def now(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     return {"time": time.time()}
 
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     lim = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
     facts: Dict[str, Any] = {"hosts": hosts, "samples": {h: [] for h in hosts}, "errors": {},

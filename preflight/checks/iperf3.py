@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
 from ..hostside.display import STATUS_COLOURS, absent, badge, esc
-from ..hostside.seams import CheckSpec, EnvVar, HostContext, HtmlSection, Recommendation, RecommendInput
+from ..hostside.seams import CheckSpec, ClusterView, EnvVar, HostContext, HtmlSection, Recommendation, RecommendInput
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
 from ..hostside.robust import p_text
@@ -305,7 +305,7 @@ def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
     return parallel_map(fn, list(items), max(1, len(items)), timeout)
 
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     from ..hostside.schedule import pair_rounds
 
     t = limits(cluster.thresholds, NAME)

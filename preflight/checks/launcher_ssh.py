@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.outcome import Outcome, Status, error, limits, skip
 from ..hostside.proc import sh
 
@@ -171,7 +171,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 # --- coordinator -----------------------------------------------------------------------------
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     lim = limits(cluster.thresholds, NAME)
     names = [h.name for h in cluster.all_hosts]
     master = cluster.master.name

@@ -21,7 +21,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
@@ -357,7 +357,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 # --- coordinator -----------------------------------------------------------------------------
 
-def _parallel(fn, items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
+def _parallel(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
     from ..hostside.proc import parallel_map
     return parallel_map(fn, list(items), limit, timeout)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
-from ..hostside.seams import CheckSpec
+from ..hostside.seams import CheckSpec, ClusterView
 
 NAME = "versions"
 
@@ -75,7 +75,7 @@ def host_versions(checks: Dict[str, Any]) -> Dict[str, Optional[str]]:
     return result
 
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     hosts: Dict[str, Dict[str, Optional[str]]] = {}
     all_facts = getattr(cluster, "facts", None) or {}
     for host in cluster.hosts:

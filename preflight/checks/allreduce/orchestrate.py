@@ -23,6 +23,7 @@ from ...hostside.fmt import gbps
 from ...hostside.robust import MAD_TO_SIGMA
 from ...hostside.mesh import blocked_hosts, unreachable_hosts
 from ...hostside.mesh import find_stragglers as find_link_stragglers
+from ...hostside.seams import ClusterView
 from .common import KIND_ORDER, NAME, addresses_in, bandwidth_table, classify, names, rank_list, sweep_sizes
 from .stragglers import describe as describe_straggler
 from .stragglers import find as find_stragglers
@@ -32,7 +33,7 @@ from .verdict import judge
 MAX_RANKS_IN_METRICS = 512
 
 
-def _iperf3(cluster: Any) -> Dict[str, Any]:
+def _iperf3(cluster: ClusterView) -> Dict[str, Any]:
     facts = (cluster.facts.get("*") or {}).get("iperf3")
     return facts if isinstance(facts, dict) else {}
 
@@ -92,7 +93,7 @@ def _host_failed(value: Any) -> bool:
     return any(not r.get("ok") for r in value.get("ranks", []))
 
 
-def _run_groups(cluster: Any, jobs: Dict[str, List[Dict[str, Any]]], common: Dict[str, Any], grace: float
+def _run_groups(cluster: ClusterView, jobs: Dict[str, List[Dict[str, Any]]], common: Dict[str, Any], grace: float
                 ) -> Dict[str, Any]:
     """Start supervisor.run on every host, wait for all; after the first failure wait grace seconds, then stop the
     rest. Every Service is stopped (or killed) before returning, whatever happens."""
@@ -301,7 +302,7 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
     return list(suspects.values())
 
 
-def _pairwise(cluster: Any, hosts: Sequence[Any], addr_of: Dict[str, str], common: Dict[str, Any],
+def _pairwise(cluster: ClusterView, hosts: Sequence[Any], addr_of: Dict[str, str], common: Dict[str, Any],
               cfg: Dict[str, Any], mode: str, nbytes: int, owner: Dict[str, str]) -> Dict[str, Any]:
     """Bounded pairwise all-reduce runs: the ring (each host paired with both neighbours). For a failure, all ring
     pairs at once (only connectivity matters); for bandwidth, rounds of disjoint pairs (2 or 3 rounds)."""
@@ -415,7 +416,7 @@ def known_unreachable(cluster_facts: Dict[str, Any], addr_of: Dict[str, str]) ->
     return [found[h] for h in addr_of if h in found]
 
 
-def coordinate(cluster: Any) -> Dict[str, Any]:
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     cfg = limits(cluster.thresholds, NAME)
     t0 = time.monotonic()
     hosts = list(cluster.hosts)
