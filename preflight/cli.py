@@ -524,7 +524,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     if args.verbose:
         for check, outcome in verdict.outcomes:
             fix = f"; fix: {outcome.fix}" if outcome.fix and outcome.status.value != "pass" else ""
-            print(f"{verdict.node}::{check} {outcome.status.value.upper()} - {outcome.message}{fix}")
+            print(f"{verdict.node}::{check} {outcome.status.word} - {outcome.message}{fix}")
     print(verdict.line)
     if args.drain:
         try:
