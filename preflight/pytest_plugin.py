@@ -77,7 +77,7 @@ RUN_FLAGS: Tuple[Flag, ...] = (
     Flag("--python", "interpreter on the hosts: the job's environment (default: python3)", metavar="PATH"),
     Flag("--checks", "run only these checks (see `preflight list`)", metavar="A,B"),
     Flag("--skip", "do not run these checks", metavar="A,B"),
-    Flag("--config", "thresholds TOML (see preflight/defaults.toml)", metavar="FILE"),
+    Flag("--config", "thresholds TOML (preflight config --defaults prints every key, documented)", metavar="FILE"),
     Flag("--timeout", "deadline of each check on a host, seconds (default 120)", metavar="S"),
     Flag("--parallel", "hosts connected to at once (default 32); waiting on hosts is not limited", metavar="N"),
     Flag("--nvme-path", "directory to measure with dd on every host (repeatable)", REPEAT, "DIR"),
