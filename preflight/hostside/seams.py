@@ -84,7 +84,8 @@ class CheckOptions:
     "ssh"); master_port: the job's torch.distributed master port; deepspeed_config: the DeepSpeed config file, if
     any; model_params, largest_layer_params: parameter counts for the ZeRO estimates; model_parallel_size: tensor x
     pipeline degree; min_busbw: the all-reduce bus bandwidth floor (GB/s); python: the hosts' interpreter;
-    checkpoint_dir: the job's checkpoint directory. None: not given.
+    checkpoint_dir: the job's checkpoint directory; launcher_ssh_port: the port DeepSpeed's launcher will ssh to
+    (--launcher-ssh-port, else --ssh-port; DeepSpeed's --ssh_port). None: not given.
     """
 
     transport: str = "ssh"
@@ -96,6 +97,7 @@ class CheckOptions:
     min_busbw: Optional[float] = None
     python: Optional[str] = None
     checkpoint_dir: Optional[str] = None
+    launcher_ssh_port: Optional[int] = None
 
 
 @runtime_checkable
