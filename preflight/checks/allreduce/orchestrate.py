@@ -425,16 +425,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     iperf = _iperf3(cluster)
     chosen = iperf.get("chosen") or {}
     chosen_addr = chosen.get("addresses") or {}
-    # Fail fast: what the ports and iperf3 checks already proved is not waited out again (init_timeout_s, then
-    # pairwise runs). Those hosts are named, and the all-reduce runs among the others.
-    excluded: List[Dict[str, Any]] = []
-    if cfg["exclude_unreachable"] and len(hosts) >= 2:
-        excluded = known_unreachable(cluster.facts.get("*") or {}, {
-            h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
-        if excluded:
-            cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
-                names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
-            hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
+    excluded = _leave_out_unreachable(cluster, cfg, hosts, chosen_addr)
+    hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
     facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
                              "world_size": sum(h.slots for h in hosts), "master_port": port,
                              "min_busbw": cluster.options.min_busbw, "excluded": excluded,
@@ -457,16 +449,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
                                       "copy), so it measures no bandwidth" % facts["world_size"])
     # 1. probe: torch, GPUs and interface on every host, so that every rank gets the same backend.
-    where = {h.name: {"master_addr": master_addr, "bind_address": chosen_addr.get(h.name)} for h in hosts}
-    seen = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("rank_view") for h in hosts}
-    if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
-        cluster.progress.note("allreduce: choosing interfaces on %d hosts" % len(hosts))
-        ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
-        probes: Dict[str, Any] = {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
-                                  for h, iface in ifaces.items()}
-    else:
-        cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
-        probes = cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))
+    probes = _probe(cluster, cfg, hosts, master_addr, chosen_addr)
     broken = {h: str(v) for h, v in probes.items() if isinstance(v, BaseException)}
     if broken:
         return done("error", reason="could not probe torch on %s: %s" % (names(list(broken)),
@@ -478,47 +461,126 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                     python=cluster.options.python)
     facts["interfaces"] = {h: p.get("interface") for h, p in probes.items()}
     ifnames = {h: (p.get("interface") or {}).get("ifname") for h, p in probes.items()}
+    backend, no_gpu = _backend(cluster, hosts, probes, facts)
+    if no_gpu is not None:
+        return done("failed", **no_gpu)
+    facts["backend"] = backend
+    # 2. the all-reduce itself.
+    plan = _straggler_plan(hosts, cfg)
+    common = {"rank_params": _rank_params(cfg, backend, plan), "rank_timeout_s": _rank_timeout(cfg, plan),
+              "grace_s": float(cfg["grace_s"]), "ifnames": ifnames, "port": port}
+    jobs = _plan_jobs(hosts, master_addr, port)
+    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts%s" % (
+        facts["world_size"], backend, len(hosts), ", then %d straggler rounds" % len(plan["rounds"]) if plan else ""))
+    results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
+    ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
+    facts["ranks"] = _layout(ranks)[:MAX_RANKS_IN_METRICS]
+    agent_errors = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
+    errors = _rank_errors(ranks, owner, float(cfg["init_timeout_s"]))
+    ok = not errors and not agent_errors and len(ranks) == facts["world_size"]
+    sizes, stopped = _group_table(ranks)
+    facts.update(sizes=sizes, stopped_early=stopped, errors=errors[:64], error_count=len(errors))
+    iperf_limits = limits(cluster.thresholds, "iperf3")
+    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(iperf_limits["straggler_warn_fraction"]),
+                                        iperf_limits)
+    pairwise = _Pairwise(cluster, hosts, addr_of, common, cfg, owner)
+    if not ok:
+        primary = errors[0] if errors else {"kind": "other", "error": "; ".join(agent_errors.values())}
+        facts["failure"] = {"kind": primary["kind"], "message": _failure_message(errors, facts, agent_errors)}
+        if agent_errors and not any(e["kind"] not in ("other", "stopped", "aborted") for e in errors):
+            # preflight's own machinery failed (the agent could not start the ranks): not a verdict on the cluster
+            return done("error", reason=facts["failure"]["message"])
+        facts["localization"] = _localize_failure(pairwise, errors, primary["kind"], iperf_suspects)
+        return done(facts.get("status") or "failed")
+    if plan is not None:
+        facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
+    facts["localization"] = _localize_slow(pairwise, facts, iperf_suspects)
+    return done("ok")
+
+
+def _leave_out_unreachable(cluster: ClusterView, cfg: Dict[str, Any], hosts: List[Any],
+                           chosen_addr: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Fail fast: what the ports and iperf3 checks already proved is not waited out again (init_timeout_s, then
+    pairwise runs). Those hosts are named (and noted), and the all-reduce runs among the others."""
+    if not (cfg["exclude_unreachable"] and len(hosts) >= 2):
+        return []
+    excluded = known_unreachable(cluster.facts.get("*") or {}, {
+        h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
+    if excluded:
+        cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
+            names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
+    return excluded
+
+
+def _probe(cluster: ClusterView, cfg: Dict[str, Any], hosts: List[Any], master_addr: str,
+           chosen_addr: Dict[str, str]) -> Dict[str, Any]:
+    """{host: what a rank there will see (torch, CUDA, GPUs, the interface toward the master), or the exception}."""
+    where = {h.name: {"master_addr": master_addr, "bind_address": chosen_addr.get(h.name)} for h in hosts}
+    seen = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("rank_view") for h in hosts}
+    if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
+        cluster.progress.note("allreduce: choosing interfaces on %d hosts" % len(hosts))
+        ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
+        return {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
+                for h, iface in ifaces.items()}
+    cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
+    return cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))
+
+
+def _no_gpu(backend: str, message: str, suspects: Dict[str, str]) -> Dict[str, Any]:
+    """The facts of a run that cannot start for want of GPUs; {host: why} are its suspects."""
+    return {"backend": backend, "failure": {"kind": "no_gpu", "message": message}, "errors": [],
+            "localization": {"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
+                                          for h, why in suspects.items()]}}
+
+
+def _backend(cluster: ClusterView, hosts: List[Any], probes: Dict[str, Any],
+             facts: Dict[str, Any]) -> Tuple[str, Optional[Dict[str, Any]]]:
+    """(backend, None) when every rank can run it: "nccl" (its GPU names and NCCL versions go into facts) when
+    torch sees CUDA everywhere, "gloo" when nowhere; ("", the facts of the failed run) when GPUs are missing."""
     cuda = {h: bool(p.get("cuda")) for h, p in probes.items()}
     # GPUs that the gpu check found but torch cannot use would silently turn this into a CPU (gloo) measurement.
     blind = {h.name: len(((cluster.facts.get(h.name) or {}).get("gpu") or {}).get("gpus") or []) for h in hosts}
     blind = {h: n for h, n in blind.items() if n and not cuda[h]}
     if blind:
-        return done("failed", backend="none", errors=[], failure={"kind": "no_gpu", "message": "; ".join(
+        return "", _no_gpu("none", "; ".join(
             "%s has %d GPU(s) but torch %s there sees none (torch.cuda.is_available() is False%s)"
             % (h, n, probes[h].get("torch"), ": " + probes[h]["cuda_error"] if probes[h].get("cuda_error") else
-               ": a CPU-only torch build?") for h, n in blind.items())},
-            localization={"suspects": [{"host": h, "reason": "torch does not see its %d GPU(s)" % n,
-                                        "source": "probe", "kind": "no_gpu"} for h, n in blind.items()]})
+               ": a CPU-only torch build?") for h, n in blind.items()),
+            {h: "torch does not see its %d GPU(s)" % n for h, n in blind.items()})
     if all(cuda.values()):
-        backend = "nccl"
         short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus or []),
                                                                        probes[h.name]["device_count"])
                  for h in hosts if max(list(h.gpus or []) or [h.slots - 1]) >= probes[h.name]["device_count"]}
         if short:
-            return done("failed", backend=backend, failure={"kind": "no_gpu", "message": "; ".join(
-                "%s: %s" % kv for kv in short.items())}, errors=[],
-                localization={"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
-                                           for h, why in short.items()]})
+            return "", _no_gpu("nccl", "; ".join("%s: %s" % kv for kv in short.items()), short)
         facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus or []) or range(h.slots))]
                               for h in hosts}
         facts["nccl"] = {h: p.get("nccl") for h, p in probes.items()}
-    elif any(cuda.values()):
+        return "nccl", None
+    if any(cuda.values()):
         without = sorted(h for h, c in cuda.items() if not c)
-        return done("failed", backend="mixed", failure={"kind": "no_gpu", "message": "torch sees no CUDA GPU on %s "
-                                                        "while the other hosts have GPUs: NCCL cannot run there"
-                                                        % names(without)}, errors=[],
-                    localization={"suspects": [{"host": h, "reason": "torch.cuda.is_available() is False",
-                                                "source": "probe", "kind": "no_gpu"} for h in without]})
-    else:
-        backend = "gloo"
-    facts["backend"] = backend
-    # 2. the all-reduce itself.
+        return "", _no_gpu("mixed", "torch sees no CUDA GPU on %s while the other hosts have GPUs: NCCL cannot run "
+                                    "there" % names(without),
+                           {h: "torch.cuda.is_available() is False" for h in without})
+    return "gloo", None
+
+
+def _layout(ranks: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Where each rank ran, in rank order."""
+    return [{"rank": r.get("rank"), "local_rank": r.get("local_rank"), "host": r.get("host"), "pid": r.get("pid"),
+             "device": r.get("device"), "torch_preloaded": r.get("torch_preloaded")}
+            for r in sorted(ranks, key=lambda r: r.get("rank") or 0)]
+
+
+def _rank_params(cfg: Dict[str, Any], backend: str, plan: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     max_bytes = int(cfg["gpu_max_bytes"] if backend == "nccl" else cfg["max_bytes"])
-    plan = _straggler_plan(hosts, cfg)
-    rank_params = {"backend": backend, "sizes": sweep_sizes(int(cfg["min_bytes"]), max_bytes),
-                   "iters": int(cfg["iters"]), "size_budget_s": float(cfg["size_budget_s"]),
-                   "sweep_budget_s": float(cfg["sweep_budget_s"]), "init_timeout_s": float(cfg["init_timeout_s"]),
-                   "start_timeout_s": float(cfg["start_timeout_s"]), "stragglers": plan}
+    return {"backend": backend, "sizes": sweep_sizes(int(cfg["min_bytes"]), max_bytes),
+            "iters": int(cfg["iters"]), "size_budget_s": float(cfg["size_budget_s"]),
+            "sweep_budget_s": float(cfg["sweep_budget_s"]), "init_timeout_s": float(cfg["init_timeout_s"]),
+            "start_timeout_s": float(cfg["start_timeout_s"]), "stragglers": plan}
+
+
+def _rank_timeout(cfg: Dict[str, Any], plan: Optional[Dict[str, Any]]) -> float:
     # Joining ends by start + init (every rank's own deadline); init and the first collective get init each; the
     # straggler rounds get what supervisor._allowance gives them.
     rank_timeout = float(cfg["start_timeout_s"]) + 3 * float(cfg["init_timeout_s"]) \
@@ -526,58 +588,57 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     if plan is not None:
         rank_timeout += len(plan["rounds"]) * (float(cfg["size_budget_s"]) + float(cfg["init_timeout_s"])) \
             + float(cfg["init_timeout_s"]) + 10
-    common = {"rank_params": rank_params, "rank_timeout_s": rank_timeout, "grace_s": float(cfg["grace_s"]),
-              "ifnames": ifnames, "port": port}
-    jobs = _plan_jobs(hosts, master_addr, port)
-    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts%s" % (
-        facts["world_size"], backend, len(hosts), ", then %d straggler rounds" % len(plan["rounds"]) if plan else ""))
-    results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
-    ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
-    layout = [{"rank": r.get("rank"), "local_rank": r.get("local_rank"), "host": r.get("host"), "pid": r.get("pid"),
-               "device": r.get("device"), "torch_preloaded": r.get("torch_preloaded")}
-              for r in sorted(ranks, key=lambda r: r.get("rank") or 0)]
-    facts["ranks"] = layout[:MAX_RANKS_IN_METRICS]
-    agent_errors = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
-    errors = _rank_errors(ranks, owner, float(cfg["init_timeout_s"]))
-    ok = not errors and not agent_errors and len(ranks) == facts["world_size"]
-    sizes, stopped = _group_table(ranks)
-    facts.update(sizes=sizes, stopped_early=stopped, errors=errors[:64], error_count=len(errors))
+    return rank_timeout
+
+
+class _Pairwise:
+    """The pairwise runs over the ring of hosts that localize a failed or slow all-reduce, as the run was set up."""
+
+    def __init__(self, cluster: ClusterView, hosts: List[Any], addr_of: Dict[str, str], common: Dict[str, Any],
+                 cfg: Dict[str, Any], owner: Dict[str, str]) -> None:
+        self.cluster, self.hosts, self.addr_of, self.common, self.cfg, self.owner = (cluster, hosts, addr_of, common,
+                                                                                      cfg, owner)
+
+    def wanted(self) -> bool:
+        return bool(self.cfg["pairwise"]) and len(self.hosts) >= 3
+
+    def run(self, note: str, why: str, nbytes: int) -> Dict[str, Any]:
+        self.cluster.progress.note(note)
+        return _pairwise(self.cluster, self.hosts, self.addr_of, self.common, self.cfg, why, nbytes, self.owner)
+
+
+def _localize_failure(pairwise: _Pairwise, errors: List[Dict[str, Any]], kind: str,
+                      iperf_suspects: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The suspects of a failed run: from the ranks' errors, then pairwise runs, then (only if none) iperf3's."""
+    localization: Dict[str, Any] = {"suspects": _failure_suspects(errors, pairwise.common["port"])}
+    if pairwise.wanted() and kind not in ("torch_missing", "no_gpu", "port_in_use"):
+        localization["pairwise"] = pairwise.run("allreduce: failed; pairwise runs to find the host", "failure",
+                                                int(pairwise.cfg["min_bytes"]))
+        _merge(localization["suspects"], localization["pairwise"]["suspects"])
+    if not localization["suspects"]:  # a slow link rarely breaks a run, but a dead one does: a hint at least
+        _merge(localization["suspects"], iperf_suspects)
+    return localization
+
+
+def _localize_slow(pairwise: _Pairwise, facts: Dict[str, Any],
+                   iperf_suspects: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The suspects of a run that finished: none unless its verdict is WARN or FAIL; then iperf3's stragglers, the
+    straggler rounds' and, when those did not measure enough pairs, pairwise runs'."""
+    cfg = pairwise.cfg
     localization: Dict[str, Any] = {"suspects": []}
-    iperf_limits = limits(cluster.thresholds, "iperf3")
-    iperf_suspects = _iperf3_stragglers(iperf, [h.name for h in hosts], float(iperf_limits["straggler_warn_fraction"]),
-                                        iperf_limits)
-    if not ok:
-        primary = errors[0] if errors else {"kind": "other", "error": "; ".join(agent_errors.values())}
-        facts["failure"] = {"kind": primary["kind"], "message": _failure_message(errors, facts, agent_errors)}
-        if agent_errors and not any(e["kind"] not in ("other", "stopped", "aborted") for e in errors):
-            # preflight's own machinery failed (the agent could not start the ranks): not a verdict on the cluster
-            return done("error", reason=facts["failure"]["message"])
-        localization["suspects"] = _failure_suspects(errors, port)
-        if cfg["pairwise"] and len(hosts) >= 3 and primary["kind"] not in ("torch_missing", "no_gpu", "port_in_use"):
-            cluster.progress.note("allreduce: failed; pairwise runs to find the host")
-            localization["pairwise"] = _pairwise(cluster, hosts, addr_of, common, cfg, "failure",
-                                                 int(cfg["min_bytes"]), owner)
-            _merge(localization["suspects"], localization["pairwise"]["suspects"])
-        if not localization["suspects"]:  # a slow link rarely breaks a run, but a dead one does: a hint at least
-            _merge(localization["suspects"], iperf_suspects)
-        facts["localization"] = localization
-        return done(facts.get("status") or "failed")
-    if plan is not None:
-        facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
     named = find_stragglers(facts.get("stragglers"), cfg)
     findings, _ = judge(facts, cfg)
-    if any(f.status in (Status.WARN, Status.FAIL) for f in findings) and len(hosts) >= 2:
+    if any(f.status in (Status.WARN, Status.FAIL) for f in findings) and len(pairwise.hosts) >= 2:
         _merge(localization["suspects"], iperf_suspects)
         _merge(localization["suspects"], [{"host": h, "reason": describe_straggler(h, s, facts["stragglers"], cfg),
                                            "source": "stragglers", "kind": "slow"} for h, s in named.items()])
         # The straggler rounds measured every ring pair already: the pairwise runs would measure them again.
-        if cfg["pairwise"] and len(hosts) >= 3 and len(host_rates(facts.get("stragglers") or {})) < 3:
-            cluster.progress.note("allreduce: busbw low; pairwise runs to find the slow host")
-            nbytes = min(int(sizes[-1]["bytes"]), int(cfg["pair_max_bytes"]))
-            localization["pairwise"] = _pairwise(cluster, hosts, addr_of, common, cfg, "bandwidth", nbytes, owner)
+        if pairwise.wanted() and len(host_rates(facts.get("stragglers") or {})) < 3:
+            nbytes = min(int(facts["sizes"][-1]["bytes"]), int(cfg["pair_max_bytes"]))
+            localization["pairwise"] = pairwise.run("allreduce: busbw low; pairwise runs to find the slow host",
+                                                    "bandwidth", nbytes)
             _merge(localization["suspects"], localization["pairwise"]["suspects"])
-    facts["localization"] = localization
-    return done("ok")
+    return localization
 
 
 def _merge(into: List[Dict[str, Any]], more: Sequence[Dict[str, Any]]) -> None:
