@@ -303,107 +303,28 @@ def _driver_for(cuda: str) -> Optional[str]:
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     expected, why_expected = _gpus_expected(facts, thresholds)
-    driver = facts.get("driver")
     metrics = {k: facts.get(k) for k in ("driver", "cuda_driver", "torch", "torch_cuda", "nccl", "gpu_count",
                                          "nvcc", "slots")}
-
-    nvml_error = facts.get("nvml_error") or ""
-    if "mismatch" in nvml_error.lower() or "mismatch" in (facts.get("smi_error") or "").lower():
-        return combine([Finding(
-            Status.FAIL,
-            "NVIDIA driver/library version mismatch (%s): the loaded kernel module (%s) differs from the "
-            "user-space NVML library; CUDA cannot start" % (nvml_error or facts.get("smi_error"),
-                                                           facts.get("proc_driver_version") or "unknown"),
-            "reboot the host (or unload and reload the nvidia kernel modules) after the driver upgrade")],
-            "", metrics)
-
-    if not driver:
-        if facts.get("tool_timeout"):
-            return error("could not read the NVIDIA driver version: %s" % facts["tool_timeout"],
-                         "run `nvidia-smi` on the host by hand; a hang there usually means a GPU needs a reset",
-                         **metrics)
-        reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
-            nvml_error or "unavailable", facts.get("smi_error") or "unavailable")
-        if expected:
-            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
-                                    "install the NVIDIA datacenter driver (>= %s for CUDA %s) and check that "
-                                    "`nvidia-smi` lists the GPUs" % (
-                                        _driver_for(facts.get("torch_cuda") or "") or "the branch for torch's CUDA",
-                                        facts.get("torch_cuda") or "of your torch build"))], "", metrics)
-        return skip(reason + "; GPU checks do not apply (set gpus_expected = true to make this a failure)",
-                    **metrics)
-
-    findings: List[Finding] = []
+    unusable = _unusable_driver(facts, metrics, expected, why_expected)
+    if unusable is not None:
+        return unusable
+    driver = facts["driver"]
     cuda_driver = facts.get("cuda_driver")
     driver_cuda = cuda_version_from_int(cuda_driver) if cuda_driver else max_cuda_for_driver(driver)
     torch_cuda = facts.get("torch_cuda")
     notes: List[str] = []
 
     # 1. can the driver run torch's CUDA?
-    if facts.get("torch") is None:
-        findings.append(Finding(Status.SKIP, "torch is not importable (%s): driver/CUDA compatibility not checked"
-                                % (facts.get("torch_error") or "not installed")))
-    elif not torch_cuda:
-        if facts.get("torch_hip"):
-            findings.append(Finding(Status.SKIP, "torch %s is a ROCm build: NVIDIA driver compatibility does "
-                                                 "not apply" % facts["torch"]))
-        else:
-            findings.append(Finding(
-                Status.FAIL,
-                "torch %s is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver %s "
-                "and %s GPU(s): DeepSpeed cannot use the GPUs" % (facts["torch"], driver,
-                                                                   facts.get("gpu_count")),
-                _torch_install_hint(driver_cuda) or "install a CUDA build of torch that driver %s supports"
-                % driver))
-    else:
-        findings.extend(_compat_findings(driver, driver_cuda, torch_cuda, facts, thresholds))
-
+    findings = _torch_findings(facts, driver, driver_cuda, thresholds)
     # 2. nvcc vs torch's CUDA (DeepSpeed JIT builds)
     nvcc = facts.get("nvcc")
     if nvcc and torch_cuda:
-        torch_mm = ".".join(str(v) for v in version_tuple(torch_cuda)[:2])
-        if nvcc != torch_mm:
-            major = version_tuple(nvcc)[0]
-            ok_list = DS_CUDA_MINOR_MISMATCH_OK.get(major, [])
-            if nvcc in ok_list and torch_mm in ok_list:
-                consequence = ("DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA %s "
-                               "against torch's %s" % (nvcc, torch_mm))
-            else:
-                consequence = ("DeepSpeed JIT op builds raise CUDAMismatchException (\"Installed CUDA version %s "
-                               "does not match the version torch was compiled with %s\")" % (nvcc, torch_cuda))
-            findings.append(Finding(
-                Status.WARN,
-                "nvcc %s (%s) differs from torch's CUDA %s: %s" % (nvcc, facts.get("nvcc_path"), torch_mm,
-                                                                   consequence),
-                "install CUDA toolkit %s and export CUDA_HOME=/usr/local/cuda-%s (or install the torch build for "
-                "CUDA %s); pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
-                % (torch_mm, torch_mm, nvcc)))
+        findings.extend(_nvcc_findings(nvcc, facts.get("nvcc_path"), torch_cuda))
     elif not nvcc:
         notes.append("no nvcc found (DeepSpeed JIT op builds need a CUDA toolkit)")
-
     # 3. enough GPUs for the hostfile's slots
-    total = facts.get("gpu_count")
-    slots = facts.get("slots")
-    cvd = facts.get("cuda_visible_devices")
-    visible: Optional[int] = None
-    if facts.get("cuda_available") and facts.get("torch_gpu_count") is not None:
-        visible = int(facts["torch_gpu_count"])
-    elif total is not None:
-        visible = count_visible(cvd, int(total), facts.get("gpu_uuids") or [])
-    metrics["visible_gpus"] = visible
-    if slots is not None and visible is not None and int(slots) > visible:
-        shown = "" if cvd is None else " with CUDA_VISIBLE_DEVICES=%r" % cvd
-        findings.append(Finding(
-            Status.FAIL,
-            "only %d GPU(s) visible%s (NVML sees %s) but the hostfile gives slots=%d: ranks beyond %d fail with "
-            "\"invalid device ordinal\"" % (visible, shown, total, int(slots), visible),
-            "set slots=%d for this host in the hostfile, or restore the missing GPUs (check `nvidia-smi -L`%s)"
-            % (visible, "; unset or widen CUDA_VISIBLE_DEVICES" if cvd is not None else "")))
-    elif visible == 0 and total == 0:
-        status = Status.FAIL if expected else Status.WARN
-        findings.append(Finding(status, "the NVIDIA driver %s is loaded but no GPU is visible" % driver,
-                                "check `nvidia-smi -L` and `dmesg | grep -i nvrm`; reseat or reset the GPUs"))
-
+    visible = metrics["visible_gpus"] = _visible_gpus(facts)
+    findings.extend(_slot_findings(facts, driver, visible, expected))
     # 4. torch cannot initialise CUDA although driver and build look fine
     if (torch_cuda and facts.get("cuda_available") is False and visible and
             not any(f.status == Status.FAIL for f in findings)):
@@ -421,12 +342,115 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     else:
         ok = "driver %s (CUDA <= %s) runs torch %s (CUDA %s)" % (driver, driver_cuda, facts.get("torch"),
                                                                  torch_cuda)
+    slots = facts.get("slots")
     ok += "; %s GPU(s) visible%s" % (visible, "" if slots is None else " for slots=%s" % slots)
     if notes:
         ok += "; " + "; ".join(notes)
     if not any(f.status != Status.SKIP for f in findings):
         findings.append(Finding(Status.PASS, ok))
     return combine(findings, ok, metrics)
+
+
+def _unusable_driver(facts: Dict[str, Any], metrics: Dict[str, Any], expected: bool,
+                     why_expected: str) -> Optional[Outcome]:
+    """The outcome when there is no usable driver at all (a kernel module/library mismatch, no driver, a hung
+    tool); None when the driver's version was read."""
+    nvml_error = facts.get("nvml_error") or ""
+    if "mismatch" in nvml_error.lower() or "mismatch" in (facts.get("smi_error") or "").lower():
+        return combine([Finding(
+            Status.FAIL,
+            "NVIDIA driver/library version mismatch (%s): the loaded kernel module (%s) differs from the "
+            "user-space NVML library; CUDA cannot start" % (nvml_error or facts.get("smi_error"),
+                                                           facts.get("proc_driver_version") or "unknown"),
+            "reboot the host (or unload and reload the nvidia kernel modules) after the driver upgrade")],
+            "", metrics)
+    if facts.get("driver"):
+        return None
+    if facts.get("tool_timeout"):
+        return error("could not read the NVIDIA driver version: %s" % facts["tool_timeout"],
+                     "run `nvidia-smi` on the host by hand; a hang there usually means a GPU needs a reset",
+                     **metrics)
+    reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
+        nvml_error or "unavailable", facts.get("smi_error") or "unavailable")
+    if expected:
+        return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
+                                "install the NVIDIA datacenter driver (>= %s for CUDA %s) and check that "
+                                "`nvidia-smi` lists the GPUs" % (
+                                    _driver_for(facts.get("torch_cuda") or "") or "the branch for torch's CUDA",
+                                    facts.get("torch_cuda") or "of your torch build"))], "", metrics)
+    return skip(reason + "; GPU checks do not apply (set gpus_expected = true to make this a failure)",
+                **metrics)
+
+
+def _torch_findings(facts: Dict[str, Any], driver: str, driver_cuda: Optional[str],
+                    thresholds: Dict[str, Any]) -> List[Finding]:
+    """Whether the driver runs torch's CUDA: SKIP without torch or for a ROCm build, FAIL for a CPU-only build."""
+    torch_cuda = facts.get("torch_cuda")
+    if facts.get("torch") is None:
+        return [Finding(Status.SKIP, "torch is not importable (%s): driver/CUDA compatibility not checked"
+                        % (facts.get("torch_error") or "not installed"))]
+    if torch_cuda:
+        return _compat_findings(driver, driver_cuda, torch_cuda, facts, thresholds)
+    if facts.get("torch_hip"):
+        return [Finding(Status.SKIP, "torch %s is a ROCm build: NVIDIA driver compatibility does not apply"
+                        % facts["torch"])]
+    return [Finding(
+        Status.FAIL,
+        "torch %s is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver %s "
+        "and %s GPU(s): DeepSpeed cannot use the GPUs" % (facts["torch"], driver, facts.get("gpu_count")),
+        _torch_install_hint(driver_cuda) or "install a CUDA build of torch that driver %s supports" % driver)]
+
+
+def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List[Finding]:
+    """A WARN when the toolkit's nvcc differs from torch's CUDA (DeepSpeed's JIT op builds compile with it)."""
+    torch_mm = ".".join(str(v) for v in version_tuple(torch_cuda)[:2])
+    if nvcc == torch_mm:
+        return []
+    major = version_tuple(nvcc)[0]
+    ok_list = DS_CUDA_MINOR_MISMATCH_OK.get(major, [])
+    if nvcc in ok_list and torch_mm in ok_list:
+        consequence = ("DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA %s "
+                       "against torch's %s" % (nvcc, torch_mm))
+    else:
+        consequence = ("DeepSpeed JIT op builds raise CUDAMismatchException (\"Installed CUDA version %s "
+                       "does not match the version torch was compiled with %s\")" % (nvcc, torch_cuda))
+    return [Finding(
+        Status.WARN,
+        "nvcc %s (%s) differs from torch's CUDA %s: %s" % (nvcc, nvcc_path, torch_mm, consequence),
+        "install CUDA toolkit %s and export CUDA_HOME=/usr/local/cuda-%s (or install the torch build for "
+        "CUDA %s); pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
+        % (torch_mm, torch_mm, nvcc))]
+
+
+def _visible_gpus(facts: Dict[str, Any]) -> Optional[int]:
+    """The GPUs a rank can use: torch's count where it initialised CUDA, else NVML's narrowed by
+    CUDA_VISIBLE_DEVICES; None when neither is known."""
+    total = facts.get("gpu_count")
+    if facts.get("cuda_available") and facts.get("torch_gpu_count") is not None:
+        return int(facts["torch_gpu_count"])
+    if total is not None:
+        return count_visible(facts.get("cuda_visible_devices"), int(total), facts.get("gpu_uuids") or [])
+    return None
+
+
+def _slot_findings(facts: Dict[str, Any], driver: str, visible: Optional[int], expected: bool) -> List[Finding]:
+    """A FAIL when the hostfile's slots exceed the visible GPUs; a WARN (FAIL if GPUs are expected) for none."""
+    total = facts.get("gpu_count")
+    slots = facts.get("slots")
+    cvd = facts.get("cuda_visible_devices")
+    if slots is not None and visible is not None and int(slots) > visible:
+        shown = "" if cvd is None else " with CUDA_VISIBLE_DEVICES=%r" % cvd
+        return [Finding(
+            Status.FAIL,
+            "only %d GPU(s) visible%s (NVML sees %s) but the hostfile gives slots=%d: ranks beyond %d fail with "
+            "\"invalid device ordinal\"" % (visible, shown, total, int(slots), visible),
+            "set slots=%d for this host in the hostfile, or restore the missing GPUs (check `nvidia-smi -L`%s)"
+            % (visible, "; unset or widen CUDA_VISIBLE_DEVICES" if cvd is not None else ""))]
+    if visible == 0 and total == 0:
+        status = Status.FAIL if expected else Status.WARN
+        return [Finding(status, "the NVIDIA driver %s is loaded but no GPU is visible" % driver,
+                        "check `nvidia-smi -L` and `dmesg | grep -i nvrm`; reseat or reset the GPUs")]
+    return []
 
 
 def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, facts: Dict[str, Any],
