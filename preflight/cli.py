@@ -6,9 +6,12 @@ Exit codes: 0 no FAIL/ERROR (warnings allowed); 1 any FAIL or ERROR (or WARN wit
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -66,14 +69,37 @@ def _port(text: str) -> int:
     return value
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean X?)`` for the closest of choices (difflib), or "": one clause of a one-line error."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the option, and where the help is (not the usage block)."""
+    """argparse, but a usage error is one line naming the option, and where the help is (not the usage block).
+
+    No abbreviations (``allow_abbrev=False``, also for the subcommands' parsers, which are of this class): argparse
+    would read ``--host`` as ``--hostfile``. An unknown option or choice gets a did-you-mean instead."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
+        choice = re.search(r"invalid choice: '([^']*)'", message)
+        if choice:  # argparse names the choices, but suggests none: `preflight rnu`, `--transport shh`
+            valid = [str(c) for a in self._actions if a.choices for c in a.choices]
+            message += did_you_mean(choice.group(1), valid)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; try '{self.prog} --help'\n")
 
+    def unrecognized(self, extra: Sequence[str]) -> None:
+        """Exit 2 for arguments no option takes; an unknown --option gets the closest real one (--hostfile)."""
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        hints = [did_you_mean(word.split("=", 1)[0], options) for word in extra if word.startswith("--")]
+        self.error("unrecognized arguments: %s%s" % (" ".join(extra), next((h for h in hints if h), "")))
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
@@ -87,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands["config"].add_argument("--defaults", action="store_true", required=True,
                                     help="print the assembled defaults as one documented TOML page")
 
-    hf = sub.add_parser("hostfile", help="check a hostfile as DeepSpeed reads it; --expand writes its ranges out")
-    hf.add_argument("--expand", metavar="FILE", required=True,
+    hf = sub.add_parser("hostfile", help="check a hostfile as DeepSpeed reads it and list its hosts (exit 0, or 2 "
+                        "with file:line of the first error); --expand writes its ranges out")
+    hf.add_argument("file", nargs="?", metavar="FILE",
+                    help="the hostfile to check: prints one line per host (its hostfile line, name and slots), then "
+                         "the totals; warnings about text DeepSpeed reads otherwise go to stderr")
+    hf.add_argument("--expand", metavar="FILE",
                     help="print FILE with every range (node[01-04]) written out, one 'HOSTNAME slots=N' line per "
                          "host: the hostfile DeepSpeed's launcher reads as preflight does")
 
@@ -99,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("cluster")
     g.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile ('host slots=N'; node[01-04] ranges ok). "
                    "Without it the cluster is this machine alone, run without SSH")
-    g.add_argument("--slots", type=_positive_int, metavar="N",
+    g.add_argument("--slots", "--num_gpus", type=_positive_int, metavar="N",
                    help="GPUs (ranks) per host: overrides the hostfile's slots and, without a hostfile, the visible "
-                        "GPUs of this machine (like DeepSpeed's --num_gpus)")
+                        "GPUs of this machine (--num_gpus: DeepSpeed's spelling of the same option)")
     g.add_argument("-i", "--include", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("-e", "--exclude", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("--python", default="python3", metavar="PATH",
@@ -132,11 +162,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the job's checkpoint directory: exists and writable on every host, free space for one "
                         "checkpoint (with --model-params), one shared filesystem; the test files are removed")
     g = run.add_argument_group("SSH")
-    g.add_argument("--ssh-user", metavar="USER")
-    g.add_argument("--ssh-port", type=_port, metavar="PORT")
+    g.add_argument("--ssh-user", metavar="USER",
+                   help="user to log in as on every host; wins over the User of --ssh-config (default: that User, "
+                        "else your login name)")
+    g.add_argument("--ssh-port", type=_port, metavar="PORT",
+                   help="sshd port on every host; wins over the Port of --ssh-config (default: that Port, else 22)")
+    g.add_argument("--launcher-ssh-port", type=_port, metavar="PORT",
+                   help="port DeepSpeed's launcher will ssh to from the first host (DeepSpeed's --ssh_port), which "
+                        "the launcher_ssh check probes (default: --ssh-port, else ssh's own: the Port of the first "
+                        "host's ~/.ssh/config, else 22)")
     g.add_argument("--ssh-key", metavar="FILE", help="private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)")
-    g.add_argument("--ssh-config", default="~/.ssh/config", metavar="FILE")
-    g.add_argument("--known-hosts", default="~/.ssh/known_hosts", metavar="FILE")
+    g.add_argument("--ssh-config", default="~/.ssh/config", metavar="FILE",
+                   help="OpenSSH client config read for each host's HostName, User, Port, IdentityFile, ProxyJump "
+                        "(default ~/.ssh/config; /dev/null: none)")
+    g.add_argument("--known-hosts", default="~/.ssh/known_hosts", metavar="FILE",
+                   help="known_hosts file the host keys are verified against (default ~/.ssh/known_hosts); an "
+                        "unknown or changed key fails the host's ssh check")
     g.add_argument("--accept-new-host-keys", action="store_true",
                    help="record unknown host keys in --known-hosts (like StrictHostKeyChecking=accept-new); "
                         "a changed key is always refused")
@@ -162,7 +203,8 @@ def _configured_checks(thresholds: Optional[Dict[str, Dict[str, Any]]], key: str
         if not isinstance(name, str):
             raise UsageError(f"{where} must be a list of check names (see `preflight list`), e.g. [\"nvme\"]")
         if name not in registry.ORDER:
-            raise UsageError(f"{where}: unknown check {name[:60]!r}; known checks: {', '.join(registry.ORDER)}")
+            raise UsageError(f"{where}: unknown check {name[:60]!r}{did_you_mean(name, registry.ORDER)}; "
+                             f"known checks: {', '.join(registry.ORDER)}")
     return list(value)
 
 
@@ -183,9 +225,11 @@ def select_checks(only: Optional[str], skip: Optional[str], options: Optional[Ch
     skipped = list(split_csv(skip or ""))
     if only is not None and not wanted:
         raise UsageError("--checks is empty; name at least one check (see `preflight list`), or leave it out")
-    for name in wanted + skipped:
-        if name not in registry.ORDER:
-            raise UsageError(f"unknown check {name!r}; known checks: {', '.join(registry.ORDER)}")
+    for option, names in (("--checks", wanted), ("--skip", skipped)):
+        for name in names:
+            if name not in registry.ORDER:
+                raise UsageError(f"unknown check {name!r} in {option}{did_you_mean(name, registry.ORDER)}; "
+                                 f"known checks: {', '.join(registry.ORDER)}")
     configured_only = _configured_checks(thresholds, "only", config)
     configured_skip = _configured_checks(thresholds, "skip", config)
     if only is None:
@@ -205,16 +249,70 @@ def select_checks(only: Optional[str], skip: Optional[str], options: Optional[Ch
     return [n for n in chosen if n not in skipped]
 
 
+# Where an existing "file" is a kernel interface: writing a report there fails at the end, or (/proc/sys, as root)
+# changes a kernel setting.
+KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
+                                "pstore", "efivarfs", "bpf", "fusectl", "binfmt_misc"})
+
+
+def _filesystem_type(device: int) -> Optional[str]:
+    """The type of the mounted filesystem whose st_dev is device (/proc/self/mountinfo's "0:21"), None if unknown."""
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and "-" in fields:
+                    return fields[fields.index("-") + 1]
+    except OSError:  # not Linux, or no /proc
+        pass
+    return None
+
+
 def _check_output_path(option: str, path: Optional[str]) -> None:
-    if not path or path == "-":  # "-": stdout
+    """The file an output option names can be written, or a UsageError naming the option: found before any host
+    is contacted, not after every check has run (and the report is lost).
+
+    The system call itself is the test, not os.access, which tells root yes for /proc and for a read-only
+    filesystem: a new file is created (O_EXCL) and removed again; an existing regular file is opened for append
+    (nothing written, nothing truncated). A FIFO or device (/dev/stdout, a shell's >(...)) is only checked for
+    write permission: opening it would wait for its reader. The path is the one the renderer opens (no ~)."""
+    if not path or path == render.STDOUT:
         return
-    parent = Path(path).expanduser().resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{option} {path}: directory {parent} is not writable")
-    if Path(path).is_dir():
-        raise UsageError(f"{option} {path}: is a directory; give a file name")
+    where = f"{option} {path}"
+    target = path
+    if os.path.islink(path) and not os.path.exists(path):
+        target = os.path.realpath(path)  # a dangling link: open() creates the file it points to
+    try:
+        st: Optional[os.stat_result] = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # ENOTDIR (a file used as a directory), ELOOP, EACCES on a directory above it
+        raise UsageError(f"{where}: cannot be written: {exc.strerror}") from None
+    if st is None:
+        parent = os.path.dirname(os.path.abspath(target))
+        if not os.path.isdir(parent):
+            raise UsageError(f"{where}: directory {parent} does not exist")
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600)
+        except FileExistsError:  # created since the stat: it can be written to, as far as this probe goes
+            return
+        except OSError as exc:  # EROFS, EACCES, ENOENT in /proc, ENAMETOOLONG, ...
+            raise UsageError(f"{where}: cannot create a file in {parent}: {exc.strerror}") from None
+        os.close(fd)
+        os.unlink(target)
+    elif stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{where}: is a directory; give a file name")
+    elif stat.S_ISREG(st.st_mode):
+        kernel = _filesystem_type(st.st_dev)
+        if kernel in KERNEL_FILESYSTEMS:  # root may open /proc/version for writing; the write fails (EIO)
+            raise UsageError(f"{where}: is a kernel file ({kernel} filesystem), not a file for a report")
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY))
+        except OSError as exc:
+            raise UsageError(f"{where}: cannot be written: {exc.strerror}") from None
+    elif not os.access(target, os.W_OK):
+        raise UsageError(f"{where}: cannot be written: permission denied")
 
 
 def _check_input_file(option: str, path: str, max_bytes: int) -> None:
@@ -291,7 +389,7 @@ def build_options(args: argparse.Namespace):
         transport=transport, master_port=args.master_port, deepspeed_config=args.deepspeed_config,
         model_params=args.model_params, largest_layer_params=args.largest_layer_params,
         model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
-        checkpoint_dir=args.checkpoint_dir)
+        checkpoint_dir=args.checkpoint_dir, launcher_ssh_port=args.launcher_ssh_port or args.ssh_port)
     from_options = params_from_options(check_options)
     checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
     host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
@@ -395,17 +493,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
-    """``preflight hostfile --expand IN``: the hostfile with its ranges written out, on stdout."""
+    """``preflight hostfile FILE``: the hosts as parsed, one line each, and the totals; ``preflight hostfile --expand
+    IN``: the hostfile with its ranges written out. Either on stdout, exit 0; a bad hostfile is one line, exit 2."""
+    if bool(args.file) == bool(args.expand):
+        print("preflight hostfile: error: give one hostfile: `preflight hostfile FILE` checks it and lists its "
+              "hosts, `preflight hostfile --expand FILE` writes its ranges out", file=err)
+        return EXIT_USAGE
+    path = args.expand or args.file
     notes: List[str] = []
     try:
-        hosts = load_hostfile(args.expand, notes)
+        hosts = load_hostfile(path, notes)
     except HostfileError as exc:
         print(f"preflight: error: {exc}", file=err)
         return EXIT_USAGE
     for note in notes:
-        if "ranges expanded" not in note:  # expanding them is what was asked for
+        if not (args.expand and "ranges expanded" in note):  # expanding them is what --expand asks for
             print(f"preflight: warning: {note}", file=err)
-    out.write(expanded_text(hosts, args.expand))
+    if args.expand:
+        out.write(expanded_text(hosts, path))
+        return EXIT_OK
+    width = max(len("host"), *(len(h.name) for h in hosts))
+    lines = [f"{'line':>5}  {'host':<{width}}  slots"]
+    lines += [f"{h.line:>5}  {h.name:<{width}}  {h.slots}" for h in hosts]
+    lines.append(f"{path}: {len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots")
+    out.write("\n".join(lines) + "\n")
     return EXIT_OK
 
 
@@ -421,7 +532,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the subcommand's parser, so the hint points at `preflight run --help`
         parser = args._commands.get(args.command, parser)
-        parser.error("unrecognized arguments: %s" % " ".join(extra))
+        parser.unrecognized(extra)
     if args.command == "list":
         return cmd_config_defaults(sys.stdout, sys.stderr) if args.thresholds else cmd_list(sys.stdout)
     if args.command == "config":
@@ -490,7 +601,8 @@ def _add_node_check_parser(sub) -> Any:
                     help="the job's interpreter on this node (default: python3)")
     nc.add_argument("--deadline", type=_seconds, default=60.0, metavar="S",
                     help="total deadline of the node check (default 60, like NHC's watchdog)")
-    nc.add_argument("--slots", type=_positive_int, default=1, metavar="N", help="GPUs the job uses on this node")
+    nc.add_argument("--slots", "--num_gpus", type=_positive_int, default=1, metavar="N",
+                    help="GPUs the job uses on this node (--num_gpus: DeepSpeed's spelling)")
     nc.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
                     help="directory to measure with dd (repeatable); the test file is removed")
     nc.add_argument("--drain", action="store_true",

@@ -5,13 +5,17 @@ far as connecting would show there (the control row proves that it does)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from preflight import render
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,6 +115,13 @@ ROWS = [
     ("known-hosts-dev-zero", lambda t: ["--known-hosts", "/dev/zero"], "--known-hosts /dev/zero", None),
     ("ssh-key-missing", lambda t: ["--ssh-key", str(t / "nokey")], "--ssh-key", None),
     ("json-dir-missing", lambda t: ["--json", str(t / "no" / "r.json")], "--json", None),
+    # Outputs are probed by creating or opening the file (os.access says yes to root for /proc): issue 26.
+    ("html-proc", lambda t: ["--html", "/proc/x.html"], "--html /proc/x.html: cannot create a file in /proc", None),
+    ("json-proc-file", lambda t: ["--json", "/proc/version"], "--json /proc/version: is a kernel file", None),
+    ("env-file-sysctl", lambda t: ["--env-file", "/proc/sys/vm/drop_caches"], "--env-file /proc/sys/vm/drop_caches",
+     None),
+    ("junit-xml-directory", lambda t: ["--junit-xml", str(t)], "is a directory", None),
+    ("json-under-a-file", lambda t: ["--json", write(t / "f", "") + "/r.json"], "Not a directory", None),
 ]
 GOOD_HOSTFILE = "127.0.0.1 slots=1\n"
 
@@ -161,3 +172,75 @@ def test_control_a_good_command_does_contact_the_host(tmp_path, listener):
     proc = run(tmp_path, listener, ["--checks", "python"])
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert listener.accepts > before
+
+
+# ------------------------------------------------------------------ outputs that cannot be written (issue 26)
+
+def timed(argv, **kwargs):
+    start = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          **kwargs)
+    return proc, time.monotonic() - start
+
+
+def preflight_start_s() -> float:
+    """Wall time of `preflight --version`: the interpreter and preflight's imports, under this machine's load."""
+    return timed([sys.executable, "-m", "preflight", "--version"])[1]
+
+
+def assert_refused_at_once(proc, elapsed, start_s, listener, before, words):
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and words in proc.stderr, proc.stderr
+    assert listener.accepts == before, "a host was contacted"
+    # Under a second beyond starting preflight at all (which a loaded 2-core CI machine can make slow by itself).
+    assert elapsed < start_s + 1.0, (elapsed, start_s)
+
+
+@pytest.mark.parametrize("flag", [output.flag for output in render.file_outputs()])
+def test_every_output_flag_in_proc_is_exit_2_at_once(flag, tmp_path, listener):
+    """--html /proc/x (and every other renderer's flag): refused before any host is contacted, not after the run."""
+    before, start_s = listener.accepts, preflight_start_s()
+    args = ["--ssh-port", str(listener.port), "--ssh-config", write(tmp_path / "ssh_config", ""),
+            "--known-hosts", write(tmp_path / "known_hosts", ""), "--connect-timeout", "3",
+            "--hostfile", write(tmp_path / "hf", GOOD_HOSTFILE), flag, "/proc/x"]
+    proc, elapsed = timed([sys.executable, "-m", "preflight", "run", *args])
+    assert_refused_at_once(proc, elapsed, start_s, listener, before, f"{flag} /proc/x: cannot create a file in /proc")
+
+
+def readonly_mount_works() -> bool:
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "ro",
+                            "tmpfs", "/mnt"], capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize("flag, name", [("--env-file", "new.env"), ("--env-file", "old.env"),
+                                        ("--json", "new.json"), ("--html", "old.env")])
+def test_output_in_a_read_only_directory_is_exit_2_at_once(flag, name, tmp_path, listener):
+    """A read-only bind mount of a directory (with a file in it): os.access says writable to root, creating or
+    opening the file says EROFS. preflight runs in its own mount namespace, where only it sees the mount."""
+    if shutil.which("unshare") is None or not readonly_mount_works():
+        pytest.skip("needs root and unshare(1) to mount a read-only directory in a private mount namespace")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "old.env").write_text("KEEP=1\n")
+    before, start_s = listener.accepts, preflight_start_s()
+    args = ["--ssh-port", str(listener.port), "--ssh-config", write(tmp_path / "ssh_config", ""),
+            "--known-hosts", write(tmp_path / "known_hosts", ""), "--connect-timeout", "3",
+            "--hostfile", write(tmp_path / "hf", GOOD_HOSTFILE), flag, str(ro / name)]
+    mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    proc, elapsed = timed(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", str(ro),
+                           sys.executable, "-m", "preflight", "run", *args])
+    assert_refused_at_once(proc, elapsed, start_s, listener, before,
+                           f"{flag} {ro / name}: " + ("cannot be written" if name.startswith("old") else
+                                                      f"cannot create a file in {ro}") + ": Read-only file system")
+    assert sorted(p.name for p in ro.iterdir()) == ["old.env"] and (ro / "old.env").read_text() == "KEEP=1\n"
+
+
+def test_a_writable_output_is_left_as_it_was(tmp_path, listener):
+    """The probe creates nothing that stays and changes no existing file (the run below stops at its bad check)."""
+    (tmp_path / "old.json").write_text("previous report\n")
+    proc = run(tmp_path, listener, ["--json", str(tmp_path / "old.json"), "--html", str(tmp_path / "new.html"),
+                                    "--checks", "nosuch"])
+    assert proc.returncode == 2 and "nosuch" in proc.stderr, proc.stderr
+    assert (tmp_path / "old.json").read_text() == "previous report\n" and not (tmp_path / "new.html").exists()

@@ -156,3 +156,43 @@ def test_cli_hostfile_bad_input_is_one_line_and_exit_2(tmp_path, text, words):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_hostfile_file_lists_the_parsed_hosts_without_expand(tmp_path):
+    """`preflight hostfile FILE` checks the file and prints its hosts: line, name, slots, then the totals (issue 26:
+    it used to demand --expand); the warnings about text DeepSpeed reads otherwise go to stderr."""
+    hf = tmp_path / "hf"
+    hf.write_text("# cluster\nrack[1-2]-node[01-02] slots=4 max_slots=4\n\nsolo slots=2\n")
+    proc = subprocess.run([sys.executable, "-m", "preflight", "hostfile", "hf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert rows == [["line", "host", "slots"],
+                    ["2", "rack1-node01", "4"], ["2", "rack1-node02", "4"], ["2", "rack2-node01", "4"],
+                    ["2", "rack2-node02", "4"], ["4", "solo", "2"],
+                    ["hf:", "5", "hosts,", "18", "slots"]]
+    warnings = proc.stderr.splitlines()
+    assert len(warnings) == 2 and "ignored 'max_slots=4'" in warnings[0], proc.stderr
+    assert "does not expand ranges" in warnings[1] and "preflight hostfile --expand hf" in warnings[1]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("n1 slots=0\n", "hf:1: slots=0 for n1"),
+    ("n1 slots=8\n\nn1 slots=8\n", "hf:3: duplicate host 'n1'"),
+    ("node1;touch${IFS}/tmp/x slots=1\n", "hf:1: host name 'node1;touch${IFS}/tmp/x'"),
+])
+def test_cli_hostfile_file_bad_input_is_one_line_and_exit_2(tmp_path, text, words):
+    (tmp_path / "hf").write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "preflight", "hostfile", "hf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and words in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["hf", "--expand", "hf"]])
+def test_cli_hostfile_wants_exactly_one_file(tmp_path, argv):
+    (tmp_path / "hf").write_text("n1 slots=1\n")
+    proc = subprocess.run([sys.executable, "-m", "preflight", "hostfile", *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert "preflight hostfile FILE" in proc.stderr and "--expand FILE" in proc.stderr
