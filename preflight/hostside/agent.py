@@ -476,8 +476,6 @@ def serve(token: str, step: bool = False) -> int:
     it takes only the lines addressed to its node ("@NODE {request}"), writes line frames, and ends with a "q"
     frame when asked to exit ({"op": "exit"}), since its task's end is not reported per node.
     """
-    import selectors
-
     route = b""
     if step:
         node = os.environ.get("SLURMD_NODENAME", "")
@@ -492,122 +490,15 @@ def serve(token: str, step: bool = False) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    sel = selectors.DefaultSelector()
-    sel.register(0, selectors.EVENT_READ, None)
-    workers = {}  # type: Dict[int, _Worker]
-    by_fd = {}  # type: Dict[int, Any]
-    inbuf = bytearray()
-    stdin_open = True
-
-    def finish(rid: int, worker: _Worker) -> None:
-        for fd in list(worker.fds):
-            sel.unregister(fd)
-            os.close(fd)
-            by_fd.pop(fd, None)
-        worker.fds.clear()
-        if worker.rc is None:
-            _, status = os.waitpid(worker.pid, 0)
-            worker.rc = os.waitstatus_to_exitcode(status)
-        _close_lifeline(worker)
-        workers.pop(rid, None)
-        if stdin_open:
-            _frame(rid, b"x", str(worker.rc).encode())
-
-    def handle(line: bytes) -> None:
-        if route:
-            if not line.startswith(route):
-                return  # another node's request
-            line = line[len(route):]
-        try:
-            msg = json.loads(line.decode())
-            rid = int(msg["id"])
-            op = msg["op"]
-        except (ValueError, KeyError, TypeError):
-            return  # not ours: the coordinator only sends well-formed requests
-        if op == "exit":
-            raise _Shutdown()
-        if op in ("stop", "kill"):
-            if rid in workers:
-                _close_lifeline(workers[rid])
-            return
-        if op == "preload":
-            rc = _preload(msg.get("modules") or [], float(msg.get("timeout") or _PRELOAD_TIMEOUT_S))
-            _frame(rid, b"x", b"%d" % rc)
-            return
-        if rid in workers:
-            return
-        worker = _fork_worker(rid, msg)
-        workers[rid] = worker
-        for fd in worker.fds:
-            sel.register(fd, selectors.EVENT_READ, None)
-            by_fd[fd] = (rid, worker)
-
+    server = _Server(route)
     try:
-        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
-        if route:
-            hello["node"] = route[1:-1].decode()
-        _frame(0, b"h", json.dumps(hello).encode())
-        while stdin_open or workers:
-            timeout = 1.0 if workers else None  # idle: sleep until the coordinator says something
-            for key, _ in sel.select(timeout):
-                fd = key.fd
-                if fd == 0:
-                    data = os.read(0, 65536)
-                    if not data:
-                        raise _Shutdown()
-                    inbuf.extend(data)
-                    while True:
-                        nl = inbuf.find(b"\n")
-                        if nl < 0:
-                            break
-                        line = bytes(inbuf[:nl])
-                        del inbuf[:nl + 1]
-                        handle(line)
-                    continue
-                rid, worker = by_fd[fd]
-                data = os.read(fd, 65536)
-                if data:
-                    _frame(rid, worker.fds[fd], data)
-                    continue
-                sel.unregister(fd)
-                os.close(fd)
-                del worker.fds[fd]
-                by_fd.pop(fd, None)
-                if not worker.fds:
-                    finish(rid, worker)
-            now = time.monotonic()
-            for rid, worker in list(workers.items()):
-                if worker.rc is None:
-                    pid, status = os.waitpid(worker.pid, os.WNOHANG)
-                    if pid:
-                        worker.rc = os.waitstatus_to_exitcode(status)
-                        worker.exited_at = now
-                if worker.rc is not None and worker.exited_at is not None and now - worker.exited_at > 2.0:
-                    finish(rid, worker)  # exited, but a child it left holds its output open
-                elif worker.kill_at is not None and now > worker.kill_at:
-                    _kill_worker(worker)
+        server.run()
     except (_Shutdown, OSError):
         pass
     # The coordinator is gone or asked us to go: stop every request the way its own lifeline would.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    stdin_open = False
-    deadline = time.monotonic() + _KILL_AFTER_S
-    for worker in workers.values():
-        _close_lifeline(worker)
-    while workers and time.monotonic() < deadline:
-        for rid, worker in list(workers.items()):
-            pid, _ = os.waitpid(worker.pid, os.WNOHANG)
-            if pid:
-                worker.rc = 0
-                finish(rid, worker)
-        time.sleep(0.1)
-    for worker in workers.values():
-        _kill_worker(worker)
-        try:
-            os.waitpid(worker.pid, 0)
-        except OSError:
-            pass
+    server.stop_workers()
     if token:
         try:
             reap({"token": token}, None)  # type: ignore[arg-type]  # grandchildren in their own sessions
@@ -619,3 +510,138 @@ def serve(token: str, step: bool = False) -> int:
         except OSError:
             pass
     return 0
+
+
+class _Server:
+    """serve()'s select loop: the coordinator's requests on stdin (only those after ``route``, in a shared step),
+    a forked worker per request, and each worker's output framed back to the coordinator."""
+
+    def __init__(self, route: bytes) -> None:
+        import selectors  # the persistent agent's alone
+
+        self.route = route
+        self.readable = selectors.EVENT_READ
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(0, self.readable, None)
+        self.workers: Dict[int, _Worker] = {}
+        self.by_fd: Dict[int, Tuple[int, _Worker]] = {}
+        self.inbuf = bytearray()
+        self.stdin_open = True
+
+    def run(self) -> None:
+        """Say hello, then serve until stdin ends or says exit (_Shutdown), or a write to the coordinator fails
+        (OSError)."""
+        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        if self.route:
+            hello["node"] = self.route[1:-1].decode()
+        _frame(0, b"h", json.dumps(hello).encode())
+        while self.stdin_open or self.workers:
+            timeout = 1.0 if self.workers else None  # idle: sleep until the coordinator says something
+            for key, _ in self.sel.select(timeout):
+                if key.fd == 0:
+                    self._read_requests()
+                else:
+                    self._read_worker(key.fd)
+            self._watch_workers(time.monotonic())
+
+    def _read_requests(self) -> None:
+        data = os.read(0, 65536)
+        if not data:
+            raise _Shutdown()
+        self.inbuf.extend(data)
+        while True:
+            nl = self.inbuf.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(self.inbuf[:nl])
+            del self.inbuf[:nl + 1]
+            self._handle(line)
+
+    def _handle(self, line: bytes) -> None:
+        if self.route:
+            if not line.startswith(self.route):
+                return  # another node's request
+            line = line[len(self.route):]
+        try:
+            msg = json.loads(line.decode())
+            rid = int(msg["id"])
+            op = msg["op"]
+        except (ValueError, KeyError, TypeError):
+            return  # not ours: the coordinator only sends well-formed requests
+        if op == "exit":
+            raise _Shutdown()
+        if op in ("stop", "kill"):
+            if rid in self.workers:
+                _close_lifeline(self.workers[rid])
+            return
+        if op == "preload":
+            rc = _preload(msg.get("modules") or [], float(msg.get("timeout") or _PRELOAD_TIMEOUT_S))
+            _frame(rid, b"x", b"%d" % rc)
+            return
+        if rid in self.workers:
+            return
+        worker = _fork_worker(rid, msg)
+        self.workers[rid] = worker
+        for fd in worker.fds:
+            self.sel.register(fd, self.readable, None)
+            self.by_fd[fd] = (rid, worker)
+
+    def _read_worker(self, fd: int) -> None:
+        rid, worker = self.by_fd[fd]
+        data = os.read(fd, 65536)
+        if data:
+            _frame(rid, worker.fds[fd], data)
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        del worker.fds[fd]
+        self.by_fd.pop(fd, None)
+        if not worker.fds:
+            self._finish(rid, worker)
+
+    def _watch_workers(self, now: float) -> None:
+        for rid, worker in list(self.workers.items()):
+            if worker.rc is None:
+                pid, status = os.waitpid(worker.pid, os.WNOHANG)
+                if pid:
+                    worker.rc = os.waitstatus_to_exitcode(status)
+                    worker.exited_at = now
+            if worker.rc is not None and worker.exited_at is not None and now - worker.exited_at > 2.0:
+                self._finish(rid, worker)  # exited, but a child it left holds its output open
+            elif worker.kill_at is not None and now > worker.kill_at:
+                _kill_worker(worker)
+
+    def _finish(self, rid: int, worker: _Worker) -> None:
+        for fd in list(worker.fds):
+            self.sel.unregister(fd)
+            os.close(fd)
+            self.by_fd.pop(fd, None)
+        worker.fds.clear()
+        if worker.rc is None:
+            _, status = os.waitpid(worker.pid, 0)
+            worker.rc = os.waitstatus_to_exitcode(status)
+        _close_lifeline(worker)
+        self.workers.pop(rid, None)
+        if self.stdin_open:
+            _frame(rid, b"x", str(worker.rc).encode())
+
+    def stop_workers(self) -> None:
+        """Close every worker's lifeline, give them _KILL_AFTER_S to end, then kill what is left (no more frames:
+        the coordinator is gone or asked us to go)."""
+        self.stdin_open = False
+        deadline = time.monotonic() + _KILL_AFTER_S
+        for worker in self.workers.values():
+            _close_lifeline(worker)
+        while self.workers and time.monotonic() < deadline:
+            for rid, worker in list(self.workers.items()):
+                pid, _ = os.waitpid(worker.pid, os.WNOHANG)
+                if pid:
+                    worker.rc = 0
+                    self._finish(rid, worker)
+            time.sleep(0.1)
+        for worker in self.workers.values():
+            _kill_worker(worker)
+            try:
+                os.waitpid(worker.pid, 0)
+            except OSError:
+                pass
