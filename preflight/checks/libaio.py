@@ -359,106 +359,133 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 
 
 def _verdict(facts: Dict[str, Any]) -> Outcome:
-    runtime = [r for r in facts.get("runtime", []) if r.get("exists")]
-    runtime_ours = [r for r in runtime if not _other_arch(r.get("load_error"))]
-    loadable = [r for r in runtime_ours if r.get("loadable")]
-    broken = [r for r in runtime_ours if r.get("loadable") is False]
-    dev_links = [d for d in facts.get("dev_links", []) if d.get("exists")]
-    headers = list(facts.get("headers", []))
-    compiler = facts.get("compiler") or {}
-    link = facts.get("link_probe")
-    header = facts.get("header_probe")
-    hint = package_hint(facts.get("os_release") or {}, [r.get("name", "") for r in runtime])
-    link_ok = bool(link and link.get("ok"))
-    header_ok = bool(header and header.get("ok"))
-    have_cc = bool(compiler.get("argv"))
+    seen = _Seen(facts)
+    metrics = seen.metrics()
+    # Each question in turn; the first that finds the install broken is the verdict.
+    for question in (seen.not_installed, seen.not_loadable, seen.no_dev_files, seen.no_compiler):
+        findings = question()
+        if findings:
+            return combine(findings, "", metrics)
+    return combine(seen.probe_findings(), seen.usable_message(), metrics)
 
-    metrics = {
-        "runtime": [r["path"] for r in runtime_ours],
-        "runtime_loadable": [r["path"] for r in loadable],
-        "dev_links": [d["path"] for d in dev_links],
-        "headers": headers,
-        "find_library": facts.get("find_library"),
-        "compiler": compiler.get("path"),
-        "link_probe_ok": link_ok if link else None,
-        "header_probe_ok": header_ok if header else None,
-        "package": hint["dev"],
-    }
-    findings: List[Finding] = []
-    async_no = "DeepSpeed's async_io op (NVMe offload) will report [NO]"
 
-    by_name = facts.get("find_library") if not facts.get("soname_error") else None
-    if not runtime_ours and not by_name and not link_ok:
-        findings.append(Finding(
+class _Seen:
+    """What a host's libaio facts say, derived once for _verdict's questions: the runtime libraries of this
+    architecture (loadable or not), the dev link and headers, the compiler, and the link and header probes."""
+
+    ASYNC_NO = "DeepSpeed's async_io op (NVMe offload) will report [NO]"
+
+    def __init__(self, facts: Dict[str, Any]) -> None:
+        self.facts = facts
+        runtime = [r for r in facts.get("runtime", []) if r.get("exists")]
+        self.runtime_ours = [r for r in runtime if not _other_arch(r.get("load_error"))]
+        self.loadable = [r for r in self.runtime_ours if r.get("loadable")]
+        self.broken = [r for r in self.runtime_ours if r.get("loadable") is False]
+        self.dev_links = [d for d in facts.get("dev_links", []) if d.get("exists")]
+        self.headers = list(facts.get("headers", []))
+        self.compiler = facts.get("compiler") or {}
+        self.link = facts.get("link_probe")
+        self.header = facts.get("header_probe")
+        self.hint = package_hint(facts.get("os_release") or {}, [r.get("name", "") for r in runtime])
+        self.link_ok = bool(self.link and self.link.get("ok"))
+        self.header_ok = bool(self.header and self.header.get("ok"))
+        self.have_cc = bool(self.compiler.get("argv"))
+        self.by_name = facts.get("find_library") if not facts.get("soname_error") else None
+
+    def metrics(self) -> Dict[str, Any]:
+        return {
+            "runtime": [r["path"] for r in self.runtime_ours],
+            "runtime_loadable": [r["path"] for r in self.loadable],
+            "dev_links": [d["path"] for d in self.dev_links],
+            "headers": self.headers,
+            "find_library": self.facts.get("find_library"),
+            "compiler": self.compiler.get("path"),
+            "link_probe_ok": self.link_ok if self.link else None,
+            "header_probe_ok": self.header_ok if self.header else None,
+            "package": self.hint["dev"],
+        }
+
+    def not_installed(self) -> List[Finding]:
+        if self.runtime_ours or self.by_name or self.link_ok:
+            return []
+        findings = [Finding(
             Status.FAIL,
             "libaio is not installed: no libaio.so.1 in the ldconfig cache or %d library dirs%s "
-            "(expected the libaio runtime plus %s); %s" % (len(facts.get("search_dirs", [])),
-                                                           "" if headers else ", no libaio.h", hint["dev"], async_no),
-            hint["install_dev"]))
-        if not have_cc:
-            findings.append(_no_compiler(compiler, hint))
-        return combine(findings, "", metrics)
+            "(expected the libaio runtime plus %s); %s" % (len(self.facts.get("search_dirs", [])),
+                                                           "" if self.headers else ", no libaio.h", self.hint["dev"],
+                                                           self.ASYNC_NO),
+            self.hint["install_dev"])]
+        if not self.have_cc:
+            findings.append(_no_compiler(self.compiler, self.hint))
+        return findings
 
-    if runtime_ours and not loadable and broken:
-        bad = broken[0]
+    def not_loadable(self) -> List[Finding]:
+        if not (self.runtime_ours and not self.loadable and self.broken):
+            return []
+        bad = self.broken[0]
         over = bad.get("mounted_over")
         why = bad.get("load_error") or "load failed"
-        fix = hint["reinstall_runtime"]
+        fix = self.hint["reinstall_runtime"]
         if over:
             fix = "umount %s && %s" % (shlex.quote(str(bad["realpath"])), fix)
         else:
             fix = "ls -lL %s; %s" % (shlex.quote(str(bad["path"])), fix)
-        findings.append(Finding(
+        return [Finding(
             Status.FAIL,
             "libaio is present but cannot be loaded: %s (%s bytes%s): %s (expected a loadable shared library); "
-            "%s" % (bad["path"], bad.get("size"), ", a file is mounted over it" if over else "", why, async_no),
-            fix))
-        return combine(findings, "", metrics)
+            "%s" % (bad["path"], bad.get("size"), ", a file is mounted over it" if over else "", why, self.ASYNC_NO),
+            fix)]
 
-    missing = []
-    if not dev_links and not link_ok:
-        missing.append("no libaio.so link")
-    if not headers and not header_ok:
-        missing.append("no libaio.h")
-    if missing:
-        rt = (loadable or runtime_ours)
-        where = rt[0]["path"] if rt else (by_name or "libaio.so.1")
-        fix = hint["install_dev"]
-        if not have_cc:
-            fix += " && " + hint["install_compiler"].replace("apt-get update && ", "")
+    def no_dev_files(self) -> List[Finding]:
+        missing = []
+        if not self.dev_links and not self.link_ok:
+            missing.append("no libaio.so link")
+        if not self.headers and not self.header_ok:
+            missing.append("no libaio.h")
+        if not missing:
+            return []
+        rt = (self.loadable or self.runtime_ours)
+        where = rt[0]["path"] if rt else (self.by_name or "libaio.so.1")
+        fix = self.hint["install_dev"]
+        if not self.have_cc:
+            fix += " && " + self.hint["install_compiler"].replace("apt-get update && ", "")
         detail = ""
-        if link and not link_ok:
-            detail = "; the test link says: %s" % first_error_line(link.get("stderr", ""))
-        findings.append(Finding(
+        if self.link and not self.link_ok:
+            detail = "; the test link says: %s" % first_error_line(self.link.get("stderr", ""))
+        return [Finding(
             Status.FAIL,
             "libaio installed but async_io [NO]: the runtime library %s is present, but the development files are "
-            "not (%s; expected the %s package)%s" % (where, ", ".join(missing), hint["dev"], detail),
-            fix))
-        return combine(findings, "", metrics)
+            "not (%s; expected the %s package)%s" % (where, ", ".join(missing), self.hint["dev"], detail),
+            fix)]
 
-    if not have_cc:
-        findings.append(_no_compiler(compiler, hint))
-        return combine(findings, "", metrics)
+    def no_compiler(self) -> List[Finding]:
+        return [] if self.have_cc else [_no_compiler(self.compiler, self.hint)]
 
-    for probe, what in ((link, "a test program calling io_submit does not link with -laio"),
-                        (header, "a test program including <libaio.h> does not compile")):
-        if probe and not probe.get("ok"):
-            if probe.get("timed_out"):
-                findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler (%s) timed out"
-                                        % compiler.get("path"), REPRODUCE))
-            else:
-                findings.append(Finding(
-                    Status.FAIL,
-                    "libaio dev files are present (%s, %s) but %s: %s; %s (check CC/CFLAGS/LDFLAGS: -I/-L must "
-                    "point at libaio)"
-                    % ((dev_links[0]["path"] if dev_links else "libaio.so ?"), (headers[0] if headers else
-                       "libaio.h ?"), what, first_error_line(probe.get("stderr", "")), async_no),
-                    "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
-    rt_path = loadable[0]["path"] if loadable else (by_name or "found by the linker")
-    ok = "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
-        rt_path, dev_links[0]["path"] if dev_links else "libaio.so (found by the linker)",
-        headers[0] if headers else "libaio.h (found by the compiler)", compiler.get("path"))
-    return combine(findings, ok, metrics)
+    def probe_findings(self) -> List[Finding]:
+        """What the link and header probes found wrong, with files and a compiler present."""
+        findings: List[Finding] = []
+        for probe, what in ((self.link, "a test program calling io_submit does not link with -laio"),
+                            (self.header, "a test program including <libaio.h> does not compile")):
+            if probe and not probe.get("ok"):
+                if probe.get("timed_out"):
+                    findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler (%s) timed out"
+                                            % self.compiler.get("path"), REPRODUCE))
+                else:
+                    findings.append(Finding(
+                        Status.FAIL,
+                        "libaio dev files are present (%s, %s) but %s: %s; %s (check CC/CFLAGS/LDFLAGS: -I/-L must "
+                        "point at libaio)"
+                        % ((self.dev_links[0]["path"] if self.dev_links else "libaio.so ?"),
+                           (self.headers[0] if self.headers else "libaio.h ?"), what,
+                           first_error_line(probe.get("stderr", "")), self.ASYNC_NO),
+                        "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
+        return findings
+
+    def usable_message(self) -> str:
+        rt_path = self.loadable[0]["path"] if self.loadable else (self.by_name or "found by the linker")
+        return "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
+            rt_path, self.dev_links[0]["path"] if self.dev_links else "libaio.so (found by the linker)",
+            self.headers[0] if self.headers else "libaio.h (found by the compiler)", self.compiler.get("path"))
 
 
 def _no_compiler(compiler: Dict[str, Any], hint: Dict[str, str]) -> Finding:
