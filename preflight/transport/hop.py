@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Optional
 
 from preflight.transport.base import TransportError
-from preflight.transport.known_hosts import HostKeyPolicy, KnownHosts, UnknownHostKey, file_signature
+from preflight.transport.known_hosts import (HostKeyPolicy, KnownHosts, UnknownHostKey, changed_key_fix, file_signature,
+                                             fingerprint)
 from preflight.transport.proxy import ProxySocket
 
 if TYPE_CHECKING:
@@ -190,10 +191,12 @@ def handshake(hop: "Hop", sock, options: SSHOptions, start: float, proxy: Option
         if revoked:
             raise TransportError(revoked, f"remove the host's key from {known} and check the host",
                                  "fail") from None
+        got = f"{exc.key.get_name()} {fingerprint(exc.key)}"
+        had = f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}" if exc.expected_key else "another"
         raise TransportError(
-            f"host key of {host} CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
+            f"host key of {lookup_name} CHANGED (got {got}, {known} has {had}); "
             "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
-            f"if the host was reinstalled, remove its old key: ssh-keygen -R {host} -f {known}", "fail") from None
+            changed_key_fix(lookup_name, known, exc.key.get_name(), fingerprint(exc.key)), "fail") from None
     except paramiko.AuthenticationException as exc:
         client.close()
         raise TransportError(f"authentication as {user!r} failed: {exc}",

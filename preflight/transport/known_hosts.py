@@ -12,6 +12,7 @@ import base64
 import fnmatch
 import hashlib
 import hmac
+import shlex
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -156,6 +157,71 @@ def file_signature(path: Path) -> Tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def fingerprint(key) -> str:
+    """A host key's fingerprint as OpenSSH prints it (ssh, ssh-keygen -l, ssh-keyscan | ssh-keygen -lf -):
+    ``SHA256:`` and the unpadded base64 of the SHA-256 of the key's wire form."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def split_name(name: str, port: Optional[int] = None) -> Tuple[str, int]:
+    """(host, port) of a known_hosts name: ``[198.18.0.2]:2222`` is (198.18.0.2, 2222); a bare name has port
+    (default 22). paramiko hands the policy the bracketed form for a port other than 22."""
+    if name.startswith("[") and "]:" in name:
+        host, _, tail = name[1:].partition("]:")
+        if tail.isdigit():
+            return host, int(tail)
+    return name, port or 22
+
+
+def entry_name(host: str, port: int) -> str:
+    """The name under which OpenSSH (and paramiko) records a host's key: ``host``, or ``[host]:port`` off 22."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def keyscan_command(host: str, port: int, known_hosts: Path) -> str:
+    """One pasteable command that records host's keys in known_hosts, once: ssh-keyscan writes the ``[host]:port``
+    form itself for a port other than 22, and ssh-keygen -F skips the scan when the name is already there (so a
+    second paste appends nothing)."""
+    name, path = shlex.quote(entry_name(host, port)), shlex.quote(str(known_hosts))
+    scan = "ssh-keyscan %s%s" % ("" if port == 22 else "-p %d " % port, shlex.quote(host))
+    return f"ssh-keygen -F {name} -f {path} >/dev/null || {scan} >> {path}"
+
+
+def remove_command(host: str, port: int, known_hosts: Path) -> str:
+    """One pasteable command that removes every key recorded for host (at port) from known_hosts: ssh-keygen -R
+    matches names exactly, so off port 22 the name is ``'[host]:port'``, as the file has it."""
+    return "ssh-keygen -R %s -f %s" % (shlex.quote(entry_name(host, port)), shlex.quote(str(known_hosts)))
+
+
+def _host_key_file(keytype: str) -> str:
+    """Where sshd keeps the public half of a key of this type (Debian, RHEL, SUSE alike)."""
+    kind = "ed25519" if "ed25519" in keytype else "ecdsa" if "ecdsa" in keytype else "rsa"
+    return f"/etc/ssh/ssh_host_{kind}_key.pub"
+
+
+def verify_hint(keytype: str, fp: str) -> str:
+    """How to check a key out of band: on the host's own console, not over the network being checked."""
+    return f"on the host, ssh-keygen -lf {_host_key_file(keytype)} must print {fp}"
+
+
+def unknown_key_fix(name: str, known_hosts: Path, keytype: str, fp: str) -> str:
+    """The fix of an unknown host key: verify it, then record it (with --accept-new-host-keys, or the command on
+    its own line, pasteable as it is)."""
+    host, port = split_name(name)
+    return ("verify the key (%s), then rerun with --accept-new-host-keys to record it in %s, or record it with:"
+            "\n  %s" % (verify_hint(keytype, fp), known_hosts, keyscan_command(host, port, known_hosts)))
+
+
+def changed_key_fix(name: str, known_hosts: Path, keytype: str, fp: str) -> str:
+    """The fix of a changed host key: once the host is known to be reinstalled, the two commands, in order, that
+    drop its old key and record the new one."""
+    host, port = split_name(name)
+    return ("if the host was reinstalled (verify the new key: %s), replace its old key, running these in order:"
+            "\n  %s\n  %s" % (verify_hint(keytype, fp), remove_command(host, port, known_hosts),
+                               keyscan_command(host, port, known_hosts)))
+
+
 class UnknownHostKey(Exception):
     def __init__(self, message: str, fix: str):
         super().__init__(message)
@@ -173,7 +239,8 @@ class HostKeyPolicy:
         self.index = index
 
     def missing_host_key(self, client, hostname: str, key) -> None:
-        fp = key.fingerprint if hasattr(key, "fingerprint") else key.get_fingerprint().hex()
+        # hostname is the known_hosts name paramiko looked the key up by: [host]:port off port 22.
+        fp = fingerprint(key)
         revoked = self.index.revoked(hostname, key.get_name(), key.get_base64()) if self.index else ""
         if revoked:
             raise UnknownHostKey(revoked, f"the host's key is revoked in {self.known_hosts}; check the host")
@@ -182,8 +249,7 @@ class HostKeyPolicy:
                   "verified here (paramiko);" if self.index and self.index.has_ca(hostname) else "")
             raise UnknownHostKey(
                 f"unknown SSH host key for {hostname} ({key.get_name()} {fp}); refusing to connect{ca}",
-                f"verify the key, then rerun with --accept-new-host-keys to record it in {self.known_hosts} "
-                f"(or: ssh-keyscan {hostname} >> {self.known_hosts})")
+                unknown_key_fix(hostname, self.known_hosts, key.get_name(), fp))
         # Append, never rewrite: other tools may be writing the same file.
         with self._lock:
             self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
