@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence, Union
@@ -24,6 +25,8 @@ from typing import Iterable, Iterator, Mapping, Sequence, Union
 __all__ = ["NetCluster", "NetClusterError", "Host"]
 
 SSH_PORT = 22
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 ROOT_OCTET = 254  # the coordinator's (root namespace's) address on every network
 SUBNETS = 512  # /24s in the benchmarking range 198.18.0.0/15
 MAX_NETWORKS = 16  # keeps veth names within IFNAMSIZ (15 chars)
@@ -83,10 +86,17 @@ class Host:
     host_key_line: str = ""  # "ssh-ed25519 AAAA..." (empty for fault hosts)
     veths: list[str] = field(default_factory=list, repr=False)  # root-side peer per network
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    port: int = SSH_PORT  # the port its sshd listens on (the cluster's ssh_port)
+    # What the host's /etc/machine-id (and /var/lib/dbus/machine-id) and boot id read: its own, as a machine's.
+    machine_id: str = ""
+    boot_id: str = ""
 
     @property
     def known_hosts_line(self) -> str:
-        return f"{','.join([self.name, *self.addresses])} {self.host_key_line}"
+        names = [self.name, *self.addresses]
+        if self.port != SSH_PORT:  # OpenSSH's name for a host off port 22
+            names = [f"[{name}]:{self.port}" for name in names]
+        return f"{','.join(names)} {self.host_key_line}"
 
 
 # ---------------------------------------------------------------- processes
@@ -415,13 +425,16 @@ class NetCluster:
 
     def __init__(self, n: int = 3, networks: int = 1, names: Sequence[str] | None = None,
                  setup: Mapping[str, Sequence[SetupCommand]] | None = None,
-                 ready_timeout: float = 20.0):
+                 ready_timeout: float = 20.0, ssh_port: int = SSH_PORT):
         """Build and start the cluster; on any failure, remove what was built and raise.
 
         names: host names, default node01, node02, ...
         setup: {host name: commands} run in that host's namespaces before sshd
             starts; a str command is a shell line, a sequence is an argv (quoted).
+        ssh_port: the one port every sshd listens on (and the ssh config's and
+            known_hosts' port: [addr]:port entries off 22).
         """
+        self.ssh_port = int(ssh_port)
         names = list(names) if names is not None else [f"node{i + 1:02d}" for i in range(n)]
         setup = dict(setup or {})
         self._validate(n, networks, names, setup)
@@ -554,7 +567,7 @@ class NetCluster:
         return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms"]
 
     def firewall(self, host: Host | str, drop_tcp_dports: Ports = "1024-65535") -> None:
-        """Drop new inbound TCP to the given ports; port 22 and established flows pass."""
+        """Drop new inbound TCP to the given ports; the SSH port and established flows pass."""
         rules = f"""
 table inet {_FIREWALL_TABLE}
 delete table inet {_FIREWALL_TABLE}
@@ -562,7 +575,7 @@ table inet {_FIREWALL_TABLE} {{
     chain input {{
         type filter hook input priority 0; policy accept;
         ct state established,related accept
-        tcp dport {SSH_PORT} accept
+        tcp dport {self.ssh_port} accept
         tcp dport {_nft_port_set(drop_tcp_dports)} drop
     }}
 }}
@@ -662,6 +675,24 @@ table inet {_FIREWALL_TABLE} {{
         for name in list(self._cgroups):
             self._remove_cgroup(self._cgroups.pop(name))
 
+    # -- host keys -----------------------------------------------------------
+
+    def rekey(self, host: Host | str, timeout: float = 20.0) -> str:
+        """Give the host a new SSH host key, as a reinstalled machine has, and restart its sshd (boot script and
+        all) with it. Nothing else changes: every known_hosts written so far still has the old key. Returns the
+        new key line ("ssh-ed25519 AAAA...")."""
+        self._check_open()
+        h = self.host(host)
+        if not h.host_key_line:
+            raise NetClusterError(f"{h.name} is a fault host and runs no sshd")
+        private, h.host_key_line = _keypair()
+        _write(self._host_dir(h) / "ssh_host_ed25519_key", private, 0o600)
+        h.proc.kill()  # its open sessions go with it, as on a reboot
+        h.proc.wait(timeout=10)
+        self._start_sshd(h)
+        self._wait_listening([h], timeout)
+        return h.host_key_line
+
     # -- fault hosts ---------------------------------------------------------
 
     def add_blackhole(self, name: str) -> str:
@@ -673,7 +704,7 @@ table inet {_FIREWALL_TABLE} {{
     def add_silent(self, name: str) -> str:
         """A network-0 address whose port 22 accepts TCP but never sends an SSH banner."""
         h = self._add_fault_host(name)
-        self._spawn_server(h, [sys.executable, "-c", _SILENT_LISTENER, h.addresses[0], str(SSH_PORT)])
+        self._spawn_server(h, [sys.executable, "-c", _SILENT_LISTENER, h.addresses[0], str(self.ssh_port)])
         self._wait_listening([h], timeout=10)
         return h.addresses[0]
 
@@ -798,7 +829,8 @@ table inet {_FIREWALL_TABLE} {{
     def _new_host(self, index: int, name: str, networks: int) -> Host:
         return Host(name=name, ns=f"{_PREFIX}{self.id}h{index}",
                     addresses=[_address(self._subnets[k], index + 1) for k in range(networks)],
-                    veths=[f"{_PREFIX}{self.id}v{index}n{k}" for k in range(networks)])
+                    veths=[f"{_PREFIX}{self.id}v{index}n{k}" for k in range(networks)], port=self.ssh_port,
+                    machine_id=secrets.token_hex(16), boot_id=str(uuid.uuid4()))
 
     def _host_dir(self, h: Host) -> Path:
         return self.dir / "hosts" / h.name
@@ -826,7 +858,7 @@ table inet {_FIREWALL_TABLE} {{
 {entries}
 Host *
     User root
-    Port {SSH_PORT}
+    Port {self.ssh_port}
     IdentityFile {self.user_key}
     IdentitiesOnly yes
     UserKnownHostsFile {self.known_hosts}
@@ -846,6 +878,8 @@ Host *
         _write(dot_ssh / "known_hosts", known_hosts)
         _write(dot_ssh / "config", "Host *\n    StrictHostKeyChecking yes\n    BatchMode yes\n")
         _write(hdir / "sshd_config", self._sshd_config(h))
+        _write(hdir / "machine_id", h.machine_id + "\n")
+        _write(hdir / "boot_id", h.boot_id + "\n")
         _write(hdir / "boot.sh", self._boot_script(h, setup))
         if _needs_home_overlay():
             (hdir / "home_upper" / ".ssh").mkdir(parents=True)
@@ -854,7 +888,7 @@ Host *
 
     def _sshd_config(self, h: Host) -> str:
         hdir = self._host_dir(h)
-        listen = "".join(f"ListenAddress {addr}:{SSH_PORT}\n" for addr in h.addresses)
+        listen = "".join(f"ListenAddress {addr}:{self.ssh_port}\n" for addr in h.addresses)
         # No AcceptEnv line: the client's environment must not leak into checks.
         return f"""{listen}HostKey {hdir / 'ssh_host_ed25519_key'}
 PidFile {hdir / 'sshd.pid'}
@@ -887,6 +921,11 @@ Subsystem sftp internal-sftp
             options = f"lowerdir={_ROOT_HOME},upperdir={hdir / 'home_upper'},workdir={hdir / 'home_work'}"
             lines.append(f"mount -t overlay overlay -o {q(options)} {q(str(_ROOT_HOME))}")
         lines.append(f"mount --bind {q(str(hdir / 'dot_ssh'))} {q(str(_ROOT_HOME / '.ssh'))}")
+        # Each host is a machine of its own, as a real cluster's are: its own machine-id and boot id (namespaces
+        # would share the machine's, and two hosts would read as one machine under two names).
+        for path in MACHINE_ID_FILES:
+            lines.append(f"if [ -e {path} ]; then mount --bind {q(str(hdir / 'machine_id'))} {path}; fi")
+        lines.append(f"mount --bind {q(str(hdir / 'boot_id'))} {BOOT_ID_FILE} || true")  # best effort
         lines += [_setup_line(cmd) for cmd in setup]
         lines.append(f"exec {q(_which('sshd'))} -D -e -f {q(str(hdir / 'sshd_config'))}")
         return "\n".join(lines) + "\n"
@@ -944,10 +983,10 @@ Subsystem sftp internal-sftp
                 if h.proc.poll() is not None:
                     raise NetClusterError(f"{h.name}: server exited with {h.proc.returncode}; "
                                           f"its output: {self._server_output(h)}")
-                if _accepts(h.addresses[0], SSH_PORT):
+                if _accepts(h.addresses[0], self.ssh_port):
                     pending.remove(h)
             if pending and time.monotonic() > deadline:
-                raise NetClusterError(f"not listening on port {SSH_PORT} after {timeout}s: "
+                raise NetClusterError(f"not listening on port {self.ssh_port} after {timeout}s: "
                                       + "; ".join(f"{h.name}: {self._server_output(h)}" for h in pending))
             if pending:
                 time.sleep(0.01)
