@@ -91,6 +91,8 @@ RUN_FLAGS: Tuple[Flag, ...] = (
     Flag("--checkpoint-dir", "the job's checkpoint directory to check on every host", metavar="DIR"),
     Flag("--ssh-user", "SSH user", metavar="USER"),
     Flag("--ssh-port", "SSH port", metavar="PORT"),
+    Flag("--launcher-ssh-port", "port DeepSpeed's launcher will ssh to (its --ssh_port; default: --ssh-port)",
+         metavar="PORT"),
     Flag("--ssh-key", "private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)", metavar="FILE"),
     Flag("--ssh-config", "ssh_config file (default ~/.ssh/config)", metavar="FILE"),
     Flag("--known-hosts", "known_hosts file (default ~/.ssh/known_hosts)", metavar="FILE"),
