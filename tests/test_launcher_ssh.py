@@ -16,6 +16,7 @@ from preflight.checks import launcher_ssh as ls
 from preflight.hostside.seams import HostContext
 from preflight.hostside.outcome import Status
 from preflight.config import load_thresholds
+from tests.netcluster import NetCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLDS = load_thresholds()
@@ -120,6 +121,49 @@ def test_evaluate_healthy_single_host_missing_and_agent_failures():
     assert "openssh-client" in noclient["node01"].fix and noclient["node02"].status == Status.ERROR
 
 
+def test_ssh_argv_takes_the_launchers_port_before_the_host():
+    assert ls.ssh_argv("node02", 5) == ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
+                                        "-o", "ConnectTimeout=5", "-x", "--", "node02", "hostname"]
+    argv = ls.ssh_argv("node02", 5, 2222)
+    assert argv[argv.index("-p"):] == ["-p", "2222", "--", "node02", "hostname"]
+
+
+def test_explain_names_the_port_the_launcher_uses():
+    refused = "ssh: connect to host node02 port 2222: Connection refused"
+    why, fix = ls.explain("refused", "node02", "node01", refused, 2222)
+    assert "port 2222" in why and "port 22 " not in why + " " and "2222" in fix
+    # Without a port given, the one ssh's error names (a Port in node01's ~/.ssh/config), else 22.
+    assert "port 2200" in ls.explain("refused", "node02", "node01", refused.replace("2222", "2200"))[0]
+    assert "port 22 " in ls.explain("refused", "node02", "node01", "Connection refused")[0] + " "
+    why, fix = ls.explain("timeout", "node02", "node01", "", 2222)
+    assert "SSH port 2222" in why and fix.startswith("allow TCP 2222 from node01 to node02")
+    why, fix = ls.explain("host_key_unknown", "node02", "node01", SAMPLES["host_key_unknown"], 2222)
+    assert "for port 2222" in why
+    (scan,) = [line.strip() for line in fix.splitlines()[1:]]
+    assert scan == ("ssh-keygen -F '[node02]:2222' >/dev/null || ssh-keyscan -H -p 2222 node02 "
+                    ">> ~/.ssh/known_hosts")
+    assert "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub" in fix
+    why, fix = ls.explain("host_key_changed", "node04", "node01", SAMPLES["host_key_changed"], 2222)
+    remove, scan = [line.strip() for line in fix.splitlines()[1:]]
+    assert remove == "ssh-keygen -R '[node04]:2222'" and "ssh-keyscan -H -p 2222 node04" in scan
+    assert "ssh-copy-id -p 2222 node03" in ls.explain("auth", "node03", "node01", SAMPLES["auth"], 2222)[1]
+    assert "ssh -v -p 2222 node03 hostname" in ls.explain("other", "node03", "node01", "", 2222)[1]
+
+
+def test_evaluate_names_the_port_in_pass_and_fail():
+    facts = json.loads(json.dumps(RECORDED))
+    facts["port"] = 2222
+    facts["results"]["node03"] = {"rc": 255, "hostname": "", "duration_s": 0.01,
+                                  "stderr": "ssh: connect to host node03 port 2222: Connection refused"}
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert "node01 -> node01 port 2222 ok" in out["node01"].message and out["node01"].metrics["port"] == 2222
+    assert out["node03"].status == Status.FAIL and "connection to port 2222 refused" in out["node03"].message
+    assert "ssh-keyscan -H -p 2222 node02" in out["node02"].fix
+    # No port given: ssh's own (22 here), and the message says which.
+    plain = ls.evaluate(RECORDED, THRESHOLDS)
+    assert plain["node01"].metrics["port"] == 22 and "port" not in plain["node01"].message
+
+
 # --- host side with a stand-in ssh --------------------------------------------------------------
 
 FAKE_SSH = r"""#!/bin/sh
@@ -163,6 +207,14 @@ def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
     assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -- good0 hostname" in calls
 
 
+def test_probe_passes_the_port_to_ssh(fake_ssh):
+    ctx = HostContext(params={}, deadline=time.monotonic() + 30)
+    out = ls.probe({"hosts": ["good1"], "connect_timeout": 3, "port": 2222}, ctx)
+    assert out["results"]["good1"]["rc"] == 0
+    assert fake_ssh.read_text().splitlines() == [
+        "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -p 2222 -- good1 hostname"]
+
+
 def test_probe_respects_the_overall_deadline(fake_ssh):
     hosts = ["slow%d" % i for i in range(6)]
     ctx = HostContext(params={}, deadline=time.monotonic() + 5)
@@ -186,11 +238,11 @@ def test_probe_without_an_ssh_client(tmp_path, monkeypatch):
 
 
 
-def run_cli(cluster, tmp_path, timeout=120):
+def run_cli(cluster, tmp_path, *extra, timeout=120):
     report = tmp_path / "report.json"
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
-            "--known-hosts", str(cluster.known_hosts), "--checks", "launcher_ssh", "--json", str(report)]
+            "--known-hosts", str(cluster.known_hosts), "--checks", "launcher_ssh", "--json", str(report), *extra]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     data = json.loads(report.read_text())
@@ -231,3 +283,39 @@ def test_real_refused_key_and_unknown_host_key_fail_naming_the_host(netcluster_f
     assert cells["node03"]["status"] == "fail" and "to node03" in cells["node03"]["message"]
     assert "Permission denied (publickey)" in cells["node03"]["message"]
     assert "ssh-copy-id node03" in cells["node03"]["fix"]
+
+
+@pytest.fixture
+def cluster_2222():
+    """Three namespace hosts whose sshd listens on port 2222 only (their ssh config and known_hosts say 2222)."""
+    if reason := NetCluster.unavailable_reason():
+        pytest.skip(reason)
+    with NetCluster(3, ssh_port=2222) as cluster:
+        yield cluster
+
+
+def test_real_port_2222_probes_the_launchers_port(cluster_2222, tmp_path):
+    """sshd on 2222 only: the probe uses --ssh-port (DeepSpeed's --ssh_port), or --launcher-ssh-port; without
+    either, ssh from node01 tries port 22 and the message says so."""
+    cluster = cluster_2222
+    proc, cells = run_cli(cluster, tmp_path, "--ssh-port", "2222")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, cell in cells.items():
+        assert cell["status"] == "pass" and "port 2222 ok" in cell["message"], cell
+        assert cell["metrics"]["port"] == 2222 and cell["metrics"]["hostname"] == name
+
+    # The coordinator reaches the hosts through its ssh config's Port 2222; the launcher would use 22.
+    proc, cells = run_cli(cluster, tmp_path)
+    assert proc.returncode == 1
+    for cell in cells.values():
+        assert cell["status"] == "fail" and "connection to port 22 refused" in cell["message"], cell
+        assert cell["metrics"]["port"] == 22
+
+    proc, cells = run_cli(cluster, tmp_path, "--launcher-ssh-port", "2222")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(c["status"] == "pass" and c["metrics"]["port"] == 2222 for c in cells.values()), cells
+
+    # --launcher-ssh-port wins over --ssh-port: the launcher may use another port than the coordinator.
+    proc, cells = run_cli(cluster, tmp_path, "--ssh-port", "2222", "--launcher-ssh-port", "2200")
+    assert proc.returncode == 1
+    assert all("port 2200" in c["message"] and c["metrics"]["port"] == 2200 for c in cells.values()), cells

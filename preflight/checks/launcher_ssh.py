@@ -1,7 +1,8 @@
 """Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it.
 
-Runs ``ssh -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=N HOST hostname`` on the first
-host and classifies ssh's rc and stderr, e.g.::
+Runs ``ssh -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=N [-p PORT] HOST hostname`` on the
+first host, PORT being the launcher's (``--launcher-ssh-port``, else ``--ssh-port``, as DeepSpeed's ``--ssh_port``
+passes ``-p`` to pdsh's ssh), and classifies ssh's rc and stderr, e.g.::
 
     root@node03: Permission denied (publickey,password).                 -> key refused
     Host key verification failed.                                        -> unknown or changed host key
@@ -31,12 +32,14 @@ STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the me
 
 
 
-def ssh_argv(host: str, connect_timeout: int) -> List[str]:
-    # The check DeepSpeed's runner itself makes (ssh -o PasswordAuthentication=no HOST hostname), plus BatchMode
-    # so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use them.
+def ssh_argv(host: str, connect_timeout: int, port: Optional[int] = None) -> List[str]:
+    # The check DeepSpeed's runner itself makes (ssh -o PasswordAuthentication=no [-p ssh_port] HOST hostname),
+    # plus BatchMode so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use
+    # them. Without a port, ssh's own choice (the config's Port, else 22), as DeepSpeed without --ssh_port.
     # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
     return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
-            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x", "--", host, "hostname"]
+            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x"] + \
+        (["-p", "%d" % int(port)] if port else []) + ["--", host, "hostname"]
 
 
 # --- pure classification ---------------------------------------------------------------------
@@ -82,35 +85,55 @@ def q(host: str) -> str:
     return shlex.quote(host)
 
 
-def explain(kind: str, host: str, master: str, stderr: str) -> Tuple[str, str]:
-    """(why, fix) for a failure kind, naming the target host and the first host."""
+def ssh_port_of(stderr: str, port: Optional[int]) -> int:
+    """The port ssh used: the one given, else the one its error names ("connect to host X port 2222: ..."), else
+    22 (ssh's default; a Port in ~/.ssh/config shows in that error)."""
+    if port:
+        return int(port)
+    m = re.search(r" port (\d+): ", stderr or "")
+    return int(m.group(1)) if m else 22
+
+
+def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] = None) -> Tuple[str, str]:
+    """(why, fix) for a failure kind, naming the target host, the first host and the SSH port (the launcher's
+    port when given, else what ssh used). Each command in a fix is pasteable on the first host as it is."""
     last = next((ln.strip() for ln in reversed((stderr or "").splitlines()) if ln.strip()), "").rstrip(".")
+    p = ssh_port_of(stderr, port)
+    dash_p = "" if p == 22 else "-p %d " % p
+    # OpenSSH records a host off port 22 as [host]:port; ssh-keyscan -p writes that form, ssh-keygen -R needs it.
+    entry = q(host) if p == 22 else q("[%s]:%d" % (host, p))
+    # The first host's own known_hosts, recorded once: ssh-keygen -F skips the scan when the entry is there.
+    scan = "ssh-keygen -F %s >/dev/null || ssh-keyscan -H %s%s >> ~/.ssh/known_hosts" % (entry, dash_p, q(host))
+    m = re.search(r"No (\w+) host key is known", stderr or "")
+    pub = "/etc/ssh/ssh_host_%s_key.pub" % (m.group(1).lower() if m else "ed25519")
+    on_port = "" if p == 22 else " for port %d" % p
     if kind == "auth":
         methods = _auth_methods(stderr)
         asks = " (it would ask for a password)" if "password" in methods or "keyboard" in methods else ""
         return ("the key was refused: %s%s" % (last or "Permission denied", asks),
-                "on %s: ssh-copy-id %s (or append %s's ~/.ssh/id_*.pub to %s:~/.ssh/authorized_keys, mode 600, "
-                "~/.ssh mode 700)" % (master, q(host), master, host))
+                "on %s: ssh-copy-id %s%s (or append %s's ~/.ssh/id_*.pub to %s:~/.ssh/authorized_keys, mode 600, "
+                "~/.ssh mode 700)" % (master, dash_p, q(host), master, host))
     if kind == "host_key_unknown":
-        return ("%s's host key is not in %s's known_hosts (Host key verification failed)" % (host, master),
-                "on %s: ssh-keyscan -H %s >> ~/.ssh/known_hosts (compare the fingerprint with the host's)"
-                % (master, q(host)))
+        return ("%s's host key%s is not in %s's known_hosts (Host key verification failed)"
+                % (host, on_port, master),
+                "on %s, after comparing the key with the host's own (ssh-keygen -lf %s on %s):\n  %s"
+                % (master, pub, host, scan))
     if kind == "host_key_changed":
-        return ("%s's host key CHANGED since %s recorded it" % (host, master),
-                "if %s was reinstalled, on %s: ssh-keygen -R %s && ssh-keyscan -H %s >> ~/.ssh/known_hosts"
-                % (host, master, q(host), q(host)))
+        return ("%s's host key%s CHANGED since %s recorded it" % (host, on_port, master),
+                "if %s was reinstalled (compare the new key with ssh-keygen -lf %s there), on %s, in order:"
+                "\n  ssh-keygen -R %s\n  %s" % (host, pub, master, entry, scan))
     if kind == "unresolved":
         return ("the name %s does not resolve on %s (%s)" % (host, master, last),
                 "make the hostfile name resolvable on %s: /etc/hosts or DNS (DeepSpeed uses the hostfile names)"
                 % master)
     if kind == "refused":
-        return ("connection to port 22 refused: no sshd listening (%s)" % last,
-                "start sshd on %s (systemctl start ssh), or set its Port for %s in %s:~/.ssh/config"
-                % (host, host, master))
+        return ("connection to port %d refused: no sshd listening (%s)" % (p, last),
+                "start sshd on %s (systemctl start ssh) listening on port %d, or pass the port sshd listens on "
+                "(--launcher-ssh-port, and DeepSpeed's --ssh_port)" % (host, p))
     if kind in ("timeout", "unreachable"):
-        return ("%s cannot reach %s's SSH port (%s)" % (master, host, last or "timed out"),
-                "allow TCP 22 from %s to %s (firewall, routing); check that the hostfile name maps to the "
-                "cluster network" % (master, host))
+        return ("%s cannot reach %s's SSH port %d (%s)" % (master, host, p, last or "timed out"),
+                "allow TCP %d from %s to %s (firewall, routing); check that the hostfile name maps to the "
+                "cluster network" % (p, master, host))
     if kind == "closed":
         return ("sshd on %s closed the connection (%s)" % (host, last),
                 "check sshd on %s: MaxStartups, AllowUsers/DenyUsers, TCP wrappers (journalctl -u ssh)" % host)
@@ -119,7 +142,8 @@ def explain(kind: str, host: str, master: str, stderr: str) -> Tuple[str, str]:
                 "on %s: chmod 700 ~/.ssh; chmod 600 ~/.ssh/id_* ~/.ssh/config ~/.ssh/authorized_keys" % master)
     if kind == "no_client":
         return ("no ssh client on %s" % master, "install it on %s: apt-get install openssh-client pdsh" % master)
-    return ("ssh failed: %s" % (last or "no error output"), "run on %s: ssh -v %s hostname" % (master, host))
+    return ("ssh failed: %s" % (last or "no error output"),
+            "run on %s: ssh -v %s%s hostname" % (master, dash_p, q(host)))
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -128,6 +152,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """ssh to every host of ``hosts`` with at most ``parallel`` at once; all done before ctx.deadline."""
     hosts = [str(h) for h in params.get("hosts", [])]
     connect = int(params.get("connect_timeout", 10))
+    port = int(params["port"]) if params.get("port") else None
     per_host = float(params.get("command_timeout", 20.0))
     end = min(ctx.deadline - 2.0, time.monotonic() + float(params.get("budget_s", 300.0)))
     version = sh(["ssh", "-V"], timeout=5)  # OpenSSH prints its version on stderr
@@ -151,7 +176,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             left = end - time.monotonic()
             if left < 1.0:
                 continue  # out of time: reported as not probed
-            res = sh(ssh_argv(host, connect), timeout=min(per_host, left))
+            res = sh(ssh_argv(host, connect, port), timeout=min(per_host, left))
             lines = [ln.strip() for ln in res.out.splitlines() if ln.strip()]
             results[host] = {"rc": res.rc, "hostname": lines[-1] if lines else "",
                              "stderr": res.err.strip()[-STDERR_KEEP:], "duration_s": round(res.duration, 3)}
@@ -175,7 +200,9 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     lim = limits(cluster.thresholds, NAME)
     names = [h.name for h in cluster.all_hosts]
     master = cluster.master.name
-    facts: Dict[str, Any] = {"master": master, "targets": names, "results": {}, "error": None, "limits": lim}
+    port = cluster.options.launcher_ssh_port  # the launcher's port (--launcher-ssh-port, else --ssh-port)
+    facts: Dict[str, Any] = {"master": master, "targets": names, "results": {}, "error": None, "limits": lim,
+                             "port": port}
     if len(names) == 1:
         facts["single_host"] = True
         return facts
@@ -189,7 +216,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     timeout = min(float(lim["max_total_s"]), rounds * (float(lim["command_timeout_s"]) + 1) + 10)
     try:
         value = cluster.call(master, NAME + ".probe",
-                             {"hosts": names, "connect_timeout": int(lim["connect_timeout_s"]),
+                             {"hosts": names, "connect_timeout": int(lim["connect_timeout_s"]), "port": port,
                               "command_timeout": float(lim["command_timeout_s"]),
                               "parallel": int(lim["parallel"]), "budget_s": timeout - 5}, timeout)
         facts.update(value)
@@ -217,6 +244,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return failed
     out: Dict[str, Outcome] = {}
     results = facts.get("results", {})
+    port = facts.get("port")  # the launcher's port; None: ssh's own (22, or the first host's ssh config)
+    on_port = " port %d" % port if port else ""
     for h in targets:
         r: Optional[Dict[str, Any]] = results.get(h)
         if r is None:
@@ -224,17 +253,18 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                            "raise [launcher_ssh] max_total_s or parallel")
             continue
         metrics = {"from": master, "hostname": r.get("hostname", ""), "rc": r.get("rc"),
-                   "duration_s": r.get("duration_s"), "client": facts.get("client"), "pdsh": facts.get("pdsh")}
+                   "duration_s": r.get("duration_s"), "client": facts.get("client"), "pdsh": facts.get("pdsh"),
+                   "port": ssh_port_of(r.get("stderr", ""), port)}
         kind = classify(int(r.get("rc", 255)), r.get("stderr", ""))
         metrics["kind"] = kind
         if kind == "ok" and r.get("hostname"):
-            out[h] = Outcome(Status.PASS, "passwordless SSH %s -> %s ok (hostname %s, %.2fs)"
-                             % (master, h, r["hostname"], r.get("duration_s") or 0.0), metrics=metrics)
+            out[h] = Outcome(Status.PASS, "passwordless SSH %s -> %s%s ok (hostname %s, %.2fs)"
+                             % (master, h, on_port, r["hostname"], r.get("duration_s") or 0.0), metrics=metrics)
         elif kind == "ok":
             out[h] = Outcome(Status.FAIL, "ssh %s hostname from %s succeeded but printed nothing" % (h, master),
                              "check %s's login shell and sshd ForceCommand for the user" % h, metrics)
         else:
-            why, fix = explain(kind, h, master, r.get("stderr", ""))
+            why, fix = explain(kind, h, master, r.get("stderr", ""), port)
             out[h] = Outcome(Status.FAIL, "passwordless SSH from %s to %s fails: %s; DeepSpeed's pdsh launcher "
                              "cannot start ranks there" % (master, h, why), fix, metrics)
     return out
