@@ -440,27 +440,41 @@ def _label(gpu: Dict[str, Any]) -> str:
 
 
 def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Finding]:
-    f: List[Finding] = []
     label = _label(gpu)
     i = shlex.quote(str(gpu.get("index")))  # host-reported: one shell word in every printed command
     reset = "sudo nvidia-smi -r -i %s (GPU reset, needs the GPU idle) or reboot" % i
-
-    if gpu.get("handle_error"):
-        f.append(Finding(Status.FAIL, "%s: NVML cannot open the GPU: %s" % (label, gpu["handle_error"]),
-                         "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset)))
+    f, unreadable = _readability(gpu, label, i, reset)
+    if unreadable:
         return f
-    errors = gpu.get("query_errors") or {}
-    if errors:
-        shown = "; ".join("%s: %s" % (k, v) for k, v in list(errors.items())[:4])
-        if len(errors) >= int(gpu.get("queried") or 0) > 0:
-            f.append(Finding(Status.FAIL, "%s: every query of the GPU failed (%s)" % (label, shown),
-                             "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset)))
-            return f
-        f.append(Finding(Status.WARN, "%s: %d of its health fields could not be read, so they were not checked "
-                                      "(%s)" % (label, len(errors), shown),
-                         "check `nvidia-smi -i %s -q`; a field that errors on an idle GPU often precedes a GPU that "
-                         "falls off the bus" % i))
+    lim = limits(thresholds, NAME)
+    for found in (_memory_health(gpu, label, reset), _pcie_link(gpu, label, i), _clocks(gpu, label, i),
+                  _temperature(gpu, label, lim), _modes(gpu, label, i, reset, lim), _memory_in_use(gpu, label, lim)):
+        f.extend(found)
+    return f
 
+
+def _readability(gpu: Dict[str, Any], label: str, i: str, reset: str) -> Tuple[List[Finding], bool]:
+    """(findings, whether nothing else can be judged): NVML could not open the GPU, or every query failed; a
+    WARN when only some health fields could not be read."""
+    if gpu.get("handle_error"):
+        return [Finding(Status.FAIL, "%s: NVML cannot open the GPU: %s" % (label, gpu["handle_error"]),
+                        "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset))], True
+    errors = gpu.get("query_errors") or {}
+    if not errors:
+        return [], False
+    shown = "; ".join("%s: %s" % (k, v) for k, v in list(errors.items())[:4])
+    if len(errors) >= int(gpu.get("queried") or 0) > 0:
+        return [Finding(Status.FAIL, "%s: every query of the GPU failed (%s)" % (label, shown),
+                        "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset))], True
+    return [Finding(Status.WARN, "%s: %d of its health fields could not be read, so they were not checked "
+                                 "(%s)" % (label, len(errors), shown),
+                    "check `nvidia-smi -i %s -q`; a field that errors on an idle GPU often precedes a GPU that "
+                    "falls off the bus" % i)], False
+
+
+def _memory_health(gpu: Dict[str, Any], label: str, reset: str) -> List[Finding]:
+    """Uncorrectable ECC errors, failed or pending row remaps, pending page retirement."""
+    f: List[Finding] = []
     unc = gpu.get("ecc_uncorrected_volatile")
     if unc:
         f.append(Finding(Status.FAIL, "%s: %d uncorrectable ECC error(s) since the driver loaded (volatile); "
@@ -478,7 +492,12 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
     if gpu.get("retired_pages_pending"):
         f.append(Finding(Status.WARN, "%s: retired memory pages are pending; they are retired only after a GPU "
                                       "reset" % label, reset))
+    return f
 
+
+def _pcie_link(gpu: Dict[str, Any], label: str, i: str) -> List[Finding]:
+    """A link narrower than the GPU's maximum (FAIL) or slower (WARN: idle GPUs may lower it)."""
+    f: List[Finding] = []
     gen, gen_max = gpu.get("pcie_gen"), gpu.get("pcie_gen_max")
     width, width_max = gpu.get("pcie_width"), gpu.get("pcie_width_max")
     if width is not None and width_max and width < width_max:
@@ -493,7 +512,12 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                          "check under load: nvidia-smi -i %s --query-gpu=pcie.link.gen.current,"
                          "pcie.link.gen.max --format=csv; if still low, reseat the GPU and check the BIOS "
                          "PCIe speed setting" % i))
+    return f
 
+
+def _clocks(gpu: Dict[str, Any], label: str, i: str) -> List[Finding]:
+    """Each clock event reason of CLOCK_TROUBLE that holds the clocks down before the job."""
+    f: List[Finding] = []
     reasons = gpu.get("clock_event_reasons")
     if reasons:
         for bit, (name, status) in sorted(CLOCK_TROUBLE.items()):
@@ -504,22 +528,31 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                                              _watts(gpu.get("power_mw"))),
                                  "check cooling/airflow and PSU/power capping (nvidia-smi -q -i %s -d "
                                  "PERFORMANCE,TEMPERATURE,POWER); drain the host if it persists" % i))
+    return f
 
+
+def _temperature(gpu: Dict[str, Any], label: str, lim: Dict[str, Any]) -> List[Finding]:
+    """FAIL at temp_fail_c (or the GPU's own slowdown threshold, if lower), WARN at temp_warn_c."""
     temp = gpu.get("temp")
-    lim = limits(thresholds, NAME)
     warn_c, fail_c = lim["temp_warn_c"], lim["temp_fail_c"]
     slowdown = gpu.get("temp_slowdown")
     if isinstance(slowdown, (int, float)) and slowdown > 0:
         fail_c = min(fail_c, slowdown)
-    if temp is not None:
-        if temp >= fail_c:
-            f.append(Finding(Status.FAIL, "%s: temperature %d C >= %d C (slowdown threshold %s C)" % (
-                label, temp, fail_c, slowdown if slowdown else "unknown"),
-                "check fans/airflow/coolant for this host; the GPU will throttle under load"))
-        elif temp >= warn_c:
-            f.append(Finding(Status.WARN, "%s: temperature %d C >= %d C before the job started" % (
-                label, temp, warn_c), "check fans/airflow/coolant; an idle GPU should run well below this"))
+    if temp is None:
+        return []
+    if temp >= fail_c:
+        return [Finding(Status.FAIL, "%s: temperature %d C >= %d C (slowdown threshold %s C)" % (
+            label, temp, fail_c, slowdown if slowdown else "unknown"),
+            "check fans/airflow/coolant for this host; the GPU will throttle under load")]
+    if temp >= warn_c:
+        return [Finding(Status.WARN, "%s: temperature %d C >= %d C before the job started" % (
+            label, temp, warn_c), "check fans/airflow/coolant; an idle GPU should run well below this")]
+    return []
 
+
+def _modes(gpu: Dict[str, Any], label: str, i: str, reset: str, lim: Dict[str, Any]) -> List[Finding]:
+    """Persistence mode off, MIG on (or a change pending), a compute mode other than Default."""
+    f: List[Finding] = []
     if gpu.get("persistence") == 0:
         f.append(Finding(Status.WARN, "%s: persistence mode is off (each job pays driver init, and GPU state "
                                       "can reset between jobs)" % label,
@@ -527,7 +560,7 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                          % i))
 
     mig = gpu.get("mig")
-    if mig and mig[0] == 1 and not limits(thresholds, NAME)["allow_mig"]:
+    if mig and mig[0] == 1 and not lim["allow_mig"]:
         f.append(Finding(Status.FAIL, "%s: MIG mode is enabled: the GPU is split into instances and NCCL "
                                       "cannot communicate between MIG instances" % label,
                          "sudo nvidia-smi -i %s -mig 0 && %s (or set [gpu] allow_mig = true)" % (i, reset)))
@@ -544,20 +577,25 @@ def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Findi
                "leftover process) makes the job fail")
         f.append(Finding(status, "%s: compute mode is %s, expected Default: %s" % (label, name, why),
                          "sudo nvidia-smi -i %s -c DEFAULT" % i))
-
-    used = gpu.get("memory_used")
-    if used is not None:
-        in_use = max(0, used - (gpu.get("memory_reserved") or 0))
-        limit = int(limits(thresholds, NAME)["memory_used_warn_mib"]) * MIB
-        if in_use > limit:
-            procs = gpu.get("processes") or []
-            who = ", ".join("pid %s (%s MiB)" % (p.get("pid"), _mib(p.get("used_memory"))) for p in procs[:5])
-            f.append(Finding(Status.WARN, "%s: %d MiB of %d MiB already in use before the job (threshold %d MiB)%s"
-                             % (label, in_use // MIB, (gpu.get("memory_total") or 0) // MIB, limit // MIB,
-                                ": " + who if who else ""),
-                             "find the owners with `nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-                             "--format=csv` and stop them (kill PID) before launching"))
     return f
+
+
+def _memory_in_use(gpu: Dict[str, Any], label: str, lim: Dict[str, Any]) -> List[Finding]:
+    """A WARN when more than memory_used_warn_mib (beyond the driver's reservation) is in use before the job."""
+    used = gpu.get("memory_used")
+    if used is None:
+        return []
+    in_use = max(0, used - (gpu.get("memory_reserved") or 0))
+    limit = int(lim["memory_used_warn_mib"]) * MIB
+    if in_use <= limit:
+        return []
+    procs = gpu.get("processes") or []
+    who = ", ".join("pid %s (%s MiB)" % (p.get("pid"), _mib(p.get("used_memory"))) for p in procs[:5])
+    return [Finding(Status.WARN, "%s: %d MiB of %d MiB already in use before the job (threshold %d MiB)%s"
+                    % (label, in_use // MIB, (gpu.get("memory_total") or 0) // MIB, limit // MIB,
+                       ": " + who if who else ""),
+                    "find the owners with `nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                    "--format=csv` and stop them (kill PID) before launching")]
 
 
 def _watts(mw: Any) -> str:
