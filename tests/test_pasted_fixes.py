@@ -1,0 +1,131 @@
+"""The printed SSH fixes, pasted as they are: on namespace hosts whose sshd listens on port 2222 only, each command
+line of the unknown-key and changed-key fixes (the coordinator's, and launcher_ssh's on the first host) is run
+verbatim with bash, and the next run passes.
+
+Before issue 26 the unknown-key fix said ``ssh-keyscan [198.18.0.1]:2222 >> FILE``, which ssh-keyscan cannot
+parse, and the changed-key fix ``ssh-keygen -R 198.18.0.2 -f FILE``, which removes nothing off port 22.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.netcluster import NetCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+PORT = 2222
+
+
+@pytest.fixture
+def cluster():
+    if reason := NetCluster.unavailable_reason():
+        pytest.skip(reason)
+    with NetCluster(3, ssh_port=PORT) as built:
+        yield built
+
+
+def run(cluster, tmp_path, known):
+    """preflight run -v on the cluster with --ssh-port 2222: (rc, stdout, {(host, check): cell})."""
+    report = tmp_path / "r.json"
+    report.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(known), "--ssh-port", str(PORT), "--checks", "launcher_ssh", "--json", str(report),
+            "-v"]  # every (host, check) line with its own fix; without -v hosts sharing a cause are one line
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    cells = {(r["host"], r["check"]): r for r in json.loads(report.read_text())["results"]}
+    return proc.returncode, proc.stdout, cells
+
+
+def commands(fix):
+    """A fix's pasteable lines: those after its prose, each on a line of its own, indented by two spaces."""
+    found = [line[2:] for line in fix.splitlines() if line.startswith("  ")]
+    assert found, fix
+    return found
+
+
+def paste(command, cluster=None, host=None):
+    """Run one printed command as a person pastes it: bash -c, here or on a host."""
+    argv = ["bash", "-c", command]
+    done = cluster.exec(host, argv, timeout=60) if cluster else subprocess.run(argv, capture_output=True, text=True,
+                                                                                timeout=60)
+    assert done.returncode == 0, (command, done.stdout, done.stderr)
+
+
+def printed(command, stdout):
+    # The report prints the fix as it is in the JSON: the same line a person copies from the terminal.
+    assert command in stdout, (command, stdout)
+
+
+def test_unknown_then_changed_host_key_fixes_pasted_verbatim(cluster, tmp_path):
+    known = cluster.empty_known_hosts(tmp_path / "known_hosts")
+
+    # 1. Nothing known: every host's ssh cell FAILs with the keyscan fix for port 2222.
+    rc, stdout, cells = run(cluster, tmp_path, known)
+    assert rc == 1
+    for h in cluster.hosts:
+        cell = cells[(h.name, "ssh")]
+        assert cell["status"] == "fail" and "unknown SSH host key" in cell["message"], cell
+        assert f"[{h.addresses[0]}]:{PORT}" in cell["message"] and "SHA256:" in cell["message"]
+        (scan,) = commands(cell["fix"])
+        assert f"ssh-keyscan -p {PORT} {h.addresses[0]} >> {known}" in scan, scan
+        printed(scan, stdout)
+        paste(scan)
+    recorded = known.read_text()
+    assert all(f"[{h.addresses[0]}]:{PORT} {h.host_key_line}" in recorded for h in cluster.hosts), recorded
+    # Pasting it again appends nothing.
+    for h in cluster.hosts:
+        paste(commands(cells[(h.name, "ssh")]["fix"])[0])
+    assert known.read_text() == recorded
+
+    # 2. The next run passes: the coordinator's ssh, and launcher_ssh from node01 on port 2222.
+    rc, stdout, cells = run(cluster, tmp_path, known)
+    assert rc == 0, stdout
+    for h in cluster.hosts:
+        assert cells[(h.name, "ssh")]["status"] == "pass", cells[(h.name, "ssh")]
+        launcher = cells[(h.name, "launcher_ssh")]
+        assert launcher["status"] == "pass" and f"port {PORT} ok" in launcher["message"], launcher
+
+    # 3. node02 is reinstalled: a new host key. The coordinator and node01 both have the old one.
+    node02 = cluster.host("node02")
+    cluster.rekey(node02)
+    rc, stdout, cells = run(cluster, tmp_path, known)
+    assert rc == 1
+    ssh = cells[("node02", "ssh")]
+    assert ssh["status"] == "fail" and "CHANGED" in ssh["message"] and "SHA256:" in ssh["message"], ssh
+    remove, scan = commands(ssh["fix"])
+    assert remove == f"ssh-keygen -R '[{node02.addresses[0]}]:{PORT}' -f {known}", remove
+    printed(remove, stdout)
+    printed(scan, stdout)
+    # The other hosts are untouched, and node01 still reaches them on the launcher's port.
+    assert all(cells[(n, "ssh")]["status"] == "pass" for n in ("node01", "node03"))
+    assert cells[("node03", "launcher_ssh")]["status"] == "pass"
+    launcher = cells[("node02", "launcher_ssh")]
+    assert launcher["status"] == "fail" and "CHANGED" in launcher["message"], launcher
+    launcher_remove, launcher_scan = commands(launcher["fix"])
+    assert launcher_remove == f"ssh-keygen -R '[node02]:{PORT}'", launcher_remove
+    assert f"ssh-keyscan -H -p {PORT} node02" in launcher_scan
+
+    # 4. The removal alone: the entry is gone, so the next run finds the key unknown (not changed), and its
+    # unknown-key fix is the same line as the changed-key fix's second one.
+    paste(remove)
+    rc, stdout, cells = run(cluster, tmp_path, known)
+    ssh = cells[("node02", "ssh")]
+    assert ssh["status"] == "fail" and "unknown SSH host key" in ssh["message"], ssh
+    assert commands(ssh["fix"]) == [scan]
+    paste(scan)
+
+    # 5. launcher_ssh's fix, pasted on node01 (the first host, where the launcher runs) in its order.
+    paste(launcher_remove, cluster, "node01")
+    paste(launcher_scan, cluster, "node01")
+
+    # 6. Everything passes again, with node02's new key recorded on both sides.
+    rc, stdout, cells = run(cluster, tmp_path, known)
+    assert rc == 0, stdout
+    assert all(cell["status"] == "pass" for cell in cells.values()), cells
+    assert f"[{node02.addresses[0]}]:{PORT} {node02.host_key_line}" in known.read_text()
