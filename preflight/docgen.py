@@ -43,7 +43,8 @@ def _thresholds(name: str) -> str:
     path = checks.thresholds_path(name)
     source = path.resolve().relative_to(PACKAGE_ROOT).as_posix()
     section = tomllib.loads(path.read_text()).get(name, {})
-    keys = ", ".join("`%s = %s`" % (key, json.dumps(value)) for key, value in section.items())
+    keys = ", ".join("`%s` (a table of %s)" % (key, ", ".join(value)) if isinstance(value, dict)
+                     else "`%s = %s`" % (key, json.dumps(value)) for key, value in section.items())
     return "Thresholds ([`%s`](../%s)): %s." % (source, source, keys or "none")
 
 
