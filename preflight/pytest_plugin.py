@@ -5,6 +5,8 @@ Loaded through the ``pytest11`` entry point in every pytest session where prefli
 
 - the checks run once per session, on the controller (``pytest_sessionstart``), before collection;
 - one item per result of the report, with the matrix's ids: ``node01::libaio``, ``cluster::ports``;
+- ``-k`` selects the checks that run, not only the items shown: ``pytest -k libaio`` runs libaio (and the
+  connection every check needs) on the hosts, the check of each id the expression can keep (``keyword_checks``);
 - PASS passes; FAIL fails (message + fix); ERROR is an error at setup; SKIP skips with its reason; WARN passes
   with a ``PreflightWarning`` (and fails with ``--preflight-strict``, like ``preflight run --strict``);
 - under pytest-xdist the controller passes the JSON report to the workers, which only read it.
@@ -22,9 +24,9 @@ import os
 import re
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generator, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -235,6 +237,10 @@ class PreflightSession:
         from preflight.render import terminal as rep
         from preflight.runner import Runner
 
+        selected = keyword_checks(self.config.getoption("keyword") or "", self.options)
+        shown = "" if selected == self.options.checks else \
+            f" (-k selected {len(selected)} of {len(self.options.checks)} checks)"
+        self.options = replace(self.options, checks=selected)
         capman = self.config.pluginmanager.getplugin("capturemanager")
         with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
             console = rep.stderr_console()
@@ -242,7 +248,7 @@ class PreflightSession:
             if not quiet:
                 where = self.hostfile or "this machine"
                 console.print(f"preflight: checking {len(self.options.hosts)} host(s) of {where}: "
-                              f"{', '.join(['ssh'] + self.options.checks)}", highlight=False, soft_wrap=True)
+                              f"{', '.join(['ssh'] + self.options.checks)}{shown}", highlight=False, soft_wrap=True)
             for note in self.options.input_notes:
                 console.print(f"preflight: warning: {note}", highlight=False, soft_wrap=True, markup=False)
             try:
@@ -316,6 +322,50 @@ class PreflightSession:
                     terminalreporter.write_line(plain(f"    # {self.report.reasons[key]}"))
         for note in self.report.notes if verbose else []:
             terminalreporter.write_line(plain(f"note: {note}"))
+
+
+# ------------------------------------------------------------------------------------------- -k
+
+def keyword_checks(expression: str, options: "RunOptions") -> List[str]:
+    """The checks of ``options.checks`` whose items ``-k expression`` can keep, before they are run.
+
+    An item's -k names are those pytest's KeywordMatcher gives it: its id (``node01::libaio``, ``cluster::ports``
+    for a cluster check's summary) and its collector's name (``preflight``), plus the ``skip`` mark of a SKIP
+    result, not known before the run: an id is kept if the expression matches it with or without that mark. A
+    check runs if one of its ids is kept; pytest then deselects the items as always. An expression pytest cannot
+    parse is its usage error, before anything runs."""
+    if not expression.strip():
+        return list(options.checks)
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pytest moved its parser: run every check, -k still deselects the items
+        return list(options.checks)
+    try:
+        compiled = Expression.compile(expression)
+    except Exception as exc:  # SyntaxError (pytest >= 8.3), its own ParseError before
+        raise pytest.UsageError(f"Wrong expression passed to '-k': {expression}: {exc}") from None
+    from preflight import checks as registry
+
+    hosts = [spec.name for spec in options.hosts]
+
+    def matcher(*names: str) -> Callable[..., bool]:
+        def match(sub: str, **kwargs: Any) -> bool:  # as KeywordMatcher: a case-insensitive substring of a name
+            if kwargs:
+                raise pytest.UsageError("Keyword expressions do not support call parameters.")
+            return any(sub.lower() in name.lower() for name in names)
+        return match
+
+    def kept(nodeid: str) -> bool:
+        return any(compiled.evaluate(matcher(nodeid, "preflight", *mark)) for mark in ((), ("skip",)))
+
+    out = []
+    for check in options.checks:
+        ids = [f"{host}::{check}" for host in hosts]
+        if registry.spec(check).scope == "cluster":
+            ids.append(f"{CLUSTER_ID}::{check}")
+        if any(kept(nodeid) for nodeid in ids):
+            out.append(check)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- items

@@ -170,9 +170,61 @@ def test_keyword_selection_and_strict_warnings(cluster3, pytester: pytest.Pytest
                  "--preflight-checks=driver_cuda", f"--preflight-config={config}", "--preflight-strict",
                  "-k", "ssh and not node03")
     assert runs(result) == 1
-    result.assert_outcomes(failed=2, deselected=4)
+    # -k selects the checks that run (issue 26): driver_cuda, whose ids 'ssh' never matches, is not run at all,
+    # so its three items are not there to deselect (before: deselected=4, driver_cuda run on every host).
+    result.assert_outcomes(failed=2, deselected=1)
     result.stdout.fnmatch_lines(["FAILED node01::ssh - connected to node01*", "FAILED node02::ssh - *"])
+    assert "(-k selected 0 of 1 checks)" in result.stderr.str() and "driver_cuda" not in result.stdout.str()
     assert_nothing_left(cluster3)
+
+
+def options_for(hosts, checks):
+    from preflight.hostfile import HostSpec
+    from preflight.runner import RunOptions
+    return RunOptions(hosts=[HostSpec(h, 1) for h in hosts], checks=list(checks), thresholds={})
+
+
+@pytest.mark.parametrize("expression, kept", [
+    ("", ["libaio", "memlock", "versions", "ports"]),
+    ("libaio", ["libaio"]),
+    ("LIBAIO or memlock", ["libaio", "memlock"]),
+    ("not libaio", ["memlock", "versions", "ports"]),
+    ("node02", ["libaio", "memlock", "versions", "ports"]),   # every check has a node02 item
+    ("cluster", ["versions", "ports"]),                        # only cluster checks have cluster:: items
+    ("cluster and not ports", ["versions"]),
+    ("node01::mem", ["memlock"]),
+    ("ssh", []),                                               # the connection runs anyway; no check is asked for
+    ("preflight", ["libaio", "memlock", "versions", "ports"]),  # the collector's name, in every item's names
+    ("skip and libaio", ["libaio"]),                           # a SKIP result's mark: not known before the run
+    ("nosuchhost", []),
+])
+def test_keyword_checks_are_those_with_an_item_the_expression_keeps(expression, kept):
+    from preflight.pytest_plugin import keyword_checks
+    assert keyword_checks(expression, options_for(["node01", "node02"],
+                                                  ["libaio", "memlock", "versions", "ports"])) == kept
+
+
+def test_a_bad_keyword_expression_is_a_usage_error_before_anything_runs():
+    from preflight.pytest_plugin import keyword_checks
+    with pytest.raises(pytest.UsageError, match="Wrong expression passed to '-k'"):
+        keyword_checks("libaio and (", options_for(["node01"], ["libaio"]))
+
+
+def test_dash_k_runs_only_the_checks_it_selects(pytester: pytest.Pytester, tmp_path: Path):
+    """`pytest -k 'libaio or versions'` runs libaio and versions (a cluster check) on the host, and the connection,
+    nothing else: the JSON report, written by the same run, holds no other check (issue 26: -k ran every check)."""
+    report = tmp_path / "report.json"
+    result = run(pytester, "--preflight-local", f"--preflight-python={sys.executable}", f"--preflight-json={report}",
+                 "-k", "libaio or versions", "-v")
+    assert runs(result) == 1
+    data = json.loads(report.read_text())
+    assert sorted({(r["host"], r["check"]) for r in data["results"]}) == [
+        (CLUSTER, "versions"), ("localhost", "libaio"), ("localhost", "ssh")]
+    started = next(line for line in result.stderr.lines if line.startswith(RUN_STARTED))
+    assert "this machine: ssh, libaio, versions (-k selected 2 of " in started, started
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("deselected") == 1, outcomes  # localhost::ssh
+    result.stdout.fnmatch_lines(["localhost::libaio *", "cluster::versions *"])
 
 
 def test_xdist_workers_read_the_controllers_single_run(cluster3, pytester: pytest.Pytester, tmp_path: Path,
