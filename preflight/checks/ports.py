@@ -484,101 +484,118 @@ def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     hosts: List[str] = facts.get("hosts", [])
-    master, mport = facts.get("master"), facts.get("master_port")
-    probes: List[Dict[str, Any]] = facts.get("probes", [])
-    listeners = facts.get("listeners", {})
-    nets = {n["name"]: n for n in facts.get("networks", [])}
-    egress = egress_blocked(probes)
+    egress = egress_blocked(facts.get("probes", []))
     out: Dict[str, Outcome] = {}
     for h in facts.get("unreachable", []):
         out[h] = error("not run: the host is unreachable (see its ssh result)")
     for h in hosts:
-        findings: List[Finding] = []
-        info = listeners.get(h) or {}
-        metrics: Dict[str, Any] = {"listen_ports": info.get("ports", [])}
-        if h in facts.get("listener_errors", {}):
-            findings.append(Finding(Status.ERROR, "could not start the test listener on %s: %s"
-                                    % (h, facts["listener_errors"][h]), "rerun with -v; check the host"))
-        elif len(info.get("ports") or []) < int((facts.get("limits") or limits(thresholds, NAME))["sample_ports"]):
-            findings.append(Finding(Status.ERROR, "could bind only %d test ports on %s in %s"
-                                    % (len(info.get("ports") or []), h, info.get("range")),
-                                    "check net.ipv4.ip_local_port_range and ports in use (ss -ltn)"))
-        mp = info.get("master_port")
-        if h == master and mp:
-            metrics["master_port"] = mp["port"]
-            metrics["master_port_free"] = bool(mp.get("free"))
-            if not mp.get("free"):
-                who = "; ".join("pid %d (%s)" % (o["pid"], o["cmdline"] or "?") for o in mp.get("holders", []))
-                where = ", ".join(mp.get("listening") or []) or mp.get("error") or "bind failed"
-                findings.append(Finding(
-                    Status.FAIL,
-                    "master port %d is already in use on %s (%s)%s: torch.distributed's TCPStore on rank 0 "
-                    "cannot bind it and the job fails at init" % (mp["port"], h, where,
-                                                                  ", held by " + who if who else ""),
-                    "pick another port: deepspeed --master_port PORT (and preflight run --master-port PORT), "
-                    "or stop %s" % (", ".join("pid %d" % o["pid"] for o in mp.get("holders", []))
-                                    or "the process listening on it (find it with: ss -ltnp sport = :%d)"
-                                    % mp["port"])))
-        if h in facts.get("probe_errors", {}):
-            findings.append(Finding(Status.ERROR, "could not run the probes from %s: %s"
-                                    % (h, facts["probe_errors"][h]), "rerun with -v; check the host"))
-        if h in egress:
-            findings.append(Finding(
-                Status.FAIL, "outbound TCP from %s to high ports blocked: none of %s reachable from it, though "
-                "other hosts reach them; NCCL will hang at init" % (h, short_list(egress[h])),
-                "check the OUTPUT chain / egress policy on %s (nft list ruleset; iptables -S OUTPUT)" % h))
-        inbound = [p for p in probes if p["dst"] == h and p["src"] not in egress and p["result"] != "skipped"]
-        groups: Dict[Tuple[str, str, str, Tuple[str, ...]], List[int]] = {}
-        failed_by_key: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
-        for p in inbound:
-            if p["result"] != "ok":
-                failed_by_key.setdefault((p["network"], p["address"], p["port"]), []).append(p)
-        for (net, addr, port), fails in failed_by_key.items():
-            result = sorted({f["result"] for f in fails})[0]
-            key = (net, addr, result, tuple(sorted({f["src"] for f in fails})))
-            groups.setdefault(key, []).append(port)
-        for (net, addr, result, srcs), ports in sorted(groups.items()):
-            ports = sorted(set(ports))
-            label = ", ".join(("%d (master port)" % p if h == master and p == mport else str(p)) for p in ports)
-            where = "" if net == PRIMARY else " on network %s" % net
-            primary = net == PRIMARY
-            consequence = ("torch.distributed rendezvous will hang" if ports == [mport] and h == master
-                           else "NCCL will hang at init" if primary
-                           else "NCCL hangs if it picks this network")
-            cidr = (nets.get(net) or {}).get("cidr")
-            src_addrs = [(nets.get(net) or {}).get("addresses", {}).get(s) for s in srcs]
-            src_spec = [cidr] if cidr else [a for a in src_addrs if a] if all(src_addrs) else ["<cluster subnet>"]
-            # NCCL's ports are ephemeral: open the whole unprivileged range, not just the ports we sampled.
-            fix = _firewall_fix(h, src_spec, str(mport) if ports == [mport] else "1024-65535")
-            if not primary:
-                fix += "; or pin NCCL to the working network: NCCL_SOCKET_IFNAME=<the SSH network's interface>"
-            findings.append(Finding(
-                Status.FAIL if primary else Status.WARN,
-                "inbound TCP to %s:%s (%s)%s blocked from %s (%s): %s"
-                % (h, label, addr, where, short_list(srcs), REASONS.get(result, result), consequence), fix))
-        ok = [p for p in inbound if p["result"] == "ok"]
-        outbound = [p for p in probes if p["src"] == h]
-        ms = sorted(p["ms"] for p in ok)
-        metrics.update({"probes_in": len(inbound), "probes_in_ok": len(ok),
-                        "probes_out": len(outbound), "probes_out_ok": sum(p["result"] == "ok" for p in outbound),
-                        "sources": sorted({p["src"] for p in inbound}),
-                        "networks": sorted({p["network"] for p in inbound}),
-                        "connect_ms_max": ms[-1] if ms else None,
-                        "connect_ms_median": ms[len(ms) // 2] if ms else None})
-        skipped = sum(p["result"] == "skipped" for p in probes if p["dst"] == h)
-        if skipped:
-            findings.append(Finding(Status.ERROR, "%d probes to %s were not run within the time budget" %
-                                    (skipped, h), "raise [ports] max_probe_s or probe_threads"))
-        if len(hosts) == 1:
-            ok_msg = "single host: no cross-host traffic to test"
-        else:
-            ok_msg = "inbound TCP open on ports %s from %d hosts (%d/%d connects ok, max %.1f ms)" % (
-                ", ".join(map(str, info.get("ports", []))), len(metrics["sources"]), len(ok), len(inbound),
-                ms[-1] if ms else 0.0)
-        if h == master and mp and mp.get("free"):
-            ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
-        out[h] = combine(findings, ok_msg, metrics)
+        out[h] = _host_outcome(h, facts, thresholds, egress)
     return out
+
+
+def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
+                  egress: Dict[str, List[str]]) -> Outcome:
+    """One host's row: its listener and master port, its probes out (egress) and the probes to it (inbound)."""
+    hosts: List[str] = facts.get("hosts", [])
+    master = facts.get("master")
+    probes: List[Dict[str, Any]] = facts.get("probes", [])
+    findings: List[Finding] = []
+    info = facts.get("listeners", {}).get(h) or {}
+    metrics: Dict[str, Any] = {"listen_ports": info.get("ports", [])}
+    if h in facts.get("listener_errors", {}):
+        findings.append(Finding(Status.ERROR, "could not start the test listener on %s: %s"
+                                % (h, facts["listener_errors"][h]), "rerun with -v; check the host"))
+    elif len(info.get("ports") or []) < int((facts.get("limits") or limits(thresholds, NAME))["sample_ports"]):
+        findings.append(Finding(Status.ERROR, "could bind only %d test ports on %s in %s"
+                                % (len(info.get("ports") or []), h, info.get("range")),
+                                "check net.ipv4.ip_local_port_range and ports in use (ss -ltn)"))
+    mp = info.get("master_port")
+    if h == master and mp:
+        metrics["master_port"] = mp["port"]
+        metrics["master_port_free"] = bool(mp.get("free"))
+        if not mp.get("free"):
+            findings.append(_master_port_taken(h, mp))
+    if h in facts.get("probe_errors", {}):
+        findings.append(Finding(Status.ERROR, "could not run the probes from %s: %s"
+                                % (h, facts["probe_errors"][h]), "rerun with -v; check the host"))
+    if h in egress:
+        findings.append(Finding(
+            Status.FAIL, "outbound TCP from %s to high ports blocked: none of %s reachable from it, though "
+            "other hosts reach them; NCCL will hang at init" % (h, short_list(egress[h])),
+            "check the OUTPUT chain / egress policy on %s (nft list ruleset; iptables -S OUTPUT)" % h))
+    inbound = [p for p in probes if p["dst"] == h and p["src"] not in egress and p["result"] != "skipped"]
+    findings.extend(_inbound_findings(h, inbound, facts))
+    ok = [p for p in inbound if p["result"] == "ok"]
+    outbound = [p for p in probes if p["src"] == h]
+    ms = sorted(p["ms"] for p in ok)
+    metrics.update({"probes_in": len(inbound), "probes_in_ok": len(ok),
+                    "probes_out": len(outbound), "probes_out_ok": sum(p["result"] == "ok" for p in outbound),
+                    "sources": sorted({p["src"] for p in inbound}),
+                    "networks": sorted({p["network"] for p in inbound}),
+                    "connect_ms_max": ms[-1] if ms else None,
+                    "connect_ms_median": ms[len(ms) // 2] if ms else None})
+    skipped = sum(p["result"] == "skipped" for p in probes if p["dst"] == h)
+    if skipped:
+        findings.append(Finding(Status.ERROR, "%d probes to %s were not run within the time budget" %
+                                (skipped, h), "raise [ports] max_probe_s or probe_threads"))
+    if len(hosts) == 1:
+        ok_msg = "single host: no cross-host traffic to test"
+    else:
+        ok_msg = "inbound TCP open on ports %s from %d hosts (%d/%d connects ok, max %.1f ms)" % (
+            ", ".join(map(str, info.get("ports", []))), len(metrics["sources"]), len(ok), len(inbound),
+            ms[-1] if ms else 0.0)
+    if h == master and mp and mp.get("free"):
+        ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
+    return combine(findings, ok_msg, metrics)
+
+
+def _master_port_taken(h: str, mp: Dict[str, Any]) -> Finding:
+    who = "; ".join("pid %d (%s)" % (o["pid"], o["cmdline"] or "?") for o in mp.get("holders", []))
+    where = ", ".join(mp.get("listening") or []) or mp.get("error") or "bind failed"
+    return Finding(
+        Status.FAIL,
+        "master port %d is already in use on %s (%s)%s: torch.distributed's TCPStore on rank 0 "
+        "cannot bind it and the job fails at init" % (mp["port"], h, where, ", held by " + who if who else ""),
+        "pick another port: deepspeed --master_port PORT (and preflight run --master-port PORT), "
+        "or stop %s" % (", ".join("pid %d" % o["pid"] for o in mp.get("holders", []))
+                        or "the process listening on it (find it with: ss -ltnp sport = :%d)" % mp["port"]))
+
+
+def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, Any]) -> List[Finding]:
+    """One finding per (network, address, result, sources) of the failed probes to h, naming its ports: FAIL on the
+    SSH network, WARN on an extra one; the fix opens the firewall to those sources."""
+    master, mport = facts.get("master"), facts.get("master_port")
+    nets = {n["name"]: n for n in facts.get("networks", [])}
+    groups: Dict[Tuple[str, str, str, Tuple[str, ...]], List[int]] = {}
+    failed_by_key: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
+    for p in inbound:
+        if p["result"] != "ok":
+            failed_by_key.setdefault((p["network"], p["address"], p["port"]), []).append(p)
+    for (net, addr, port), fails in failed_by_key.items():
+        result = sorted({f["result"] for f in fails})[0]
+        key = (net, addr, result, tuple(sorted({f["src"] for f in fails})))
+        groups.setdefault(key, []).append(port)
+    findings: List[Finding] = []
+    for (net, addr, result, srcs), ports in sorted(groups.items()):
+        ports = sorted(set(ports))
+        label = ", ".join(("%d (master port)" % p if h == master and p == mport else str(p)) for p in ports)
+        where = "" if net == PRIMARY else " on network %s" % net
+        primary = net == PRIMARY
+        consequence = ("torch.distributed rendezvous will hang" if ports == [mport] and h == master
+                       else "NCCL will hang at init" if primary
+                       else "NCCL hangs if it picks this network")
+        cidr = (nets.get(net) or {}).get("cidr")
+        src_addrs = [(nets.get(net) or {}).get("addresses", {}).get(s) for s in srcs]
+        src_spec = [cidr] if cidr else [a for a in src_addrs if a] if all(src_addrs) else ["<cluster subnet>"]
+        # NCCL's ports are ephemeral: open the whole unprivileged range, not just the ports we sampled.
+        fix = _firewall_fix(h, src_spec, str(mport) if ports == [mport] else "1024-65535")
+        if not primary:
+            fix += "; or pin NCCL to the working network: NCCL_SOCKET_IFNAME=<the SSH network's interface>"
+        findings.append(Finding(
+            Status.FAIL if primary else Status.WARN,
+            "inbound TCP to %s:%s (%s)%s blocked from %s (%s): %s"
+            % (h, label, addr, where, short_list(srcs), REASONS.get(result, result), consequence), fix))
+    return findings
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
