@@ -90,6 +90,9 @@ def test_without_preflight_options_the_plugin_adds_nothing(pytester: pytest.Pyte
      "argument --preflight-model-parallel-size: '0' is out of range"),
     ("node01 slots=0\n", [], "hostfile:1: slots=0 for node01"),
     ("node01 slots=1\n", ["--preflight-deepspeed-config=ds.json"], "ds.json:2:2: DeepSpeed config does not parse"),
+    # an output that cannot be written is found before the run, as in the CLI (issue 26)
+    ("node01 slots=1\n", ["--preflight-html=/proc/x.html"],
+     "--preflight-html /proc/x.html: cannot create a file in /proc"),
 ])
 def test_bad_input_is_one_usage_error_and_nothing_runs(pytester: pytest.Pytester, hostfile, args, words):
     pytester.path.joinpath("ds.json").write_text('{"train_batch_size": 8\n}}\n')  # one brace too many
