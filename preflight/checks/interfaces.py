@@ -449,8 +449,37 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     ifaces = facts.get("interfaces") or []
     ib = facts.get("ib") or []
     active = [p for p in ib if p.get("active")]
-    hca_list = ",".join(_port(p) for p in active)
+    findings.extend(_ib_port_findings(ib, active, frac))
+    master = facts.get("master")
+    route = facts.get("route_to_master")
+    if master is not None:
+        findings.extend(_route_findings(master, route, facts.get("route_error"), ifaces))
 
+    phys = [i for i in ifaces if not i.get("virtual")]
+    parts = ["%d interfaces (%s physical)" % (len(ifaces), ", ".join(
+        "%s %s%s MTU %s" % (i["name"], ",".join(i.get("ipv4") or []) or "no IPv4",
+                            (" %d Mb/s" % i["speed_mbps"]) if i.get("speed_mbps") else "", i.get("mtu"))
+        for i in phys) or "none")]
+    if ib:
+        parts.append("%d/%d IB/RoCE ports active (%s)" % (len(active), len(ib), ", ".join(
+            "%s %s %g Gb/s" % (_port(p), p.get("link_layer"), p.get("rate_gbps") or 0) for p in active)))
+    else:
+        parts.append("no IB/RoCE devices")
+    parts.append("%s loaded" % facts.get("peermem_module") if facts.get("peermem")
+                 else "nvidia_peermem not loaded")
+    if route:
+        parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
+                                                             route.get("dev"), route.get("src")))
+    metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
+                                        "master")}
+    return combine(findings, "; ".join(parts), metrics)
+
+
+def _ib_port_findings(ib: List[Dict[str, Any]], active: List[Dict[str, Any]], frac: float) -> List[Finding]:
+    """FAIL for a port that is not ACTIVE / LinkUp; WARN for an active port slower than frac of the fastest of its
+    link layer on this host, and for a RoCE port with no GID."""
+    findings: List[Finding] = []
+    hca_list = ",".join(_port(p) for p in active)
     for p in ib:
         if p.get("active"):
             continue
@@ -491,53 +520,35 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                                  "an IP address on %s; NCCL_IB_GID_INDEX needs one)" % (_port(p), nd),
                                     "ip addr add <IP>/<PREFIX> dev %s && cat /sys/class/infiniband/%s/ports/%s/"
                                     "gids/*" % (nd, p.get("device"), p.get("port"))))
+    return findings
 
-    master = facts.get("master")
-    route = facts.get("route_to_master")
-    if master is not None:
-        if route is None:
-            err = facts.get("route_error") or "unknown error"
-            if master.get("error"):
-                findings.append(Finding(Status.FAIL, "master %s: %s (expected an address this host can reach)"
-                                        % (master.get("given"), master.get("error") or err),
-                                        "getent hosts %s || echo %s >> /etc/hosts"
-                                        % (shlex.quote(str(master.get("given"))),
-                                           shlex.quote("<MASTER_IP> %s" % master.get("given")))))
-            elif "unreachable" in err.lower() or "no route" in err.lower():
-                findings.append(Finding(Status.FAIL, "no route from this host to master %s (%s): %s (expected a "
-                                                     "route on the cluster interface)"
-                                        % (master.get("given"), master.get("ip"), err),
-                                        "ip route show; ip -br addr"))
-            else:
-                findings.append(Finding(Status.ERROR, "could not find the route to master %s: %s"
-                                        % (master.get("given"), err),
-                                        "ip route get %s" % shlex.quote(str(master.get("ip")))))
-        else:
-            dev = next((i for i in ifaces if i.get("name") == route.get("dev")), None)
-            if dev and (dev.get("operstate") or "").lower() in ("down", "lowerlayerdown", "notpresent"):
-                findings.append(Finding(Status.FAIL, "the route to master %s goes via %s, which is %s (expected up)"
-                                        % (master.get("given"), dev["name"], dev.get("operstate")),
-                                        "ip link set %s up; ip route get %s"
-                                        % (dev["name"], shlex.quote(str(master.get("ip"))))))
 
-    phys = [i for i in ifaces if not i.get("virtual")]
-    parts = ["%d interfaces (%s physical)" % (len(ifaces), ", ".join(
-        "%s %s%s MTU %s" % (i["name"], ",".join(i.get("ipv4") or []) or "no IPv4",
-                            (" %d Mb/s" % i["speed_mbps"]) if i.get("speed_mbps") else "", i.get("mtu"))
-        for i in phys) or "none")]
-    if ib:
-        parts.append("%d/%d IB/RoCE ports active (%s)" % (len(active), len(ib), ", ".join(
-            "%s %s %g Gb/s" % (_port(p), p.get("link_layer"), p.get("rate_gbps") or 0) for p in active)))
-    else:
-        parts.append("no IB/RoCE devices")
-    parts.append("%s loaded" % facts.get("peermem_module") if facts.get("peermem")
-                 else "nvidia_peermem not loaded")
-    if route:
-        parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
-                                                             route.get("dev"), route.get("src")))
-    metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
-                                        "master")}
-    return combine(findings, "; ".join(parts), metrics)
+def _route_findings(master: Dict[str, Any], route: Optional[Dict[str, Any]], route_error: Optional[str],
+                    ifaces: List[Dict[str, Any]]) -> List[Finding]:
+    """Whether this host reaches the master: its name resolves, a route exists, and the route's interface is up."""
+    if route is None:
+        err = route_error or "unknown error"
+        if master.get("error"):
+            return [Finding(Status.FAIL, "master %s: %s (expected an address this host can reach)"
+                            % (master.get("given"), master.get("error") or err),
+                            "getent hosts %s || echo %s >> /etc/hosts"
+                            % (shlex.quote(str(master.get("given"))),
+                               shlex.quote("<MASTER_IP> %s" % master.get("given"))))]
+        if "unreachable" in err.lower() or "no route" in err.lower():
+            return [Finding(Status.FAIL, "no route from this host to master %s (%s): %s (expected a "
+                                         "route on the cluster interface)"
+                            % (master.get("given"), master.get("ip"), err),
+                            "ip route show; ip -br addr")]
+        return [Finding(Status.ERROR, "could not find the route to master %s: %s"
+                        % (master.get("given"), err),
+                        "ip route get %s" % shlex.quote(str(master.get("ip"))))]
+    dev = next((i for i in ifaces if i.get("name") == route.get("dev")), None)
+    if dev and (dev.get("operstate") or "").lower() in ("down", "lowerlayerdown", "notpresent"):
+        return [Finding(Status.FAIL, "the route to master %s goes via %s, which is %s (expected up)"
+                        % (master.get("given"), dev["name"], dev.get("operstate")),
+                        "ip link set %s up; ip route get %s"
+                        % (dev["name"], shlex.quote(str(master.get("ip")))))]
+    return []
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
