@@ -70,6 +70,8 @@ def test_namespace_host_with_a_clock_30s_ahead_is_named(netcluster_factory, tmp_
     assert out.exists(), proc.stderr[-2000:]
     cells = {r["host"]: r for r in json.loads(out.read_text())["results"] if r["check"] == "clock"}
     assert cells["node02"]["status"] == "warn", cells["node02"]["message"]
-    assert cells["node02"]["message"].startswith("node02: clock ahead of the coordinator's by 30.")
+    # The estimate carries the exchange's own error (29.998 s +- 0.015 under load): 30 s within it, not "30." text.
+    assert cells["node02"]["message"].startswith("node02: clock ahead of the coordinator's by ")
+    assert abs(cells["node02"]["metrics"]["offset_s"] - 30.0) < 0.5, cells["node02"]["metrics"]
     for h in ("node01", "node03"):
         assert cells[h]["status"] == "pass" and abs(cells[h]["metrics"]["offset_s"]) < 1.0, cells[h]["message"]
