@@ -196,6 +196,8 @@ class Runner:
                           "address": transport.address, "connect_s": round(transport.connect_seconds, 3),
                           "rtt_ms": round(probe.duration * 1000 if rtt_ms is None else rtt_ms, 3),
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
+        if hello is not None and isinstance(hello.get("machine"), dict):
+            node.ssh_facts["machine"] = hello["machine"]  # which machine it is (agent.machine_identity)
         if isinstance(transport, SrunTransport):
             node.ssh_facts.update(via="srun", step=step)
         elif transport.via:
@@ -413,6 +415,7 @@ class Runner:
         self.preload = any(m.SPEC.uses_torch for m in modules)
         try:
             self._connect_all()
+            mark_same_machines(self.nodes)
             for node in self.nodes:
                 self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
                                                            self.o.thresholds))
@@ -431,6 +434,40 @@ class Runner:
         self.results.sort(key=lambda r: (host_order.get(r.host, len(self.nodes)), order.get(r.check, 99)))
         return Report(started, time.monotonic() - t0, hosts, self.results, ["ssh"] + list(self.o.checks),
                       env, reasons, notes, self.o.strict)
+
+
+def mark_same_machines(nodes: Sequence[Node]) -> None:
+    """Hostfile names that are one machine (two addresses of a host, a name and an alias): their hellos' machine
+    id and boot id agree and they share an address. Each such host's connection facts get ``same_machine``, the
+    names of the machine's group in hostfile order with their slots and GPU ids and the machine's GPU count; the
+    connection check judges it (DeepSpeed would start every name's ranks on the one machine)."""
+    keyed: Dict[Tuple[str, str], List[Node]] = {}
+    position = {id(n): i for i, n in enumerate(nodes)}
+    for node in nodes:
+        machine = node.ssh_facts.get("machine") if node.reachable else None
+        if isinstance(machine, dict) and (machine.get("machine_id") or machine.get("boot_id")):
+            keyed.setdefault((str(machine.get("machine_id", "")), str(machine.get("boot_id", ""))), []).append(node)
+    for candidates in keyed.values():
+        # Containers on one kernel share the boot id (and often the image's machine-id): the same network namespace,
+        # seen in a shared address, is what makes two names one machine. Joined transitively, in hostfile order.
+        groups: List[List[Node]] = []
+        for node in candidates:
+            mine = set(node.ssh_facts["machine"].get("addresses") or [])
+            joined = [g for g in groups if any(mine & set(n.ssh_facts["machine"].get("addresses") or [])
+                                               or not mine and not n.ssh_facts["machine"].get("addresses")
+                                               for n in g)]
+            merged = [n for g in joined for n in g] + [node]
+            groups = [g for g in groups if g not in joined] + [merged]
+        for group in groups:
+            if len(group) < 2:
+                continue
+            group.sort(key=lambda n: position[id(n)])
+            machine = group[0].ssh_facts["machine"]
+            same = {"hosts": [n.name for n in group], "slots": [n.spec.slots for n in group],
+                    "gpu_ids": [list(n.spec.gpus) for n in group], "gpus": machine.get("gpus"),
+                    "machine_id": machine.get("machine_id", ""), "boot_id": machine.get("boot_id", "")}
+            for n in group:
+                n.ssh_facts["same_machine"] = same
 
 
 def _agent_fix(text: str, python: str) -> str:

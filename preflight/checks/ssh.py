@@ -1,21 +1,67 @@
-"""Reachability of each host: SSH connection, authentication, remote hostname and round-trip latency.
+"""Reachability of each host: SSH connection, authentication, remote hostname and round-trip latency; and
+hostfile names that are one machine.
 
-Facts come from the coordinator's connection attempt, not from the host, e.g.:
+Facts come from the coordinator's connection attempt and the agent's hello, not from a check on the host, e.g.:
 
     {"connected": true, "hostname": "node01", "address": "198.18.0.1", "connect_s": 0.21, "rtt_ms": 3.2}
     {"connected": true, "hostname": "node03", ..., "via": "jump host bastion"}
     {"connected": false, "error": "TCP connect to 198.18.0.9:22 timed out after 5s", "fix": "...", "status": "error"}
+    {"connected": true, ..., "same_machine": {"hosts": ["node01", "198.18.1.1"], "slots": [4, 4],
+     "gpu_ids": [[0, 1, 2, 3], [0, 1, 2, 3]], "gpus": 8, "machine_id": "3d12...", "boot_id": "ddb4..."}}
+
+``same_machine`` (runner.mark_same_machines: the hellos' machine id and boot id agree and the names share an
+address) is a FAIL when the names' ranks together need more GPUs than the machine has, or two names would put
+ranks on the same GPU (each name's ranks get CUDA_VISIBLE_DEVICES from its own slots: 0..N-1 by default); a WARN
+otherwise, a machine without GPUs included (DeepSpeed would still start every name's ranks on the one box).
 
 Thresholds: [ssh] in ssh.toml beside this module.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from ..hostside.outcome import Outcome, Status, limits
 from ..hostside.seams import CheckSpec
 
 NAME = "ssh"
+
+
+def _names(hosts: List[str]) -> str:
+    return hosts[0] if len(hosts) == 1 else "%s and %s" % (", ".join(hosts[:-1]), hosts[-1])
+
+
+def same_machine(same: Dict[str, Any], metrics: Dict[str, Any]) -> Outcome:
+    """The outcome of hostfile names that are one machine: the same text on each of them (one cause)."""
+    hosts = [str(h) for h in same.get("hosts", [])]
+    slots = [int(n) for n in same.get("slots", [])]
+    gpu_ids: List[List[int]] = [list(ids) for ids in same.get("gpu_ids", [])]
+    gpus = int(same.get("gpus") or 0)
+    total = sum(slots)
+    ident = "machine-id %s, boot id %s" % (str(same.get("machine_id") or "?")[:8], str(same.get("boot_id") or "?")[:8])
+    head = "%s are one machine (%s)" % (_names(hosts), ident)
+    per_name = ", ".join("%s slots=%d" % (h, n) for h, n in zip(hosts, slots))
+    used = [i for ids in gpu_ids for i in ids]
+    shared = sorted({i for i in used if used.count(i) > 1})
+    keep = hosts[0]
+    metrics = dict(metrics, same_machine=same)
+    if gpus and total > gpus:
+        return Outcome(Status.FAIL, "%s: DeepSpeed would start %d ranks on it (%s) and it has %d GPU(s)"
+                       % (head, total, per_name, gpus),
+                       "list the machine once in the hostfile: %s slots=%d, without %s"
+                       % (keep, gpus, _names(hosts[1:])), metrics)
+    if gpus and shared:
+        return Outcome(Status.FAIL, "%s: each name's ranks would use GPU %s (CUDA_VISIBLE_DEVICES from each name's "
+                       "slots), two ranks on one GPU (%s)" % (head, ",".join(map(str, shared)), per_name),
+                       "list the machine once in the hostfile: %s slots=%d, without %s"
+                       % (keep, min(total, gpus), _names(hosts[1:])), metrics)
+    if gpus:
+        return Outcome(Status.WARN, "%s: DeepSpeed would start a launcher for each name on it (%s; no GPU shared)"
+                       % (head, per_name),
+                       "unless two launchers per machine are meant, list it once: %s slots=%d, without %s"
+                       % (keep, total, _names(hosts[1:])), metrics)
+    return Outcome(Status.WARN, "%s without GPUs: DeepSpeed would start %d ranks on this one box (%s)"
+                   % (head, total, per_name),
+                   "list the machine once in the hostfile: keep %s, without %s" % (keep, _names(hosts[1:])), metrics)
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -25,6 +71,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if not facts.get("connected"):
         status = Status.FAIL if facts.get("status") == "fail" else Status.ERROR
         return Outcome(status, facts.get("error", "could not connect"), facts.get("fix", ""), metrics)
+    same: Optional[Dict[str, Any]] = facts.get("same_machine")
+    if same and len(same.get("hosts", [])) > 1:
+        return same_machine(same, metrics)
     if facts.get("local"):
         return Outcome(Status.PASS, "local host, no SSH needed (hostname %s)" % facts.get("hostname"),
                        metrics=metrics)

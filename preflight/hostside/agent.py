@@ -162,6 +162,67 @@ def _host_facts() -> Dict[str, Any]:
             "executable": sys.executable, "pid": os.getpid()}
 
 
+MACHINE_ADDRESSES_MAX = 16  # addresses in the hello: enough to tell network namespaces apart, and a small hello
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(256).decode("ascii", "replace").strip().splitlines()[0][:64]
+    except (OSError, IndexError):
+        return ""
+
+
+def _local_addresses() -> List[str]:
+    """This network namespace's own addresses, loopback and link-local left out: IPv4 from the kernel's routing
+    trie (``|-- 198.18.0.1`` then ``/32 host LOCAL``), IPv6 global ones from /proc/net/if_inet6."""
+    found = set()
+    try:
+        with open("/proc/net/fib_trie", "rb") as fh:
+            last = ""
+            for raw in fh:
+                line = raw.decode("ascii", "replace").strip()
+                if line.startswith("|-- "):
+                    last = line[4:]
+                elif line == "/32 host LOCAL" and last and not last.startswith("127."):
+                    found.add(last)
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6", "rb") as fh:
+            for raw in fh:
+                fields = raw.decode("ascii", "replace").split()
+                if len(fields) >= 4 and fields[3] == "00" and len(fields[0]) == 32:  # scope 00: global
+                    found.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
+    except (OSError, ValueError):
+        pass
+    return sorted(found)[:MACHINE_ADDRESSES_MAX]
+
+
+def machine_identity() -> Dict[str, Any]:
+    """Which machine this is, beyond its name, for the hello: the coordinator tells two hostfile names of one
+    machine (DeepSpeed would start both names' ranks on it) from two machines. machine_id (systemd's, else
+    D-Bus's), the kernel's boot_id (shared by containers on one kernel), the namespace's addresses (which tell
+    containers and network namespaces apart) and the NVIDIA GPUs the driver lists. A few /proc reads, no
+    process, so the hello stays as quick as it was, e.g.::
+
+        {"machine_id": "3d1219c7...", "boot_id": "ddb49c75-0e4a-...", "addresses": ["198.18.0.1"], "gpus": 8}
+    """
+    out: Dict[str, Any] = {}
+    machine_id = _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id")
+    if machine_id:
+        out["machine_id"] = machine_id
+    boot_id = _first_line("/proc/sys/kernel/random/boot_id")
+    if boot_id:
+        out["boot_id"] = boot_id
+    out["addresses"] = _local_addresses()
+    try:
+        out["gpus"] = len(os.listdir("/proc/driver/nvidia/gpus"))  # one directory per GPU, by PCI bus id
+    except OSError:
+        pass  # no NVIDIA driver loaded: no GPUs for CUDA
+    return out
+
+
 def _collect(names: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
     """Run each named check's collect under its own deadline; one check's failure never stops the next."""
     out: Dict[str, Any] = {}
@@ -532,6 +593,7 @@ class _Server:
         """Say hello, then serve until stdin ends or says exit (_Shutdown), or a write to the coordinator fails
         (OSError)."""
         hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
+        hello["machine"] = machine_identity()
         if self.route:
             hello["node"] = self.route[1:-1].decode()
         _frame(0, b"h", json.dumps(hello).encode())
