@@ -22,7 +22,7 @@ import shlex
 import re
 import shutil
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, HostContext
@@ -239,40 +239,63 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     metrics: Dict[str, Any] = {"deepspeed": facts.get("deepspeed"), "torch": facts.get("torch"),
                                "source": facts.get("source"), "shm_bytes": facts.get("shm_bytes"),
                                "required_ops": required}
-
     if not facts.get("deepspeed"):
-        if facts.get("installed") and facts.get("import_error"):
-            return combine([Finding(Status.FAIL, "DeepSpeed is installed for %s but `import deepspeed` fails: %s"
-                                    % (python, facts["import_error"]),
-                                    "%s -m pip install --force-reinstall deepspeed, then check with %s -c 'import "
-                                    "deepspeed'" % (python, python))], "", metrics)
-        if facts.get("tool_timeout"):
-            return error("could not get DeepSpeed's op report: %s" % facts["tool_timeout"],
-                         "run `ds_report` on the host by hand", **metrics)
-        if facts.get("installed") is None and facts.get("api_error"):
-            return error("could not run the DeepSpeed op report (child %s: %s; ds_report: %s)" % (
-                python, facts["api_error"], facts.get("ds_report_error")),
-                "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % shlex.quote(str(python)),
-                **metrics)
-        reason = "DeepSpeed is not installed for %s (%s) and no ds_report is on PATH" % (
-            python, facts.get("import_error") or facts.get("api_error") or "not importable")
-        fix = "%s -m pip install deepspeed" % shlex.quote(str(python))
-        if required:
-            return combine([Finding(Status.FAIL, reason + ", but required_ops = %s" % required, fix)], "", metrics)
-        return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)
-
+        return _without_deepspeed(facts, python, required, metrics)
     if not facts.get("source"):
         return error("DeepSpeed %s imports but its op table could not be read (%s; ds_report: %s)" % (
             facts.get("deepspeed"), facts.get("import_error") or facts.get("api_error"), facts.get("ds_report_error")),
             "run `ds_report` on the host by hand", **metrics)
 
     ops: Dict[str, Dict[str, Any]] = facts.get("ops") or {}
+    findings = _op_findings(ops, required, ignore, facts.get("deepspeed"))
+    if not facts.get("ninja"):
+        findings.append(_no_ninja(facts, ops, required, python))
+    shm = facts.get("shm_bytes")
+    findings.extend(_shm_findings(shm, int(limits(thresholds, NAME)["shm_min_mib"]) * 1024 * 1024))
+
+    compatible = sum(1 for e in ops.values() if e.get("compatible") or e.get("installed"))
+    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s; ninja present; /dev/shm %s MiB" % (
+        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), compatible, len(ops),
+        ", required %s usable" % required if required else "", (shm or 0) // 1048576)
+    metrics["ops_usable"] = compatible
+    metrics["ops_total"] = len(ops)
+    return combine(findings, ok, metrics)
+
+
+def _without_deepspeed(facts: Dict[str, Any], python: str, required: List[str], metrics: Dict[str, Any]) -> Outcome:
+    """No DeepSpeed version: it does not import (FAIL), the report could not be had (ERROR), or it is not installed
+    (FAIL when ops are required, else SKIP)."""
+    if facts.get("installed") and facts.get("import_error"):
+        return combine([Finding(Status.FAIL, "DeepSpeed is installed for %s but `import deepspeed` fails: %s"
+                                % (python, facts["import_error"]),
+                                "%s -m pip install --force-reinstall deepspeed, then check with %s -c 'import "
+                                "deepspeed'" % (python, python))], "", metrics)
+    if facts.get("tool_timeout"):
+        return error("could not get DeepSpeed's op report: %s" % facts["tool_timeout"],
+                     "run `ds_report` on the host by hand", **metrics)
+    if facts.get("installed") is None and facts.get("api_error"):
+        return error("could not run the DeepSpeed op report (child %s: %s; ds_report: %s)" % (
+            python, facts["api_error"], facts.get("ds_report_error")),
+            "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % shlex.quote(str(python)),
+            **metrics)
+    reason = "DeepSpeed is not installed for %s (%s) and no ds_report is on PATH" % (
+        python, facts.get("import_error") or facts.get("api_error") or "not importable")
+    fix = "%s -m pip install deepspeed" % shlex.quote(str(python))
+    if required:
+        return combine([Finding(Status.FAIL, reason + ", but required_ops = %s" % required, fix)], "", metrics)
+    return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)
+
+
+def _op_findings(ops: Dict[str, Dict[str, Any]], required: List[str], ignore: Set[str],
+                 deepspeed: Any) -> List[Finding]:
+    """FAIL for a required op that is unknown or neither pre-built nor JIT-buildable; WARN for any other such op
+    not in ignore_ops."""
     findings: List[Finding] = []
     for op in required:
         entry = ops.get(op)
         if entry is None:
             findings.append(Finding(Status.FAIL, "required op %r is not a DeepSpeed %s op (known: %s)" % (
-                op, facts.get("deepspeed"), ", ".join(sorted(ops))),
+                op, deepspeed, ", ".join(sorted(ops))),
                 "fix the name in [ds_report] required_ops"))
         elif not entry.get("installed") and not entry.get("compatible"):
             findings.append(Finding(Status.FAIL, "required op %s is neither pre-built nor compatible for a JIT "
@@ -286,40 +309,37 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             findings.append(Finding(Status.WARN, "op %s is not compatible (cannot be JIT-built here)%s" % (
                 op, ": " + entry["note"] if entry.get("note") else ""),
                 _op_fix(op) + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
+    return findings
 
-    if not facts.get("ninja"):
-        needs_jit = [op for op in required if op in ops and not ops[op].get("installed")]
-        missing = []
-        if not facts.get("ninja_module"):
-            missing.append("the ninja Python package (DeepSpeed checks `import ninja`)")
-        if not facts.get("ninja_binary") and facts.get("source") == "api":
-            missing.append("the ninja binary on PATH (torch's JIT build runs `ninja --version`)")
-        findings.append(Finding(
-            Status.FAIL if needs_jit else Status.WARN,
-            "ninja is missing (%s): ops that are not pre-built cannot be JIT-compiled%s" % (
-                "; ".join(missing) or "not found", "; required ops needing JIT: %s" % needs_jit if needs_jit else ""),
-            "%s -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)" % python))
 
-    shm = facts.get("shm_bytes")
-    shm_min = int(limits(thresholds, NAME)["shm_min_mib"]) * 1024 * 1024
+def _no_ninja(facts: Dict[str, Any], ops: Dict[str, Dict[str, Any]], required: List[str], python: str) -> Finding:
+    """ninja is missing: FAIL when a required op needs a JIT build, else WARN."""
+    needs_jit = [op for op in required if op in ops and not ops[op].get("installed")]
+    missing = []
+    if not facts.get("ninja_module"):
+        missing.append("the ninja Python package (DeepSpeed checks `import ninja`)")
+    if not facts.get("ninja_binary") and facts.get("source") == "api":
+        missing.append("the ninja binary on PATH (torch's JIT build runs `ninja --version`)")
+    return Finding(
+        Status.FAIL if needs_jit else Status.WARN,
+        "ninja is missing (%s): ops that are not pre-built cannot be JIT-compiled%s" % (
+            "; ".join(missing) or "not found", "; required ops needing JIT: %s" % needs_jit if needs_jit else ""),
+        "%s -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)" % python)
+
+
+def _shm_findings(shm: Optional[int], shm_min: int) -> List[Finding]:
+    """A WARN when /dev/shm is missing or below shm_min bytes."""
     if shm is None:
-        findings.append(Finding(Status.WARN, "/dev/shm is missing or unreadable; NCCL and DataLoader workers use it",
-                                "mount a tmpfs: sudo mount -t tmpfs -o size=16g tmpfs /dev/shm (docker: "
-                                "--shm-size=16g or --ipc=host)"))
-    elif shm < shm_min:
-        findings.append(Finding(Status.WARN, "/dev/shm is %d MiB, below %d MiB (DeepSpeed's ds_report warns below "
-                                             "512 MiB; NCCL's shared-memory transport needs it)" % (
-                                                 shm // 1048576, shm_min // 1048576),
-                                "docker run --shm-size=16g (or --ipc=host); on a host: sudo mount -o remount,size=16g "
-                                "/dev/shm"))
-
-    compatible = sum(1 for e in ops.values() if e.get("compatible") or e.get("installed"))
-    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s; ninja present; /dev/shm %s MiB" % (
-        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), compatible, len(ops),
-        ", required %s usable" % required if required else "", (shm or 0) // 1048576)
-    metrics["ops_usable"] = compatible
-    metrics["ops_total"] = len(ops)
-    return combine(findings, ok, metrics)
+        return [Finding(Status.WARN, "/dev/shm is missing or unreadable; NCCL and DataLoader workers use it",
+                        "mount a tmpfs: sudo mount -t tmpfs -o size=16g tmpfs /dev/shm (docker: "
+                        "--shm-size=16g or --ipc=host)")]
+    if shm < shm_min:
+        return [Finding(Status.WARN, "/dev/shm is %d MiB, below %d MiB (DeepSpeed's ds_report warns below "
+                                     "512 MiB; NCCL's shared-memory transport needs it)" % (
+                                         shm // 1048576, shm_min // 1048576),
+                        "docker run --shm-size=16g (or --ipc=host); on a host: sudo mount -o remount,size=16g "
+                        "/dev/shm")]
+    return []
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
