@@ -1,8 +1,13 @@
-"""The run's structured results: every reporter (matrix, lines, JSON, JUnit, env file) reads only these."""
+"""The run's structured results: every reporter (matrix, lines, JSON, JUnit, env file) reads only these.
+
+A result is one (host, check) cell, e.g. ``Result("node03", "libaio", Status.ERROR, "blocked: ...",
+blocked_by="ssh")``: a blocked cell is one that could not run because its host's connection check failed
+(``preflight.causes`` groups the results into causes; the report counts blocked cells apart from errors).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from preflight.hostside.outcome import Outcome, Status
 
@@ -26,6 +31,10 @@ class Result:
     fix: str = ""
     metrics: Dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    # The check of the same host (its connection check, e.g. "ssh") whose failure kept this one from running.
+    # Such a cell keeps the status ERROR (for JUnit and the pytest plugin it is not a pass), but it is counted as
+    # blocked, not as an error: the terminal prints its cause once, and the matrix shows it as a dot.
+    blocked_by: Optional[str] = None
 
     @classmethod
     def from_outcome(cls, host: str, check: str, outcome: Outcome, duration_s: float = 0.0) -> "Result":
@@ -35,15 +44,22 @@ class Result:
     def nodeid(self) -> str:
         return f"{display_host(self.host)}::{self.check}"
 
+    @property
+    def blocked(self) -> bool:
+        return self.blocked_by is not None
+
     def to_dict(self) -> Dict[str, Any]:
-        return {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,
-                "fix": self.fix, "metrics": self.metrics, "duration_s": round(self.duration_s, 3)}
+        out = {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,
+               "fix": self.fix, "metrics": self.metrics, "duration_s": round(self.duration_s, 3)}
+        if self.blocked_by is not None:  # only on blocked cells: the other results stay as they were
+            out["blocked_by"] = self.blocked_by
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Result":
         """Inverse of to_dict (the JSON report's ``results`` entries)."""
         return cls(data["host"], data["check"], Status(data["status"]), data["message"], data.get("fix", ""),
-                   dict(data.get("metrics", {})), float(data.get("duration_s", 0.0)))
+                   dict(data.get("metrics", {})), float(data.get("duration_s", 0.0)), data.get("blocked_by"))
 
 
 @dataclass
@@ -74,32 +90,37 @@ class Report:
     strict: bool = False
 
     def counts(self) -> Dict[str, int]:
+        """Results by status, and the blocked ones apart: the six counts add up to the number of results."""
         counts = {s.value: 0 for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)}
+        counts["blocked"] = 0
         for r in self.results:
-            counts[r.status.value] += 1
+            counts["blocked" if r.blocked else r.status.value] += 1
         return counts
 
     @property
     def exit_code(self) -> int:
-        """0: no FAIL/ERROR (warnings allowed); 1: any FAIL or ERROR, or any WARN with --strict."""
+        """0: no FAIL/ERROR (warnings allowed); 1: any FAIL or ERROR (blocked cells too), or any WARN with --strict."""
         c = self.counts()
-        if c["fail"] or c["error"] or (self.strict and c["warn"]):
+        if c["fail"] or c["error"] or c["blocked"] or (self.strict and c["warn"]):
             return 1
         return 0
 
     def to_dict(self) -> Dict[str, Any]:
+        from preflight.causes import causes  # it groups these results: imported here, as it imports this module
         summary: Dict[str, Any] = dict(self.counts())
         summary["exit_code"] = self.exit_code
         return {"version": 1, "started_at": self.started_at, "duration_s": round(self.duration_s, 3),
                 "hosts": [h.to_dict() for h in self.hosts],
                 "results": [r.to_dict() for r in self.results],
+                "causes": [c.to_dict() for c in causes(self)],
                 "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes)},
                 "summary": summary}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], strict: bool = False) -> "Report":
         """Inverse of to_dict. The JSON has no ``strict`` (only its effect on exit_code) and no check list:
-        the caller passes strict, and the checks are those of the results, in their order."""
+        the caller passes strict, and the checks are those of the results, in their order. ``causes`` is not read
+        back: it is derived from the results."""
         results = [Result.from_dict(r) for r in data["results"]]
         recommendations = data.get("recommendations", {})
         return cls(data["started_at"], float(data["duration_s"]), [HostRecord.from_dict(h) for h in data["hosts"]],

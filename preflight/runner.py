@@ -20,6 +20,7 @@ from preflight.hostside.outcome import Outcome, Status
 from preflight.hostside.seams import CheckOptions
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
+from preflight.causes import blocked_message, connection_check
 from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input
 from preflight import transport as transports
@@ -273,9 +274,8 @@ class Runner:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
             for module in modules:
-                if not node.reachable:
-                    self._add(node.name, module.NAME, Outcome(Status.ERROR, "not run: the host is unreachable "
-                                                              "(see its ssh result)"))
+                if not node.reachable:  # its connection check failed: a blocked cell, its cause printed once
+                    self._add_blocked(node.name, module.NAME)
                 elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
                     text = str(out) if out is not None else "no answer"
@@ -374,11 +374,24 @@ class Runner:
         return outcomes, time.monotonic() - start
 
     def _add_outcomes(self, module: ModuleType, outcomes: Dict[str, Outcome], elapsed: float) -> None:
+        down = {n.name for n in self.nodes if not n.reachable}
+        if not any(n.reachable for n in self.nodes):
+            down.add(CLUSTER)  # no host to run on: the cluster-wide cell is blocked as well
         for host, outcome in outcomes.items():
-            self._add(host, module.NAME, outcome, elapsed)
+            if host in down and outcome.status == Status.ERROR:  # a cluster check's "not run" on a host it lacks
+                self._add_blocked(host, module.NAME, elapsed)
+            else:
+                self._add(host, module.NAME, outcome, elapsed)
 
     def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
         self.results.append(Result.from_outcome(host, check, outcome, duration))
+
+    def _add_blocked(self, host: str, check: str, duration: float = 0.0) -> None:
+        """A cell its host's failed connection kept from running: ERROR, blocked by the connection check (a
+        check of scope "connection" in the registry), so that the report counts and prints it under that cause."""
+        connection = connection_check()
+        self.results.append(Result(host, check, Status.ERROR, blocked_message(check, connection, host),
+                                   duration_s=duration, blocked_by=connection))
 
     def _cleanup(self) -> None:
         """Stop everything of this run on every host, then close the connections."""

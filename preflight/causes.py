@@ -1,0 +1,354 @@
+"""What to fix, one entry per cause: the report's results grouped by cause, each naming the hosts it affects.
+
+Pure, over a ``results.Report``; the terminal, the JSON (``causes``) and the HTML read it, and it names no check:
+a host's connection is the registered check whose ``SPEC.scope`` is "connection", and what depends on what is
+the checks' ``SPEC.reads``. A cause as the terminal prints it (the hosts compressed as ClusterShell's NodeSet)::
+
+    node[03,07]::ssh ERROR - connection to ADDRESS:22 refused: no SSH server listening (blocks 12 other checks on
+        each; also launcher_ssh FAILED); fix: start sshd on the host or pass the right --ssh-port
+    node02::ports FAILED - inbound TCP to node02:32811 ... blocked (also allreduce FAILED); fix: ...
+    node[01-02,05-06]::driver_cuda SKIPPED - no NVIDIA driver on this host (...)
+
+and the verdict that ends the report::
+
+    NOT READY: 3 hosts need fixing (node02 ports, node03 unreachable, node07 unreachable)
+
+Grouping: an unreachable host's failed connection check is one cause with its other cells (blocked, or noticing
+the same failure); a host's cell whose check reads another check that FAILed or ERRORed on the same host belongs
+to that one's cause (not the cluster-wide row's: it speaks of every host); the rest group by (check, status,
+message, fix) with each host's own name and address and the SSH key fingerprints taken out, and groups that say
+the same of the same hosts from several checks are one.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Pattern, Sequence, Tuple
+
+from preflight.hostside.outcome import Status
+from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result
+from preflight.text import plain
+
+BAD = (Status.FAIL, Status.ERROR)
+# The order causes are printed in: what stops the job first; skips last (they are not printed before the FAILs).
+ORDER = {Status.FAIL: 0, Status.ERROR: 0, Status.WARN: 1, Status.SKIP: 2, Status.PASS: 3}
+HOST, ADDRESS, FINGERPRINT = "HOST", "ADDRESS", "FINGERPRINT"  # what a shared message says instead of each host's
+# An SSH key's fingerprint differs per host: SHA256 as OpenSSH prints it, or MD5 as colon-separated hex.
+_FINGERPRINTS = re.compile(r"SHA256:[A-Za-z0-9+/]{43}=?|\b(?:[0-9a-f]{2}:){15}[0-9a-f]{2}\b")
+VERDICT_NAMES = 4  # hosts named in the verdict line; the rest are "..."
+
+
+# --------------------------------------------------------------------------------------- the registry's view
+
+@functools.lru_cache(maxsize=None)
+def _specs() -> Dict[str, Any]:
+    from preflight import checks as registry
+    return {name: registry.spec(name) for name in registry.ORDER}
+
+
+def connection_checks() -> FrozenSet[str]:
+    """The checks that say whether a host can be reached at all (scope "connection"): ssh."""
+    return frozenset(name for name, spec in _specs().items() if spec.scope == "connection")
+
+
+def connection_check() -> str:
+    """The one connection check, whose failure blocks a host's other checks."""
+    return sorted(connection_checks())[0]
+
+
+def reads(check: str) -> Tuple[str, ...]:
+    spec = _specs().get(check)
+    return tuple(spec.reads) if spec is not None else ()
+
+
+def blocked_message(check: str, connection: str, host: str) -> str:
+    """The message of a cell that its host's failed connection kept from running (runner.py writes it)."""
+    if host == CLUSTER:
+        return f"blocked: no host's {connection} check passed, so {check} had no host to run on"
+    return f"blocked: the {connection} check of {host} did not pass, so {check} could not run there"
+
+
+# --------------------------------------------------------------------------------------- host sets
+
+def nodeset(hosts: Sequence[str]) -> str:
+    """``node[03-05,17]``: the hosts folded as ClusterShell's NodeSet; names as they are when folding would not give
+    back exactly these hosts. The cluster-wide row is ``cluster``."""
+    names = [h for h in dict.fromkeys(hosts) if h != CLUSTER]
+    parts = [CLUSTER_NAME] if CLUSTER in hosts else []
+    if names:
+        parts.insert(0, _fold(names))
+    return ",".join(parts)
+
+
+def _fold(names: List[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    try:
+        from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+        folded = str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
+        if set(NodeSet(folded, resolver=RESOLVER_NOGROUP)) == set(names):
+            return folded
+    except Exception:  # a name NodeSet cannot parse: listed as it is
+        pass
+    return ",".join(names)
+
+
+# --------------------------------------------------------------------------------------- causes
+
+@dataclass
+class Also:
+    """Another check that noticed the same cause on (some of) its hosts."""
+
+    check: str
+    status: Status
+    hosts: List[str] = field(default_factory=list)
+
+
+@dataclass(eq=False)  # one object per cause: compared and hashed by identity
+class Cause:
+    """One thing to fix, and the results it stands for.
+
+    id: ``check:n`` (stable for one report); status: its worst own result; checks: the checks whose results say it
+    (the first names it); hosts: in the report's order, CLUSTER for the cluster-wide row; message and fix: one
+    host's words, or with several hosts their shared words (HOST, ADDRESS and FINGERPRINT for what differs);
+    results: indices into ``report.results`` of every cell it covers (its own, the others that noticed it, and
+    the blocked ones); blocked: how many of them are blocked; also: the other checks' non-pass results.
+    """
+
+    id: str
+    status: Status
+    checks: List[str]
+    hosts: List[str]
+    message: str
+    fix: str
+    results: List[int] = field(default_factory=list)
+    blocked: int = 0
+    blocked_per_host: Dict[str, int] = field(default_factory=dict)
+    also: List[Also] = field(default_factory=list)
+    connection: bool = False
+    shared: Tuple[str, str] = ("", "")  # message and fix without the host's own words: what several hosts share
+
+    @property
+    def check(self) -> str:
+        return self.checks[0]
+
+    @property
+    def where(self) -> str:
+        return nodeset(self.hosts)
+
+    @property
+    def label(self) -> str:
+        """What the verdict calls it beside a host's name: ``unreachable``, or the check (``libaio``)."""
+        return "unreachable" if self.connection and self.status == Status.ERROR else self.check
+
+    def _notes(self) -> List[str]:
+        notes = []
+        if self.blocked:
+            counts = set(self.blocked_per_host.values())
+            hosts = [h for h in self.hosts if h != CLUSTER]
+            if len(counts) == 1 and len(self.blocked_per_host) == len(hosts):
+                n = counts.pop()
+                notes.append(f"blocks {n} other check{'s' if n != 1 else ''}{' on each' if len(hosts) > 1 else ''}")
+            else:
+                notes.append(f"blocks {self.blocked} result{'s' if self.blocked != 1 else ''}")
+        for also in self.also:
+            on = "" if set(also.hosts) == set(self.hosts) else f" on {nodeset(also.hosts)}"
+            notes.append(f"also {also.check} {also.status.word}{on}")
+        return notes
+
+    def line(self) -> str:
+        """``node[03-04]::ssh ERROR - message (blocks ...; also ...); fix: ...``: plain text, one line (a fix
+        with alternatives keeps them on lines of their own)."""
+        text = f"{self.where}::{','.join(self.checks)} {self.status.word} - {self.message}"
+        notes = self._notes()
+        if notes:
+            text += f" ({'; '.join(notes)})"
+        if self.fix and self.status != Status.PASS:
+            text += f"; fix: {self.fix}"
+        return plain(text)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON report's ``causes`` entry (docs/json-contract.md)."""
+        return {"id": self.id, "status": self.status.value, "check": self.check,
+                "checks": self.checks + [a.check for a in self.also if a.check not in self.checks],
+                "hosts": list(self.hosts), "nodeset": self.where, "message": self.message, "fix": self.fix,
+                "blocked": self.blocked}
+
+
+class _Tokens:
+    """Each host's own words (name, address, the hostname it answered with), to take out of its messages."""
+
+    def __init__(self, report: Report, connection: FrozenSet[str]):
+        self._words: Dict[str, List[Tuple[str, str]]] = {}
+        self._patterns: Dict[str, Optional[Pattern[str]]] = {}
+        for h in report.hosts:
+            self._add(h.name, h.name, HOST)
+            self._add(h.name, h.address, ADDRESS)
+        for r in report.results:
+            if r.check in connection:
+                self._add(r.host, str(r.metrics.get("hostname") or ""), HOST)
+                self._add(r.host, str(r.metrics.get("address") or ""), ADDRESS)
+
+    def _add(self, host: str, word: str, placeholder: str) -> None:
+        if host == CLUSTER or len(word) < 2:
+            return
+        words = self._words.setdefault(host, [])
+        if word not in (w for w, _ in words):
+            words.append((word, placeholder))
+        self._patterns.pop(host, None)
+
+    def template(self, host: str, text: str) -> str:
+        if not text:
+            return text
+        if host not in self._patterns:
+            words = sorted(self._words.get(host, []), key=lambda w: -len(w[0]))  # node10 before node1
+            # A whole name only: node1 is not in node10 nor in node1.example.com.
+            self._patterns[host] = re.compile("|".join(
+                rf"(?<![\w.-]){re.escape(w)}(?![\w-]|\.\w)" for w, _ in words)) if words else None
+        pattern = self._patterns[host]
+        if pattern is not None:
+            names = dict(self._words[host])
+            text = pattern.sub(lambda m: names.get(m.group(0), HOST), text)
+        return _FINGERPRINTS.sub(FINGERPRINT, text)
+
+
+def causes(report: Report) -> List[Cause]:
+    """Every non-pass result in exactly one cause; causes in the order to read them: FAIL and ERROR (in the
+    report's order), then WARN, then SKIP."""
+    results = report.results
+    connection = connection_checks() | {r.blocked_by for r in results if r.blocked_by}
+    tokens = _Tokens(report, connection)
+    groups: Dict[Tuple[Any, ...], Cause] = {}
+    home: Dict[int, Cause] = {}  # result index -> the cause that holds it
+    at = {(r.host, r.check): i for i, r in enumerate(results)}
+    # Each unreachable host's failed connection: the cause its other cells go to. (A connection check may also
+    # FAIL a host that it reached, e.g. two names of one machine: that host's other cells ran, and stand apart.)
+    reachable = {h.name: h.reachable for h in report.hosts}
+    down: Dict[str, Cause] = {}
+    for i, r in enumerate(results):
+        if r.check in connection and r.status in BAD and not r.blocked and not reachable.get(r.host, False):
+            cause = _join(groups, ("connection", r.check, r.status), tokens, i, r)
+            cause.connection = True
+            home[i] = down[r.host] = cause
+    first_down = next(iter(down.values()), None)
+    # In the checks' order, so that what a check reads has its cause before the check itself is placed.
+    rank = {name: n for n, name in enumerate(_specs())}
+    for i in sorted(range(len(results)), key=lambda i: (rank.get(results[i].check, len(rank)), i)):
+        r = results[i]
+        if i in home or (r.status == Status.PASS and not r.blocked):
+            continue
+        owner = down.get(r.host) or (first_down if r.blocked else None)
+        if owner is None and r.host != CLUSTER:  # a FAIL or ERROR of a check this one reads, on the same host
+            owner = next((home[j] for j in (at.get((r.host, d)) for d in reads(r.check))
+                          if j is not None and j in home and results[j].status in BAD), None)
+        if owner is not None:
+            _fold_in(owner, i, r)
+            home[i] = owner
+        else:
+            home[i] = _join(groups, ("result", r.check, r.host == CLUSTER, r.status), tokens, i, r)
+    found = _merge_checks(list(dict.fromkeys(home.values())))
+    for cause in found:
+        if len(cause.hosts) > 1:  # several hosts: their shared words, not the first host's
+            cause.message, cause.fix = cause.shared
+    found.sort(key=lambda c: (ORDER[c.status], min(c.results)))
+    seen: Dict[str, int] = {}
+    for cause in found:
+        seen[cause.check] = seen.get(cause.check, 0) + 1
+        cause.id = f"{cause.check}:{seen[cause.check]}"
+    return found
+
+
+def _join(groups: Dict[Tuple[Any, ...], Cause], kind: Tuple[Any, ...], tokens: _Tokens, i: int, r: Result) -> Cause:
+    """Add a cell to the cause that says the same, apart from the host's own words."""
+    shared = (tokens.template(r.host, r.message), tokens.template(r.host, r.fix))
+    cause = groups.get(kind + shared)
+    if cause is None:
+        cause = groups[kind + shared] = Cause("", r.status, [r.check], [], r.message, r.fix, shared=shared)
+    if r.host not in cause.hosts:
+        cause.hosts.append(r.host)
+    cause.results.append(i)
+    return cause
+
+
+def _fold_in(cause: Cause, i: int, r: Result) -> None:
+    """A cell that its cause's failure blocked, or that noticed the same failure."""
+    cause.results.append(i)
+    if r.blocked:
+        cause.blocked += 1
+        cause.blocked_per_host[r.host] = cause.blocked_per_host.get(r.host, 0) + 1
+        return
+    also = next((a for a in cause.also if a.check == r.check and a.status == r.status), None)
+    if also is None:
+        also = Also(r.check, r.status)
+        cause.also.append(also)
+    if r.host not in also.hosts:
+        also.hosts.append(r.host)
+
+
+def _merge_checks(found: List[Cause]) -> List[Cause]:
+    """Causes that say the same (status, message, fix) of the same hosts from several checks: one cause."""
+    merged: Dict[Tuple[Any, ...], Cause] = {}
+    out = []
+    for cause in found:
+        if cause.connection or cause.blocked or cause.also:
+            out.append(cause)
+            continue
+        key = (cause.status, cause.message, cause.fix, tuple(sorted(cause.hosts)))
+        same = merged.get(key)
+        if same is None:
+            merged[key] = cause
+            out.append(cause)
+        else:
+            same.checks.extend(c for c in cause.checks if c not in same.checks)
+            same.results.extend(cause.results)
+    return out
+
+
+# --------------------------------------------------------------------------------------- the verdict
+
+def verdict(report: Report, found: Optional[List[Cause]] = None) -> str:
+    """``READY``, ``READY with 2 warnings (...)`` or ``NOT READY: 3 hosts need fixing (node02 ports, ...)``: what
+    the exit code says, in words, with the first causes. With --strict, warnings make it NOT READY and say so."""
+    found = causes(report) if found is None else found
+    counts = report.counts()
+    bad = [c for c in found if c.status in BAD]
+    warned = [c for c in found if c.status == Status.WARN]
+    warnings = f"{counts['warn']} warning{'s' if counts['warn'] != 1 else ''}"
+    if report.exit_code == 0:
+        return f"READY with {warnings} ({_named(report, warned)})" if counts["warn"] else "READY"
+    if not bad and counts["warn"]:
+        return f"NOT READY: {warnings}, and --strict fails on warnings ({_named(report, warned)})"
+    hosts = _by_host(report, bad)
+    parts = []
+    if hosts:
+        parts.append(f"{len(hosts)} host{'s need' if len(hosts) != 1 else ' needs'} fixing ({_named(report, bad)})")
+    cluster = [c.label for c in bad if CLUSTER in c.hosts]
+    if cluster:
+        parts.append("cluster-wide: " + ", ".join(dict.fromkeys(cluster)))
+    text = "NOT READY: " + ("; ".join(parts) or "the run could not check the hosts")
+    if report.strict and counts["warn"]:
+        text += f"; and {warnings}, which --strict fails on"
+    return text
+
+
+def _by_host(report: Report, found: Iterable[Cause]) -> Dict[str, List[str]]:
+    """{host: the labels of its causes}, hosts in the report's order (the cluster-wide row not among them)."""
+    labels: Dict[str, List[str]] = {}
+    for cause in found:
+        for host in cause.hosts:
+            if host != CLUSTER:
+                labels.setdefault(host, [])
+                if cause.label not in labels[host]:
+                    labels[host].append(cause.label)
+    order = {h.name: n for n, h in enumerate(report.hosts)}
+    return dict(sorted(labels.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
+def _named(report: Report, found: List[Cause]) -> str:
+    """``node02 ports, node03 unreachable, cluster iperf3, ...``: the first few hosts and what each has."""
+    names = [f"{host} {'+'.join(labels[:2])}{'+...' if len(labels) > 2 else ''}"
+             for host, labels in _by_host(report, found).items()]
+    names += [f"{CLUSTER_NAME} {c.label}" for c in found if CLUSTER in c.hosts]
+    shown = names[:VERDICT_NAMES] + (["..."] if len(names) > VERDICT_NAMES else [])
+    return plain(", ".join(shown))
