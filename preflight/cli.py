@@ -187,8 +187,10 @@ def build_parser() -> _Parser:
     for output in render.file_outputs():  # --json, --junit-xml, ...: preflight/render/__init__.py's RENDERERS
         g.add_argument(output.flag, metavar=output.metavar, help=output.help)
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
-    g.add_argument("-q", "--quiet", action="store_true", help="print only the summary line")
-    g.add_argument("-v", "--verbose", action="store_true", help="print every result, reasons and tracebacks")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the verdict (READY / NOT READY: ...) and the summary line")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print every (host, check) result instead of one line per cause, reasons and tracebacks")
     _add_slurm_options(run)
     commands["node-check"] = _add_node_check_parser(sub)
     parser.set_defaults(_commands=commands)

@@ -1,11 +1,17 @@
-"""The terminal: progress while hosts work, then pytest-style lines, the matrix, the exports and the summary line.
+"""The terminal: progress while hosts work, then one line per cause, the matrix, the exports, the verdict and
+the summary line.
 
-Reads only the Report's structured results, like every renderer. Sample (HOST::CHECK STATUS - message; fix):
+Reads only the Report's structured results (grouped by ``preflight.causes``), like every renderer. Sample
+(HOSTS::CHECK STATUS - message; fix, the hosts as a NodeSet):
 
+    node[03-04]::CONNECTION ERROR - could not reach ADDRESS ... (blocks 12 other checks on each); fix: ...
     node02::CHECK FAILED - what was found, against what was expected; fix: the command that fixes it
     ...matrix...
     export NCCL_SOCKET_IFNAME==eth1
-    5 passed, 1 failed, 2 skipped, 1 error in 4.2s
+    NOT READY: 3 hosts need fixing (node02 CHECK, node03 unreachable, node04 unreachable)
+    5 passed, 1 failed, 2 skipped, 1 error, 28 blocked in 4.2s
+
+``-v`` prints every (host, check) line instead of the causes; ``-q`` only the last two lines.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from preflight.causes import Cause, causes, verdict
 from preflight.hostside.display import CELL
 from preflight.hostside.outcome import Status
 from preflight.render import Settings
@@ -33,6 +40,9 @@ STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", S
          Status.ERROR: "bold magenta"}
 # Worst first: the summary line takes the colour of the worst status present.
 SEVERITY = (Status.FAIL, Status.ERROR, Status.WARN, Status.SKIP, Status.PASS)
+BLOCKED = "BLOCKED"  # the word of a blocked cell's line (-v): its host's connection failed, so it did not run
+NO_CELL = "\u00b7"  # the matrix cell of a blocked check, or of one that does not run on that row
+MATRIX_CAPTION = f"{NO_CELL} = blocked (the host could not be reached), or no result on that row"
 
 # --------------------------------------------------------------------------------------- progress
 
@@ -84,6 +94,13 @@ class TerminalProgress(Progress):
             self._phase, self._total = plain(text), 0
             self._show()
 
+    def warning(self, text: str) -> None:
+        """``preflight: warning: ...`` as a line of its own (kept above the status line), unless quiet."""
+        if self.quiet:
+            return
+        with self._lock:
+            self.console.print(Text(plain(f"preflight: warning: {text}"), style="yellow"), soft_wrap=True)
+
     def _show(self) -> None:
         if self.quiet:
             return
@@ -107,7 +124,7 @@ class TerminalProgress(Progress):
 
 def result_line(r: Result, verbose: bool = False) -> str:
     """``node02::CHECK FAILED - message; fix: ...`` (plain text: the caller prints it without markup)."""
-    line = f"{display_host(r.host)}::{r.check} {WORD[r.status]} - {r.message}"
+    line = f"{display_host(r.host)}::{r.check} {BLOCKED if r.blocked else WORD[r.status]} - {r.message}"
     if r.fix and r.status != Status.PASS:
         line += f"; fix: {r.fix}"
     if verbose and r.metrics.get("traceback"):
@@ -127,14 +144,27 @@ def summary_line(report: Report) -> str:
         parts.append(f"{c['skip']} skipped")
     if c["error"]:
         parts.append(f"{c['error']} error" + ("s" if c["error"] > 1 else ""))
+    if c["blocked"]:
+        parts.append(f"{c['blocked']} blocked")
     return ", ".join(parts) + f" in {report.duration_s:.1f}s"
+
+
+def verdict_style(report: Report) -> str:
+    if report.exit_code:
+        return "bold red"
+    return "bold yellow" if report.counts()["warn"] else "bold green"
+
+
+def cause_style(cause: Cause) -> str:
+    return STYLE[cause.status] if cause.status != Status.PASS else ""
 
 
 def _grid(report: Report):
     """(row labels, column labels, cell(row, column) -> Result or None, row header) of the matrix.
 
     Hosts are rows and checks columns, the cluster-wide row last; with more checks than rows the matrix is
-    transposed (checks as rows, hosts as columns), which is what keeps a few-host run narrow.
+    transposed (checks as rows, hosts as columns, the cluster-wide column last), which is what keeps a
+    few-host run narrow.
     """
     cells: Dict[str, Dict[str, Result]] = {}
     for r in report.results:
@@ -147,43 +177,81 @@ def _grid(report: Report):
     return (hosts, checks, lambda row, col: cells.get(row, {}).get(col), "host")
 
 
-def _table(rows: List[str], cols: List[str], cell, corner: str, title: str) -> Table:
+def _cell(r: Optional[Result]) -> Text:
+    if r is None or r.blocked:
+        return Text(NO_CELL, style="dim")
+    return Text(CELL[r.status], style=STYLE[r.status])
+
+
+def _table(rows: List[str], cols: List[str], cell, corner: str, title: str,
+           shown: Optional[Dict[str, str]] = None) -> Table:
+    """Names never wrap: matrix_tables fits them, abbreviating (``shown``) only what cannot fit at all."""
+    shown = shown or {}
     table = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, title_justify="left")
-    table.add_column(corner, overflow="fold")
+    table.add_column(corner, no_wrap=True)
     for col in cols:
-        table.add_column(Text(plain(display_host(col))), justify="center", overflow="fold")
+        table.add_column(Text(shown.get(col) or plain(display_host(col))), justify="center", no_wrap=True)
     for row in rows:
-        label = Text(plain(display_host(row)), style="italic" if row == CLUSTER else "")
-        out = [label]
-        for col in cols:
-            r = cell(row, col)
-            out.append(Text(CELL[r.status], style=STYLE[r.status]) if r else Text("\u00b7", style="dim"))
-        table.add_row(*out)
+        label = Text(shown.get(row) or plain(display_host(row)), style="italic" if row == CLUSTER else "")
+        table.add_row(label, *(_cell(cell(row, col)) for col in cols))
     return table
+
+
+def _width(console: Console, table: Table) -> int:
+    """The table's natural width: measured without the console's limit, which would clamp it to fit."""
+    return Measurement.get(console, console.options.update(max_width=10**6), table).maximum
+
+
+def _abbreviations(rows: List[str], cols: List[str], corner: str, console: Console) -> Dict[str, str]:
+    """{name: short key} for the names that cannot fit whole even in a table of one column: the longest first,
+    until the row labels and the widest column fit the terminal. Usually empty."""
+    shown: Dict[str, str] = {}
+    names = sorted(set(rows) | set(cols), key=lambda n: -len(display_host(n)))
+
+    def widest() -> int:
+        label = max(rows, key=lambda n: len(shown.get(n) or display_host(n)), default="")
+        col = max(cols, key=lambda n: len(shown.get(n) or display_host(n)), default="")
+        return _width(console, _table([label], [col] if col else [], lambda r, c: None, corner, "", shown))
+
+    for name in names:
+        if widest() <= console.width:
+            break
+        shown[name] = "#" + "9" * len(str(len(names)))  # as wide as the key it gets below
+    # Numbered in the order the names show: rows, then columns.
+    return {name: f"#{n}" for n, name in enumerate((x for x in dict.fromkeys(rows + cols) if x in shown), 1)}
 
 
 def matrix_tables(report: Report, console: Console) -> List[Table]:
     """The matrix as tables that each fit the console's width, so every name and status reads in full.
 
-    Columns are packed greedily into as many tables as needed, each repeating the row labels (a wide
-    cluster wraps into several blocks, like a long line). A single column wider than the terminal folds.
+    Columns are packed greedily into as many tables as needed, each repeating the row labels (a wide cluster
+    wraps into several blocks, like a long line). A name too long for even one column beside the row labels is
+    shown as a key (``#1``) that matrix_legend spells out; no name is ever split or cut.
     """
     rows, cols, cell, corner = _grid(report)
-    width = console.width
+    shown = _abbreviations(rows, cols, corner, console)
     groups: List[List[str]] = []
     for col in cols:
-        if groups:
-            trial = _table(rows, groups[-1] + [col], cell, corner, "")
-            if Measurement.get(console, console.options, trial).maximum <= width:
-                groups[-1].append(col)
-                continue
+        if groups and _width(console, _table(rows, groups[-1] + [col], cell, corner, "", shown)) <= console.width:
+            groups[-1].append(col)
+            continue
         groups.append([col])
     groups = groups or [[]]
     tables = []
     for i, group in enumerate(groups, 1):
         part = f" ({i}/{len(groups)})" if len(groups) > 1 else ""
-        tables.append(_table(rows, group, cell, corner, f"preflight matrix{part}"))
+        tables.append(_table(rows, group, cell, corner, f"preflight matrix{part}", shown))
     return tables
+
+
+def matrix_legend(report: Report, console: Console) -> List[str]:
+    """``#1 = the-full-name`` for each name the matrix abbreviated, and what a dot means where one shows."""
+    rows, cols, cell, corner = _grid(report)
+    lines = [plain(f"{key} = {display_host(name)}") for name, key in
+             _abbreviations(rows, cols, corner, console).items()]
+    if any(cell(row, col) is None or cell(row, col).blocked for row in rows for col in cols):
+        lines.append(MATRIX_CAPTION)
+    return lines
 
 
 def matrix(report: Report) -> Table:
@@ -193,14 +261,24 @@ def matrix(report: Report) -> Table:
 
 
 def print_report(report: Report, console: Console, verbose: bool = False, quiet: bool = False) -> None:
-    """Everything printed is a Text built from plain(): host text is never rich markup nor a raw escape."""
+    """Everything printed is a Text built from plain(): host text is never rich markup nor a raw escape.
+
+    One line per cause (FAIL and ERROR, then WARN, then SKIP), or with -v one per (host, check); the matrix; the
+    environment; then always the verdict and the count line, which are all that -q prints.
+    """
+    found = causes(report)
     if not quiet:
-        for r in report.results:
-            if r.status != Status.PASS or verbose:
-                console.print(Text(result_line(r, verbose), style=STYLE[r.status] if r.status != Status.PASS else ""),
-                              soft_wrap=True)
+        if verbose:
+            for r in report.results:
+                style = "dim" if r.blocked else STYLE[r.status] if r.status != Status.PASS else ""
+                console.print(Text(result_line(r, verbose), style=style), soft_wrap=True)
+        else:
+            for cause in found:
+                console.print(Text(cause.line(), style=cause_style(cause)), soft_wrap=True)
         for table in matrix_tables(report, console):
             console.print(table)
+        for line in matrix_legend(report, console):  # a name in full, even one wider than the terminal
+            console.print(Text(line, style="dim"), soft_wrap=line.startswith("#"))
         if report.env:
             console.print(Text("recommended environment (also written by --env-file):", style="bold"))
             from preflight.recommend import export_lines, safe_env
@@ -210,6 +288,7 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
                     console.print(Text(plain(f"    # {report.reasons.get(key, '')}"), style="dim"), soft_wrap=True)
         for note in report.notes if verbose else []:
             console.print(Text(plain(f"note: {note}"), style="dim"), soft_wrap=True)
+    console.print(Text(verdict(report, found), style=verdict_style(report)), soft_wrap=True)
     console.print(Text(summary_line(report), style=STYLE[worst(report)]))
 
 
