@@ -22,7 +22,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, HostContext
@@ -236,7 +236,34 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     osr = read_text("/etc/os-release") or read_text("/usr/lib/os-release") or ""
     facts["os_release"] = {k: v for k, v in parse_os_release(osr).items()
                            if k in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME")}
+    _read_ldconfig(facts, ctx)
+    ld_dirs = [os.path.dirname(e["path"]) for e in (facts["ldconfig"] or [])]
+    env_dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    lib_dirs = _unique_dirs(extra_dirs + flag_dirs(ldflags, "-L") + env_dirs + ld_dirs
+                            + KNOWN_LIB_DIRS + _multiarch_dirs())
+    facts["search_dirs"] = lib_dirs
+    runtime_paths = _find_libraries(lib_dirs, facts)
 
+    inc_dirs = [os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
+    inc_dirs += flag_dirs(cflags, "-I")
+    for var in ("CPATH", "C_INCLUDE_PATH"):
+        inc_dirs += [d for d in os.environ.get(var, "").split(":") if d]
+    inc_dirs += KNOWN_INCLUDE_DIRS + sorted(glob.glob("/usr/include/*-linux-gnu*"))
+    inc_dirs = _unique_dirs(inc_dirs)
+    facts["include_dirs"] = inc_dirs
+    facts["headers"] = [os.path.join(d, "libaio.h") for d in inc_dirs if os.path.isfile(os.path.join(d, "libaio.h"))]
+
+    _load_libraries(facts, runtime_paths, ctx)
+    compiler = _find_compiler()
+    facts["compiler"] = compiler
+    if compiler["argv"]:
+        facts["link_probe"], facts["header_probe"] = _compile_probes(list(compiler["argv"]), cflags, ldflags,
+                                                                     extra_dirs, ctx)
+    return facts
+
+
+def _read_ldconfig(facts: Dict[str, Any], ctx: HostContext) -> None:
+    """facts["ldconfig"]: the ldconfig cache (the first ldconfig found on PATH or in /sbin, /usr/sbin)."""
     for ldconfig in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
         res = sh([ldconfig, "-p"], timeout=ctx.remaining(10))
         if res.rc != 127:
@@ -246,12 +273,10 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
                 facts["errors"].append("ldconfig -p: rc %d %s" % (res.rc, res.err.strip()[:200]))
             break
 
-    ld_dirs = [os.path.dirname(e["path"]) for e in (facts["ldconfig"] or [])]
-    env_dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    lib_dirs = _unique_dirs(extra_dirs + flag_dirs(ldflags, "-L") + env_dirs + ld_dirs
-                            + KNOWN_LIB_DIRS + _multiarch_dirs())
-    facts["search_dirs"] = lib_dirs
 
+def _find_libraries(lib_dirs: List[str], facts: Dict[str, Any]) -> List[str]:
+    """Every libaio.so* in lib_dirs into facts: dev links (libaio.so) and runtimes (libaio.so.1...), each real file
+    once; returns the runtimes' paths that exist, for the load probe."""
     mountpoints = set(parse_mountpoints(read_text("/proc/self/mountinfo") or ""))
     seen_real: Set[Any] = set()  # (link, target) pairs of dev links, and real paths of runtimes
     runtime_paths: List[str] = []
@@ -276,56 +301,51 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
                                      path in mountpoints, "loadable": None, "load_error": None})
             if size is not None:
                 runtime_paths.append(path)
+    return runtime_paths
 
-    inc_dirs = [os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
-    inc_dirs += flag_dirs(cflags, "-I")
-    for var in ("CPATH", "C_INCLUDE_PATH"):
-        inc_dirs += [d for d in os.environ.get(var, "").split(":") if d]
-    inc_dirs += KNOWN_INCLUDE_DIRS + sorted(glob.glob("/usr/include/*-linux-gnu*"))
-    inc_dirs = _unique_dirs(inc_dirs)
-    facts["include_dirs"] = inc_dirs
-    facts["headers"] = [os.path.join(d, "libaio.h") for d in inc_dirs if os.path.isfile(os.path.join(d, "libaio.h"))]
 
+def _load_libraries(facts: Dict[str, Any], runtime_paths: List[str], ctx: HostContext) -> None:
+    """Load each runtime in a child interpreter (_LOADER): loadable/load_error per runtime, and what
+    ctypes.util.find_library and the soname say."""
     python = sys.executable
-    if python:
-        res = sh([python, "-c", _LOADER] + runtime_paths, timeout=ctx.remaining(20))
-        try:
-            loaded = json.loads(res.out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            loaded = None
-            facts["errors"].append("library load probe: rc %d %s" % (res.rc, res.err.strip()[-300:]))
-        if loaded:
-            facts["find_library"] = loaded.get("find_library")
-            facts["soname_error"] = loaded.get("soname_error")
-            for entry in facts["runtime"]:
-                if entry["path"] in loaded.get("loads", {}):
-                    err = loaded["loads"][entry["path"]]
-                    entry["loadable"] = err is None
-                    entry["load_error"] = err
-    else:
+    if not python:
         facts["errors"].append("no Python interpreter path (sys.executable) to run the load probe")
+        return
+    res = sh([python, "-c", _LOADER] + runtime_paths, timeout=ctx.remaining(20))
+    try:
+        loaded = json.loads(res.out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        loaded = None
+        facts["errors"].append("library load probe: rc %d %s" % (res.rc, res.err.strip()[-300:]))
+    if loaded:
+        facts["find_library"] = loaded.get("find_library")
+        facts["soname_error"] = loaded.get("soname_error")
+        for entry in facts["runtime"]:
+            if entry["path"] in loaded.get("loads", {}):
+                err = loaded["loads"][entry["path"]]
+                entry["loadable"] = err is None
+                entry["load_error"] = err
 
-    compiler = _find_compiler()
-    facts["compiler"] = compiler
-    if compiler["argv"]:
-        cc = list(compiler["argv"])
-        cf = [w for w in _split(cflags) if w]
-        lf = [w for w in _split(ldflags) if w]
-        extra_l = ["-L" + d for d in extra_dirs]
-        extra_i = ["-I" + os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
-        with tempfile.TemporaryDirectory(prefix=".preflight-libaio-") as tmp:
-            # sh() kills the compiler's process group when a signal interrupts it, so the dir can go.
-            with open(os.path.join(tmp, "probe.c"), "w") as fh:
-                fh.write(LINK_PROBE_C)
-            with open(os.path.join(tmp, "header.c"), "w") as fh:
-                fh.write(HEADER_PROBE_C)
-            facts["link_probe"] = _probe(cc + cf + lf + extra_l + [os.path.join(tmp, "probe.c"), "-o",
-                                                                  os.path.join(tmp, "probe.out"), "-laio"],
-                                         tmp, ctx.remaining(30))
-            facts["header_probe"] = _probe(cc + cf + extra_i + ["-c", os.path.join(tmp, "header.c"), "-o",
-                                                                os.path.join(tmp, "header.o")],
-                                           tmp, ctx.remaining(30))
-    return facts
+
+def _compile_probes(cc: List[str], cflags: str, ldflags: str, extra_dirs: List[str],
+                    ctx: HostContext) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(link probe, header probe): a program calling io_submit linked with -laio, and one including <libaio.h>,
+    built with the user's CFLAGS/LDFLAGS and the extra search dirs."""
+    cf = [w for w in _split(cflags) if w]
+    lf = [w for w in _split(ldflags) if w]
+    extra_l = ["-L" + d for d in extra_dirs]
+    extra_i = ["-I" + os.path.normpath(os.path.join(d, "..", "include")) for d in extra_dirs]
+    with tempfile.TemporaryDirectory(prefix=".preflight-libaio-") as tmp:
+        # sh() kills the compiler's process group when a signal interrupts it, so the dir can go.
+        with open(os.path.join(tmp, "probe.c"), "w") as fh:
+            fh.write(LINK_PROBE_C)
+        with open(os.path.join(tmp, "header.c"), "w") as fh:
+            fh.write(HEADER_PROBE_C)
+        link = _probe(cc + cf + lf + extra_l + [os.path.join(tmp, "probe.c"), "-o", os.path.join(tmp, "probe.out"),
+                                                "-laio"], tmp, ctx.remaining(30))
+        header = _probe(cc + cf + extra_i + ["-c", os.path.join(tmp, "header.c"), "-o", os.path.join(tmp, "header.o")],
+                        tmp, ctx.remaining(30))
+    return link, header
 
 
 def _split(flags: str) -> List[str]:
