@@ -17,6 +17,7 @@ from preflight import checks as registry
 from preflight.hostside.display import CELL, STATUS_COLOURS, absent, badge, esc
 from preflight.hostside.outcome import Status
 from preflight.hostside.seams import CheckSpec
+from preflight.causes import verdict as verdict_line
 from preflight.render import Settings
 from preflight.render.terminal import summary_line
 from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result, display_host
@@ -54,7 +55,7 @@ table { border-collapse: collapse; }
 #matrix tr.cluster td, #matrix tr.cluster th { border-top: 2px solid #9ca3af; }
 #matrix td { text-align: center; font-weight: 600; }
 #matrix td a { color: inherit; text-decoration: none; display: block; }
-#matrix td.none { color: #9ca3af; font-weight: 400; }
+#matrix td.none, #matrix td.blocked { color: #9ca3af; font-weight: 400; }
 .result { border-left: 4px solid; padding: 6px 10px; margin: 6px 0; background: #fafafa; border-radius: 0 4px 4px 0; }
 .result:target, .result:has(.anchor:target) { outline: 2px solid #2563eb; }
 .result .msg { margin: 4px 0 0; white-space: pre-wrap; word-break: break-word; }
@@ -102,10 +103,10 @@ def _anchor_ids(results: Sequence[Result]) -> Dict[int, str]:
 def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
     ok = report.exit_code == 0
     counts = report.counts()
-    verdict = ("no FAIL or ERROR: ready to submit" if ok else "FAIL or ERROR found: fix before submitting")
-    if report.strict and counts["warn"] and not ok and not (counts["fail"] or counts["error"]):
-        verdict = "warnings with --strict: fix before submitting"
+    verdict = verdict_line(report)  # the terminal's last-but-one line: READY, READY with N warnings, NOT READY: ...
     badges = "".join(f"<span>{badge(s)} {counts[s.value]}</span>" for s in DETAIL_ORDER)
+    if counts["blocked"]:
+        badges += f'<span><span class="badge st-skip">{NO_RESULT} blocked</span> {counts["blocked"]}</span>'
     names = [h.name for h in report.hosts]
     shown = names if len(names) <= SUMMARY_HOSTS else names[:2] + ["\u2026"] + names[-1:]
     down = [h.name for h in report.hosts if not h.reachable]
@@ -120,7 +121,8 @@ def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
 
 
 def _matrix(report: Report, ids: Dict[int, str]) -> str:
-    """Hosts as rows, checks as columns, the cluster-wide row last: report.matrix() as a table."""
+    """Hosts as rows, checks as columns, the cluster-wide row last (the page scrolls; the terminal transposes a
+    few-host run instead). A blocked cell is a grey dot that links to its result."""
     cells: Dict[str, Dict[str, Tuple[int, Result]]] = {}
     for i, r in enumerate(report.results):
         cells.setdefault(r.host, {})[r.check] = (i, r)
@@ -143,6 +145,10 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
                 tds.append(f'<td class="none" title="not run on this row">{NO_RESULT}</td>')
                 continue
             i, r = got
+            if r.blocked:
+                tds.append(f'<td class="blocked" data-check="{esc(check)}" title="{esc(r.message)}">'
+                           f'<a href="#{ids[i]}">{NO_RESULT}</a></td>')
+                continue
             tds.append(f'<td class="st st-{r.status.value}" data-check="{esc(check)}" title="{esc(r.message)}">'
                        f'<a href="#{ids[i]}">{esc(CELL[r.status])}</a></td>')
         body.append(f'<tr class="{cls}" data-host="{esc(host)}"><th scope="row" title="{esc(tip)}">'
@@ -150,7 +156,8 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
     return (f'<section id="matrix-section"><h2>Matrix</h2><div class="scroll"><table id="matrix"><thead><tr>'
             f'<th scope="col">host</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
             f'<p class="caption">Click a cell for its message and fix. The last row holds the cluster-wide '
-            f'checks; {NO_RESULT} = not run on that row.</p></section>')
+            f'checks; {NO_RESULT} = not run on that row (a linked {NO_RESULT}: blocked, as the host could not be '
+            f'reached).</p></section>')
 
 
 def _result_item(same: List[Tuple[int, Result]], ids: Dict[int, str]) -> str:
@@ -170,20 +177,25 @@ def _result_item(same: List[Tuple[int, Result]], ids: Dict[int, str]) -> str:
 
 def _details(report: Report, ids: Dict[int, str]) -> str:
     groups = []
-    for status in DETAIL_ORDER:
+    # Blocked cells after the errors, collapsed: each host's connection result above says why.
+    for status, blocked in [(s, False) for s in DETAIL_ORDER[:2]] + [(Status.ERROR, True)] + \
+            [(s, False) for s in DETAIL_ORDER[2:]]:
         same: Dict[Tuple[str, str, str], List[Tuple[int, Result]]] = {}
         for i, r in enumerate(report.results):
-            if r.status == status:
+            if r.status == status and r.blocked == blocked:
                 same.setdefault((r.check, r.message, r.fix), []).append((i, r))
         items = [_result_item(rs, ids) for rs in same.values()]
         if not items:
             continue
         count = sum(len(rs) for rs in same.values())
         title = f"{badge(status)} {count} result{'s' if count != 1 else ''}"
-        if status == Status.PASS:
+        if blocked:
+            title = f'<span class="badge st-skip">{NO_RESULT} blocked</span> {count} result{"s" if count != 1 else ""}'
+        if status == Status.PASS or blocked:
             # Collapsed: passes are the bulk and need no action; a matrix link still opens it (the browser
             # reveals a closed <details> that holds the fragment's target).
-            groups.append(f'<details class="group" data-status="pass"><summary><h3 style="display:inline">'
+            kind = "blocked" if blocked else "pass"
+            groups.append(f'<details class="group" data-status="{kind}"><summary><h3 style="display:inline">'
                           f'{title}</h3></summary>{"".join(items)}</details>')
         else:
             groups.append(f'<div class="group" data-status="{status.value}"><h3>{title}</h3>{"".join(items)}</div>')

@@ -1,5 +1,5 @@
-"""The JSON report (``--json FILE``; its contract is the README's "JSON report"): the Report's ``to_dict``,
-one host and one result per line, so that a diff shows which changed::
+"""The JSON report (``--json FILE``; its contract is docs/json-contract.md): the Report's ``to_dict``, one host,
+one result and one cause per line, so that a diff shows which changed::
 
     {
      "version": 1,
@@ -9,9 +9,14 @@ one host and one result per line, so that a diff shows which changed::
      ],
      "results": [
       {"host": "node01", "check": "...", "status": "pass", "message": "...", "fix": "", "metrics": {}, ...},
+      {"host": "node03", "check": "CHECK", "status": "error", ..., "blocked_by": "CONNECTION"},
       {"host": "*", "check": "...", "status": "fail", ...}
      ],
+     "causes": [
+      {"id": "CONNECTION:1", "status": "error", "check": "CONNECTION", "hosts": ["node03"], "nodeset": "node03", ...}
+     ],
      ...
+     "summary": {"pass": 10, ..., "error": 1, "blocked": 14, "exit_code": 1}
     }
 """
 from __future__ import annotations

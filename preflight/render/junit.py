@@ -2,6 +2,12 @@
 
     <testsuites><testsuite name="preflight" tests="7" failures="1" errors="2" skipped="1" ...>
       <testcase classname="node01" name="..." time="0.200"><failure message="..." type="fail">...
+      <testcase classname="node03" name="CHECK" time="0.000">
+        <properties><property name="blocked_by" value="CONNECTION" /></properties>
+        <error message="blocked: ..." type="blocked">...
+
+A blocked cell (its host's connection check failed) stays an error, as every cell that is not a pass is something
+a CI parser must see; its type is "blocked" and its ``blocked_by`` property names the check that blocked it.
 """
 from __future__ import annotations
 
@@ -19,17 +25,20 @@ def to_junit(report: Report) -> str:
     c = report.counts()
     failures = c["fail"] + (c["warn"] if report.strict else 0)
     suite = ET.Element("testsuite", name="preflight", tests=str(len(report.results)), failures=str(failures),
-                       errors=str(c["error"]), skipped=str(c["skip"]), time=f"{report.duration_s:.3f}",
+                       errors=str(c["error"] + c["blocked"]), skipped=str(c["skip"]), time=f"{report.duration_s:.3f}",
                        timestamp=report.started_at)
     for r in report.results:
         case = ET.SubElement(suite, "testcase", classname=xml_safe(display_host(r.host)), name=xml_safe(r.check),
                              time=f"{r.duration_s:.3f}")
         message = xml_safe(r.message)
         text = xml_safe(r.message + (f"\nfix: {r.fix}" if r.fix else ""))
+        if r.blocked_by is not None:
+            properties = ET.SubElement(case, "properties")
+            ET.SubElement(properties, "property", name="blocked_by", value=xml_safe(r.blocked_by))
         if r.status == Status.FAIL:
             ET.SubElement(case, "failure", message=message, type="fail").text = text
         elif r.status == Status.ERROR:
-            ET.SubElement(case, "error", message=message, type="error").text = text
+            ET.SubElement(case, "error", message=message, type="blocked" if r.blocked else "error").text = text
         elif r.status == Status.SKIP:
             ET.SubElement(case, "skipped", message=message)
         elif r.status == Status.WARN:
