@@ -5,7 +5,7 @@ E.g. ``"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_ac
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...hostside.outcome import Status
 from .parse import config_section
@@ -77,6 +77,30 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     auto = [k for k in keys if isinstance(config.get(k), str)]
     if config_section(config, "elasticity").get("enabled") is True:
         return "batch set by elasticity"
+    dp, dp_note = _data_parallel_size(config, world_size, model_parallel, report)
+    if dp is None:
+        return ""
+    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    if auto:
+        return _auto_batch(tb, mb, ga, dp, dp_note, auto, report)
+
+    values, err = resolve_batch(tb, mb, ga, dp)
+    if err is None and values is not None:
+        return "batch %s = %s x %s x %s (%s)" % (num(values["train_batch_size"]),
+                                                 num(values["train_micro_batch_size_per_gpu"]),
+                                                 num(values["gradient_accumulation_steps"]), num(dp), dp_note)
+    if values is None:
+        report.add(Status.FAIL, "no batch size given: %s (DeepSpeed asserts at start)" % err,
+                   "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
+        return ""
+    _batch_mismatch(vals, dp, dp_note, str(err), slots, model_parallel, report)
+    return ""
+
+
+def _data_parallel_size(config: Dict[str, Any], world_size: int, model_parallel: Optional[int],
+                        report: Report) -> Tuple[Optional[float], str]:
+    """(the data-parallel size DeepSpeed will use, how it follows from the world size); None (and a FAIL) when
+    the world size does not divide into the model-parallel groups."""
     sp = config.get("sequence_parallel_size")
     dp: float = world_size
     dp_note = "world size %d" % world_size
@@ -90,42 +114,40 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
                                     "multiple of --model-parallel-size %d" % (dp_note, model_parallel),
                        "use a number of GPUs that is a multiple of %d, or fix --model-parallel-size"
                        % model_parallel)
-            return ""
+            return None, dp_note
         dp = dp / model_parallel
         dp_note += " / model-parallel size %d" % model_parallel
-    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    return dp, dp_note
 
-    if auto:
-        # The HF/Accelerate integration fills "auto" (micro batch and accumulation from its arguments,
-        # train_batch_size = world_size * micro * accumulation); DeepSpeed then asserts the product.
-        if tb is None:
-            return "batch: %s filled by the HF integration" % ", ".join(auto)
-        fixed = [v for v in (mb, ga) if v is not None]
-        unit = dp
-        for v in fixed:
-            unit *= v
-        if tb % unit != 0 or tb < unit:
-            report.add(Status.FAIL,
-                       "train_batch_size %s is not a multiple of %s: no value of %s can make train_batch_size "
-                       "== micro_batch * grad_accum * world_size (%s)"
-                       % (num(tb), ("%s = %s" % (" x ".join([num(v) for v in fixed] + [num(dp)]), num(unit))
-                                     if fixed else "the world size %s" % num(dp)),
-                          " / ".join(auto), dp_note),
-                       'set train_batch_size to "auto", or to a multiple of %s' % num(unit))
-            return ""
-        return "batch %s = %s x %s" % (num(tb), " x ".join(
-            [num(v) if v is not None else "auto" for v in (mb, ga)]), num(dp))
 
-    values, err = resolve_batch(tb, mb, ga, dp)
-    if err is None and values is not None:
-        return "batch %s = %s x %s x %s (%s)" % (num(values["train_batch_size"]),
-                                                 num(values["train_micro_batch_size_per_gpu"]),
-                                                 num(values["gradient_accumulation_steps"]), num(dp), dp_note)
-    if values is None:
-        report.add(Status.FAIL, "no batch size given: %s (DeepSpeed asserts at start)" % err,
-                   "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
+def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float, dp_note: str,
+                auto: List[str], report: Report) -> str:
+    """Some keys are "auto": the HF/Accelerate integration fills them (micro batch and accumulation from its
+    arguments, train_batch_size = world_size * micro * accumulation); DeepSpeed then asserts the product."""
+    if tb is None:
+        return "batch: %s filled by the HF integration" % ", ".join(auto)
+    fixed = [v for v in (mb, ga) if v is not None]
+    unit = dp
+    for v in fixed:
+        unit *= v
+    if tb % unit != 0 or tb < unit:
+        report.add(Status.FAIL,
+                   "train_batch_size %s is not a multiple of %s: no value of %s can make train_batch_size "
+                   "== micro_batch * grad_accum * world_size (%s)"
+                   % (num(tb), ("%s = %s" % (" x ".join([num(v) for v in fixed] + [num(dp)]), num(unit))
+                                 if fixed else "the world size %s" % num(dp)),
+                      " / ".join(auto), dp_note),
+                   'set train_batch_size to "auto", or to a multiple of %s' % num(unit))
         return ""
-    given = ", ".join("%s=%s" % (k, num(vals[k])) for k in keys if vals[k] is not None)
+    return "batch %s = %s x %s" % (num(tb), " x ".join(
+        [num(v) if v is not None else "auto" for v in (mb, ga)]), num(dp))
+
+
+def _batch_mismatch(vals: Dict[str, Optional[float]], dp: float, dp_note: str, err: str, slots: Sequence[int],
+                    model_parallel: Optional[int], report: Report) -> None:
+    """The batch math fails: a WARN when a tensor-parallel degree would explain it (and none was given), else FAIL."""
+    tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
+    given = ", ".join("%s=%s" % (k, num(v)) for k, v in vals.items() if v is not None)
     fixes = _batch_fixes(vals, dp)
     # With tensor parallelism (DeepSpeed gets an mpu) its world size is the data-parallel size. Tensor
     # parallelism lives inside a node: a degree that divides every host's slots, leaving a data-parallel size
@@ -142,9 +164,8 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
                        "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / degree), degree,
                                                                degree),
                        "if the job is purely data parallel (--model-parallel-size 1): %s" % fixes)
-            return ""
+            return
     report.add(Status.FAIL, "batch math fails with %s (%s): %s" % (given, dp_note, err), fixes)
-    return ""
 
 
 def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
