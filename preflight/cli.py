@@ -143,7 +143,7 @@ def build_parser() -> _Parser:
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
                    help="deadline of each check on a host (default 120)")
     g.add_argument("--parallel", type=_positive(int, "an integer", 4096), default=32, metavar="N",
-                   help="hosts connected to at once (default 32); waiting on hosts is not limited (README: SSH)")
+                   help="hosts connected to at once (default 32); waiting on hosts is not limited (docs/ssh.md)")
     g.add_argument("--nvme-path", action="append", default=[], metavar="DIR",
                    help="directory to measure with dd on every host (repeatable); the test file is removed")
     g.add_argument("--master-port", type=_port, default=29500, metavar="PORT",

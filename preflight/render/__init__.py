@@ -79,9 +79,9 @@ class Renderer:
 RENDERERS: List[Renderer] = [
     Renderer("terminal", "", "the lines of what is not a pass, the matrix, the recommended environment and the "
              "summary line", "preflight.render.terminal:write"),
-    Renderer("json", "--json", "write the JSON report (contract: README); '-': stdout, and the terminal report goes "
-             "to stderr", "preflight.render.json:write", pytest_help="also write preflight's JSON report (contract: "
-             "README)"),
+    Renderer("json", "--json", "write the JSON report (contract: docs/json-contract.md); '-': stdout, and the "
+             "terminal report goes to stderr", "preflight.render.json:write",
+             pytest_help="also write preflight's JSON report (contract: docs/json-contract.md)"),
     Renderer("junit", "--junit-xml", "write JUnit XML: one testcase per (host, check)", "preflight.render.junit:write"),
     Renderer("env_file", "--env-file", "write the recommended environment as .deepspeed_env lines",
              "preflight.render.env_file:write", pytest_help="write the recommended environment as .deepspeed_env "
