@@ -294,90 +294,109 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     findings: List[Finding] = []
     oks = []
     for e in entries:
-        p = e["path"]
-        where = "%s%s" % (p, " (%s on %s)" % (e["fstype"], e.get("mountpoint")) if e.get("fstype") else "")
-        if not e.get("exists"):
-            findings.append(Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
-                                                 "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
-                                    "mkdir -p -- %s && findmnt -T %s" % (q(p), q(p))))
-            continue
-        if not e.get("is_dir"):
-            if e.get("kind") == "block device" and e.get("device_mounts"):
-                mp = e["device_mounts"][0]
-                offload = q(mp.rstrip("/") + "/offload")
-                fix = ("mkdir -p -- %s, then set nvme_path / --nvme-path to %s (%s is mounted on %s)"
-                       % (offload, offload, q(p), q(mp)))
-            elif e.get("kind") == "block device":
-                fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
-                       "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (q(p), q(p)))
-            else:
-                fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
-            findings.append(Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
-                                                 "files into nvme_path)" % (p, e.get("kind") or "non-directory"), fix))
-            continue
-        if not e.get("writable"):
-            findings.append(Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
-                                                 "the training user can create files in)"
-                                    % (where, e.get("uid", "?"), e.get("error") or "?"),
-                                    ("mount -o remount,rw %s" % q(str(e.get("mountpoint") or p)))
-                                    if "Read-only" in (e.get("error") or "") else
-                                    "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
-                                    "user's ids" % (q(p), q(p))))
-            continue
-        if e.get("direct_error"):
-            st = Status.FAIL if require_direct else Status.WARN
-            measured = ("; measured buffered (not direct) instead: write %s, read %s"
-                        % (_gb(e.get("write_Bps")), _gb(e.get("read_Bps")))) if e.get("write_Bps") else ""
-            findings.append(Finding(st, "nvme path %s does not support O_DIRECT (%s); DeepSpeed's async_io opens its "
-                                        "swap files with O_DIRECT, so NVMe offload there fails%s"
-                                    % (where, e["direct_error"], measured),
-                                    "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
-                                    "ext4/xfs mount" % q(p)))
-        if e.get("measure_skipped"):
-            free = e.get("free_bytes")
-            findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
-                                    % (where, e["measure_skipped"],
-                                       "; only %s free" % _size(free) if free is not None else ""),
-                                    "df -h %s; du -xsh %s/* | sort -h | tail" % (q(p), q(p)) if free is not None else
-                                    "findmnt -T %s" % q(p)))
-            continue
-        if e.get("error"):
-            if e.get("timed_out"):
-                bound = (e.get("test_bytes") or 0) / float(e.get("timeout_s") or 1)
-                op_min = min_w if e["timed_out"] == "write" else min_r
-                if bound < op_min:
-                    findings.append(Finding(Status.WARN, "nvme path %s: %s, so %s throughput is below %s (expected "
-                                                         ">= %s)" % (where, e["error"], e["timed_out"], _gb(bound),
-                                                                     _gb(op_min)), _slow_fix(p, e.get("device"))))
-                else:
-                    findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
-                                            "rerun with a longer --timeout or a smaller [nvme] test_mib"))
-            elif "Input/output error" in e["error"] or "No space left" in e["error"]:
-                findings.append(Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
-                                        "check the device: dmesg | tail -50; df -h %s" % q(p)))
-            else:
-                findings.append(Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
-                                        _dd_fix(p)))
-            continue
-        tag = "" if e.get("direct") else " (buffered, not direct)"
-        w, r = e.get("write_Bps"), e.get("read_Bps")
-        if w is not None and w < min_w:
-            findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
-                                                 "typically > 3 GB/s; check what backs the path and the device's "
-                                                 "health)" % (where, _gb(w), tag, _gb(min_w)),
-                                    _slow_fix(p, e.get("device"))))
-        if r is not None and r < min_r:
-            findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
-                                                 "typically > 3 GB/s; check what backs the path and the device's "
-                                                 "health)" % (where, _gb(r), tag, _gb(min_r)),
-                                    _slow_fix(p, e.get("device"))))
-        oks.append("%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
-                                                                  " (direct)" if e.get("direct") else tag,
-                                                                  _size(e.get("test_bytes")),
-                                                                  _size(e.get("free_bytes"))))
+        found, ok = _path_findings(e, min_w, min_r, require_direct)
+        findings.extend(found)
+        if ok is not None:
+            oks.append(ok)
     metrics = {"paths": [{k: e.get(k) for k in ("path", "fstype", "free_bytes", "write_Bps", "read_Bps", "direct",
                                                 "test_bytes")} for e in entries]}
     return combine(findings, "; ".join(oks), metrics)
+
+
+def _path_findings(e: Dict[str, Any], min_w: float, min_r: float,
+                   require_direct: bool) -> Tuple[List[Finding], Optional[str]]:
+    """(findings, its line of the PASS message) for one nvme path; no line when it could not be measured."""
+    p = e["path"]
+    where = "%s%s" % (p, " (%s on %s)" % (e["fstype"], e.get("mountpoint")) if e.get("fstype") else "")
+    unusable = _unusable_path(e, p, where)
+    if unusable is not None:
+        return [unusable], None
+    findings: List[Finding] = []
+    if e.get("direct_error"):
+        st = Status.FAIL if require_direct else Status.WARN
+        measured = ("; measured buffered (not direct) instead: write %s, read %s"
+                    % (_gb(e.get("write_Bps")), _gb(e.get("read_Bps")))) if e.get("write_Bps") else ""
+        findings.append(Finding(st, "nvme path %s does not support O_DIRECT (%s); DeepSpeed's async_io opens its "
+                                    "swap files with O_DIRECT, so NVMe offload there fails%s"
+                                % (where, e["direct_error"], measured),
+                                "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
+                                "ext4/xfs mount" % q(p)))
+    if e.get("measure_skipped"):
+        free = e.get("free_bytes")
+        findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
+                                % (where, e["measure_skipped"],
+                                   "; only %s free" % _size(free) if free is not None else ""),
+                                "df -h %s; du -xsh %s/* | sort -h | tail" % (q(p), q(p)) if free is not None else
+                                "findmnt -T %s" % q(p)))
+        return findings, None
+    if e.get("error"):
+        findings.append(_measure_error(e, p, where, min_w, min_r))
+        return findings, None
+    tag = "" if e.get("direct") else " (buffered, not direct)"
+    w, r = e.get("write_Bps"), e.get("read_Bps")
+    if w is not None and w < min_w:
+        findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
+                                             "typically > 3 GB/s; check what backs the path and the device's "
+                                             "health)" % (where, _gb(w), tag, _gb(min_w)),
+                                _slow_fix(p, e.get("device"))))
+    if r is not None and r < min_r:
+        findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
+                                             "typically > 3 GB/s; check what backs the path and the device's "
+                                             "health)" % (where, _gb(r), tag, _gb(min_r)),
+                                _slow_fix(p, e.get("device"))))
+    return findings, "%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
+                                                                   " (direct)" if e.get("direct") else tag,
+                                                                   _size(e.get("test_bytes")),
+                                                                   _size(e.get("free_bytes")))
+
+
+def _unusable_path(e: Dict[str, Any], p: str, where: str) -> Optional[Finding]:
+    """A FAIL when the path does not exist, is not a directory (a block device: how to mount it), or is not
+    writable; None when DeepSpeed could use it."""
+    if not e.get("exists"):
+        return Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
+                                    "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
+                       "mkdir -p -- %s && findmnt -T %s" % (q(p), q(p)))
+    if not e.get("is_dir"):
+        if e.get("kind") == "block device" and e.get("device_mounts"):
+            mp = e["device_mounts"][0]
+            offload = q(mp.rstrip("/") + "/offload")
+            fix = ("mkdir -p -- %s, then set nvme_path / --nvme-path to %s (%s is mounted on %s)"
+                   % (offload, offload, q(p), q(mp)))
+        elif e.get("kind") == "block device":
+            fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
+                   "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (q(p), q(p)))
+        else:
+            fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
+        return Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
+                                    "files into nvme_path)" % (p, e.get("kind") or "non-directory"), fix)
+    if not e.get("writable"):
+        return Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
+                                    "the training user can create files in)"
+                       % (where, e.get("uid", "?"), e.get("error") or "?"),
+                       ("mount -o remount,rw %s" % q(str(e.get("mountpoint") or p)))
+                       if "Read-only" in (e.get("error") or "") else
+                       "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
+                       "user's ids" % (q(p), q(p)))
+    return None
+
+
+def _measure_error(e: Dict[str, Any], p: str, where: str, min_w: float, min_r: float) -> Finding:
+    """The test did not complete: a timeout that bounds the throughput below the minimum is a WARN, an I/O error
+    or a full disk a FAIL, anything else an ERROR."""
+    if e.get("timed_out"):
+        bound = (e.get("test_bytes") or 0) / float(e.get("timeout_s") or 1)
+        op_min = min_w if e["timed_out"] == "write" else min_r
+        if bound < op_min:
+            return Finding(Status.WARN, "nvme path %s: %s, so %s throughput is below %s (expected "
+                                        ">= %s)" % (where, e["error"], e["timed_out"], _gb(bound),
+                                                    _gb(op_min)), _slow_fix(p, e.get("device")))
+        return Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
+                       "rerun with a longer --timeout or a smaller [nvme] test_mib")
+    if "Input/output error" in e["error"] or "No space left" in e["error"]:
+        return Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
+                       "check the device: dmesg | tail -50; df -h %s" % q(p))
+    return Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]), _dd_fix(p))
 
 
 _NVME_DEVICE = re.compile(r"^(/dev/nvme[0-9]+n[0-9]+)(?:p[0-9]+)?$")
