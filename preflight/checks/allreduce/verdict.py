@@ -141,37 +141,14 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
     base_metrics = {k: facts.get(k) for k in ("backend", "world_size", "hosts", "master", "master_addr",
                                               "master_port", "network", "unreachable", "duration_s")}
     base_metrics["interfaces"] = {h: (i or {}).get("ifname") for h, i in (facts.get("interfaces") or {}).items()}
-    if status == "skipped":
-        return {"*": skip(facts.get("reason", "not run"), **base_metrics)}
-    if status == "no_torch":
-        hosts = facts.get("hosts_without_torch") or []
-        msg = "torch is not importable on %s (%s): the all-reduce cannot run" % (names(hosts), facts.get("reason"))
-        fix = "pass --python with the job's interpreter, or pip install torch on every host"
-        # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
-        if limits(thresholds, "python")["require_torch"]:
-            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
-        return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
-    if status == "error":
-        return {"*": error("could not run the all-reduce: %s" % (facts.get("reason") or
-                                                                (facts.get("failure") or {}).get("message")),
-                           "rerun with -v; check that --python works on every host", **base_metrics)}
+    not_run = _not_run(status, facts, thresholds, base_metrics)
+    if not_run is not None:
+        return not_run
     suspects = (facts.get("localization") or {}).get("suspects") or []
     metrics = dict(base_metrics)
     metrics["localization"] = facts.get("localization")
     if status == "failed":
-        failure = facts.get("failure") or {}
-        kind = failure.get("kind", "other")
-        msg = failure.get("message", "the all-reduce failed")
-        if suspects:
-            msg += "; suspect%s: %s" % ("s" if len(suspects) > 1 else "",
-                                        "; ".join("%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4]))
-        fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
-            port=facts.get("master_port"), master=facts.get("master"))
-        metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
-        by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
-        for s in suspects:
-            by_host[s["host"]] = Outcome(Status.FAIL, "all-reduce: %s" % s["reason"], _host_fix(s, facts, fix))
-        return by_host
+        return _failed(facts, suspects, metrics)
     n = int(facts.get("world_size") or 0)
     table = bandwidth_table(facts.get("sizes") or [], n)
     if not table:
@@ -194,27 +171,83 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
             "%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4])))
     rounds = facts.get("stragglers")
     named = find_stragglers(rounds, cfg)
-    slow_fix = "check the named host's link: ethtool (speed), ip -s link (errors, drops), the cable and switch " \
-               "port; compare with the iperf3 check"
     if isinstance(rounds, dict):
         # The raw rounds (each pair's iteration times) as well: the detector can be rerun on a report.
         metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named)
-        if named:
-            findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
-                                    "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
-                                        short(h, s) for h, s in list(named.items())[:4])), slow_fix))
-        failed = failed_pairs(rounds)
-        unexplained = [p for p in failed if not any(h in named for h in p["hosts"])]
-        if unexplained:
-            # A failed pair that points at no single host still means a link that did not work: say so.
-            findings.append(Finding(Status.WARN, "straggler rounds: %d of %d pairs failed (%s)" % (
-                len(failed), len(rounds.get("pairs") or []), "; ".join(
-                    "%s-%s: %s" % (p["hosts"][0], p["hosts"][1], p["error"][:120]) for p in unexplained[:3])),
-                slow_fix))
+        findings.extend(_straggler_round_findings(rounds, named))
     out = combine(findings, summary, metrics)
     if out.status != Status.PASS:
         out.message = summary + ": " + out.message
     result: Dict[str, Outcome] = {"*": out}
+    result.update(_host_rows(facts, cfg, flagged, suspects, named))
+    return result
+
+
+_SLOW_FIX = ("check the named host's link: ethtool (speed), ip -s link (errors, drops), the cable and switch "
+             "port; compare with the iperf3 check")
+
+
+def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
+             base_metrics: Dict[str, Any]) -> Optional[Dict[str, Outcome]]:
+    """The cluster row of a run that did not happen: skipped, no torch (FAIL unless [python] require_torch is
+    false) or preflight's own error; None when it ran."""
+    if status == "skipped":
+        return {"*": skip(facts.get("reason", "not run"), **base_metrics)}
+    if status == "no_torch":
+        hosts = facts.get("hosts_without_torch") or []
+        msg = "torch is not importable on %s (%s): the all-reduce cannot run" % (names(hosts), facts.get("reason"))
+        fix = "pass --python with the job's interpreter, or pip install torch on every host"
+        # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
+        if limits(thresholds, "python")["require_torch"]:
+            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
+        return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
+    if status == "error":
+        return {"*": error("could not run the all-reduce: %s" % (facts.get("reason") or
+                                                                (facts.get("failure") or {}).get("message")),
+                           "rerun with -v; check that --python works on every host", **base_metrics)}
+    return None
+
+
+def _failed(facts: Dict[str, Any], suspects: List[Dict[str, Any]], metrics: Dict[str, Any]) -> Dict[str, Outcome]:
+    """A run that failed: FAIL for the cluster, with the failure and its suspects, and for each suspect host."""
+    failure = facts.get("failure") or {}
+    kind = failure.get("kind", "other")
+    msg = failure.get("message", "the all-reduce failed")
+    if suspects:
+        msg += "; suspect%s: %s" % ("s" if len(suspects) > 1 else "",
+                                    "; ".join("%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4]))
+    fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
+        port=facts.get("master_port"), master=facts.get("master"))
+    metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
+    by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
+    for s in suspects:
+        by_host[s["host"]] = Outcome(Status.FAIL, "all-reduce: %s" % s["reason"], _host_fix(s, facts, fix))
+    return by_host
+
+
+def _straggler_round_findings(rounds: Dict[str, Any], named: Dict[str, Dict[str, Any]]) -> List[Finding]:
+    """The stragglers the rounds named, and the failed pairs that point at no named host."""
+    findings: List[Finding] = []
+    if named:
+        findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
+                                "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
+                                    short(h, s) for h, s in list(named.items())[:4])), _SLOW_FIX))
+    failed = failed_pairs(rounds)
+    unexplained = [p for p in failed if not any(h in named for h in p["hosts"])]
+    if unexplained:
+        # A failed pair that points at no single host still means a link that did not work: say so.
+        findings.append(Finding(Status.WARN, "straggler rounds: %d of %d pairs failed (%s)" % (
+            len(failed), len(rounds.get("pairs") or []), "; ".join(
+                "%s-%s: %s" % (p["hosts"][0], p["hosts"][1], p["error"][:120]) for p in unexplained[:3])),
+            _SLOW_FIX))
+    return findings
+
+
+def _host_rows(facts: Dict[str, Any], cfg: Dict[str, Any], flagged: List[Finding], suspects: List[Dict[str, Any]],
+               named: Dict[str, Dict[str, Any]]) -> Dict[str, Outcome]:
+    """The hosts' rows of a run that finished: each suspect of a flagged busbw, then each named straggler (a host
+    that is both keeps the worse status)."""
+    result: Dict[str, Outcome] = {}
     if flagged:
         for s in suspects:
             result[s["host"]] = Outcome(max((f.status for f in flagged), key=lambda st: st.rank),
@@ -225,6 +258,6 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
         if prev is not None:  # already a suspect of the flagged busbw: its reason includes this (coordinator)
             result[h] = Outcome(max((prev.status, status), key=lambda st: st.rank), prev.message, prev.fix)
         else:
-            result[h] = Outcome(status, "all-reduce: %s" % describe_straggler(h, s, rounds or {}, cfg),
-                                _host_fix({"host": h, "kind": "slow"}, facts, slow_fix))
+            result[h] = Outcome(status, "all-reduce: %s" % describe_straggler(h, s, facts.get("stragglers") or {}, cfg),
+                                _host_fix({"host": h, "kind": "slow"}, facts, _SLOW_FIX))
     return result
