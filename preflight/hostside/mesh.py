@@ -13,7 +13,7 @@ import math
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .robust import MAD_TO_SIGMA, MEDIAN_SE, p_value, rel_noise
+from .robust import MAD_TO_SIGMA, MAX_P, MEDIAN_SE, p_value, rel_noise, significant
 
 # A ports probe's result, as a reason.
 REASONS = {
@@ -39,7 +39,8 @@ def median_or_none(values: Sequence[float]) -> Optional[float]:
 # --- iperf3's links -------------------------------------------------------------------------------------------
 
 def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
-                    stats: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
+                    stats: Optional[Dict[str, Any]] = None,
+                    unsure: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
     """Hosts whose links are consistently slow, with the slowness attributed to the host the slow links share.
 
     A slow host drags down every link it is part of, so its partners look slow too. Each step compares every
@@ -54,10 +55,18 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
     its spread; a host's median over n links is known to about 1.25 x spread / sqrt(n), and the reference as well)
     and noise_floor. Returns {host: {"median_gbps", "links", "reference_gbps", "ratio", "z", "p", "sigma", "by"}},
     "by" being "fraction" or "statistics".
+
+    With ``stats`` every flag needs significance, the fraction's too: a one-sided p of z below ``stats["max_p"]``
+    (default 0.05), so that no host is named on evidence its own message calls weak (issue 26: a WARN at p = 0.2
+    flipped between identical runs). A host below ``fraction`` at p >= max_p is not flagged; it is put in
+    ``unsure`` (when given) for the caller to measure more.
     """
     good = [ln for ln in links if not ln.get("error") and ln.get("gbps") is not None]
     flagged: Dict[str, Dict[str, Any]] = {}
+    max_p = float((stats or {}).get("max_p", MAX_P))
     while True:
+        if unsure is not None:
+            unsure.clear()  # the last pass, whose hosts are the unflagged ones, says who is in doubt
         active = [ln for ln in good if ln["src"] not in flagged and ln["dst"] not in flagged]
         entries: Dict[str, Dict[str, Any]] = {}
         for h in hosts:
@@ -83,7 +92,13 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
                 sigma = max(spread, e["noise"], float(stats["noise_floor"]))
                 e.update(sigma=sigma, z=(e["ratio"] - center) / sigma)
                 e["p"] = p_value(e["z"])
-                clear = e["z"] < -float(stats["z_threshold"]) and e["ratio"] < 1.0 - float(stats["min_deficit"])
+                sure = significant(e["z"], max_p)
+                clear = (sure and e["z"] < -float(stats["z_threshold"])
+                         and e["ratio"] < 1.0 - float(stats["min_deficit"]))
+                if e["ratio"] < fraction and not sure:
+                    if unsure is not None:
+                        unsure[h] = e
+                    continue
             else:
                 clear = False
             if e["ratio"] < fraction or clear:

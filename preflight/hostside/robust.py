@@ -3,13 +3,22 @@
 A value is compared with its peers by a robust z: (x - median) / sigma, sigma = 1.4826 x MAD (the median absolute
 deviation, scaled to estimate a normal standard deviation) but never below a floor that carries the measurement's
 own noise, so that identical peers (MAD 0) cannot turn a 0.1% difference into an infinite z. For example
-``robust_z([100, 101, 99, 100], 90, 0.01)`` -> (100.0, 1.4826, -6.7), and ``p_text(-6.7)`` -> ``"p = 1e-11"``.
+``robust_z([100, 101, 99, 100], 90, 0.01)`` -> (100.0, 1.4826, -6.7), ``p_text(-6.7)`` -> ``"p < 1e-9"`` and
+``p_text(-2.0)`` -> ``"p = 0.02"``.
+
+Severity follows the evidence (issue 26): a peer comparison names a device or host only when its deficit is
+``significant`` (one-sided p below the check's ``max_p``, 0.05 by default), however large the deficit; a large
+deficit that is not significant is ambiguous, and the check measures again instead of failing. ``p_text`` never
+prints a p on the other side of ``max_p`` than the p it describes (0.0496 is "p = 0.0496", not "p = 0.05").
 """
 from __future__ import annotations
 
 import math
 import statistics
 from typing import Optional, Sequence, Tuple
+
+# The one-sided p below which a deficit counts as evidence (the checks' `max_p` default; the usual 5% level).
+MAX_P = 0.05
 
 # 1.4826 * MAD estimates the standard deviation of normally distributed data (the usual robust-z constant).
 MAD_TO_SIGMA = 1.4826
@@ -39,7 +48,26 @@ def p_value(z: float) -> float:
     return 0.5 * math.erfc(abs(z) / math.sqrt(2))
 
 
-def p_text(z: float) -> str:
-    """p_value as text: how unlikely noise alone makes a deviation of z."""
+def z_limit(max_p: float) -> float:
+    """The z a deficit must be below to be significant at one-sided ``max_p``: -1.645 at 0.05, -2.33 at 0.01."""
+    if max_p >= 0.5:
+        return 0.0
+    return statistics.NormalDist().inv_cdf(max(max_p, 1e-300))
+
+
+def significant(z: float, max_p: float = MAX_P) -> bool:
+    """A deficit (z < 0) whose one-sided p is below max_p; max_p >= 1 accepts every deficit (statistics off)."""
+    return max_p >= 1.0 or (z < 0 and p_value(z) < max_p)
+
+
+def p_text(z: float, max_p: float = MAX_P) -> str:
+    """p_value as text: how unlikely noise alone makes a deviation of z. One significant digit, or more where one
+    would round p across max_p (a significant finding never reads "p = 0.05"; an insignificant one never "0.04")."""
     p = p_value(z)
-    return "p < 1e-9" if p < 1e-9 else "p = %.1g" % p
+    if p < 1e-9:
+        return "p < 1e-9"
+    for digits in (1, 2, 3, 4):
+        text = "%.*g" % (digits, p)
+        if (float(text) < max_p) == (p < max_p):
+            return "p = " + text
+    return "p < %g" % max_p if p < max_p else "p = %g" % p
