@@ -83,7 +83,7 @@ def test_healthy_gpus_pass_with_their_numbers():
     out = compute.evaluate(gpu_cluster(), TH)
     assert named(out) == [], {h: o.message for h, o in out.items()}
     assert out["gpu01"].status == Status.PASS and "GPU 0 " in out["gpu01"].message
-    assert "16 x H100 80GB HBM3: median bf16 GEMM" in out["*"].message
+    assert "16 x H100 80GB HBM3: cluster median bf16 GEMM" in out["*"].message  # "median" before issue 26
 
 
 def test_a_gpu_at_low_clocks_is_named_with_index_and_uuid_and_confidence():
