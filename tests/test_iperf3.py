@@ -128,8 +128,10 @@ def test_recorded_straggler_is_attributed_to_node03_only(thresholds):
     facts = recorded("facts-4hosts-straggler.json")  # 4 hosts shaped to 200 Mbit, node03 to 50 Mbit
     out = iperf3.evaluate(facts, thresholds)
     assert out["node03"].status == Status.FAIL
-    assert out["node03"].message.startswith("node03: median 47.9 Mbit/s over 3 links vs cluster median 191.4 "
-                                            "Mbit/s (25%)")
+    # "median of the other hosts" (the links without node03), not "cluster median" (every link) as before issue 26
+    assert out["node03"].message.startswith("node03: median 47.9 Mbit/s over 3 links vs median of the other hosts "
+                                            "191.4 Mbit/s (25%)")
+    assert "p < 1e-9" in out["node03"].message
     for h in ("node01", "node02", "node04"):
         assert out[h].status == Status.PASS, out[h].message
     assert out["*"].status == Status.PASS and "stragglers: node03 (25%)" in out["*"].message
@@ -312,6 +314,56 @@ def test_coordinate_measures_every_shared_network_and_stops_every_server(thresho
     assert "iperf3.interfaces" not in called(c)  # the interfaces check's facts were used
 
 
+# Link rates (Gbit/s) by pair, as loaded hosts sharing cores measured them: node02 is at 65% of the median of the other
+# hosts, but their links spread as far (robust z -0.8, p = 0.2): no evidence (tests/test_severity.py).
+NOISY = {("node01", "node02"): 6.82, ("node01", "node03"): 10.44, ("node01", "node04"): 4.11,
+         ("node02", "node03"): 5.01, ("node02", "node04"): 8.65, ("node03", "node04"): 11.53}
+
+
+def remeasure_cluster(thresholds, later):
+    """4 hosts on eth0 whose first test of each pair gives NOISY's rate and every later one later(pair)."""
+    tests = {}
+
+    def client(src, p, timeout):
+        pair = tuple(sorted((src, p["dst"])))
+        tests[pair] = tests.get(pair, 0) + 1
+        return {"gbps": NOISY[pair] if tests[pair] == 1 else later(pair), "retransmits": 0, "error": None}
+
+    cluster = FakeCluster(4, thresholds=thresholds, handlers={
+        "iperf3.serve": lambda h, p, t: FakeService(ready={"port": 5201}, host=h, func="iperf3.serve"),
+        "iperf3.client": client})
+    cluster.facts.update({h.name: {"interfaces": host_interfaces(i)} for i, h in enumerate(cluster.all_hosts)})
+    return cluster, tests
+
+
+def test_a_host_in_doubt_is_measured_again_instead_of_named(thresholds):
+    # Measured again, the links agree: nobody is named, and every pair was tested twice.
+    cluster, tests = remeasure_cluster(thresholds, lambda pair: 9.4)
+    facts = iperf3.coordinate(cluster)
+    assert set(tests.values()) == {2} and len(tests) == 6
+    assert facts["networks"][0]["remeasured"] == 1 and len(facts["networks"][0]["links"]) == 12
+    out = iperf3.evaluate(facts, thresholds)
+    assert all(o.status == Status.PASS for o in out.values()), {h: o.message for h, o in out.items()}
+    assert out["*"].metrics["remeasured"] == {"10.0.0.0/24": 1}
+    # Measured again, node02 is slow on every link and the others agree: named, on evidence.
+    cluster, tests = remeasure_cluster(thresholds, lambda pair: 6.0 if "node02" in pair else 9.4)
+    out = iperf3.evaluate(iperf3.coordinate(cluster), thresholds)
+    assert out["node02"].status == Status.WARN, out["node02"].message
+    # (the first, noisy tests still count: z -2.3, p = 0.01, significant)
+    assert "every pair measured 2 times" in out["node02"].message and "z -2.3, p = 0.01)" in out["node02"].message
+    assert [h for h, o in out.items() if o.status != Status.PASS] == ["node02"]
+    # confirm = 0: measured once, still in doubt: said in its PASS line, not named.
+    cluster, tests = remeasure_cluster(with_iperf3(thresholds, confirm=0), lambda pair: 9.4)
+    out = iperf3.evaluate(iperf3.coordinate(cluster), thresholds)
+    assert set(tests.values()) == {1} and out["node02"].status == Status.PASS
+    assert "not named, the evidence is weak (p >= 0.05): 65% of the median of the other hosts" in out["node02"].message
+    # A clear cluster is measured once (test_coordinate_measures_every_shared_network_... : a clear straggler too).
+    cluster, tests = remeasure_cluster(thresholds, lambda pair: 9.4)
+    tests.update(dict.fromkeys(NOISY, 1))  # every first test already done: all links at 9.4
+    facts = iperf3.coordinate(cluster)
+    assert set(tests.values()) == {2} and "remeasured" not in facts["networks"][0]
+
+
 def test_coordinate_records_failures_instead_of_crashing(thresholds):
     c, services, _ = iperf3_cluster(4, thresholds, no_server={"node04"}, client_raises={"node01"})
     facts = iperf3.coordinate(c)
@@ -442,7 +494,7 @@ def test_quarter_rate_host_is_named_as_the_straggler(cluster4, tmp_path):
     res = iperf3_results(report)
     assert res["node03"]["status"] in ("warn", "fail"), res["node03"]["message"]
     assert res["node03"]["message"].startswith("node03: median ")
-    assert "vs cluster median" in res["node03"]["message"]
+    assert "vs median of the other hosts" in res["node03"]["message"]  # "vs cluster median" before issue 26
     for h in ("node01", "node02", "node04"):
         assert res[h]["status"] == "pass", res[h]["message"]
     assert "stragglers: node03" in res["*"]["message"]
