@@ -287,7 +287,7 @@ def test_recorded_host_at_90_percent_is_named_with_ratio_and_confidence():
     assert s["status"] == "warn" and s["by"] == "statistics"
     assert s["ratio"] == pytest.approx(0.9, abs=0.01) and s["z"] < -float(CFG["z_threshold"]) and s["p"] < 1e-6
     text = stragglers.describe("node02", s, ROUNDS["node02-at-0.9"], CFG)
-    assert "90% of the other hosts' median" in text and "16 MiB x 8 iterations" in text
+    assert "90% of the median of the other hosts" in text and "16 MiB x 8 iterations" in text
     assert "confidence: z -6." in text and "p < 1e-9" in text
 
 
@@ -359,7 +359,9 @@ def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
     assert out["node02"].status == Status.WARN
     assert out["node02"].message.startswith("all-reduce: straggler: its best ring pair (with node01)")
     assert "90%" in out["node02"].message and "node02" in out["node02"].fix
-    assert out["*"].status == Status.WARN and "straggler: node02 at 90% of the others" in out["*"].message
+    # "of the median of the other hosts" (was "of the others"): one name per number (issue 26)
+    assert out["*"].status == Status.WARN and "straggler: node02 at 90% of the median of the other hosts (z -6." \
+        in out["*"].message and "p < 1e-9)" in out["*"].message
     assert out["*"].metrics["stragglers"]["named"]["node02"]["by"] == "statistics"
     clean = allreduce.evaluate(dict(HEALTHY, stragglers=ROUNDS["clean"]), THRESHOLDS)
     assert set(clean) == {"*"} and clean["*"].status == Status.PASS

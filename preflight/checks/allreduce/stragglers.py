@@ -7,7 +7,7 @@ Each host is compared with the other hosts' rates (leave-one-out: in a small fle
 median and widen the MAD it is judged by) by the robust z of ``hostside/robust.py``; sigma is at least the
 measurement's own noise (the spread of the pairs' iterations) and ``noise_floor``. A host is named when:
 
-- its rate is below ``straggler_fail_fraction`` of the others' median: FAIL, whatever the statistics;
+- its rate is below ``straggler_fail_fraction`` of the median of the other hosts: FAIL, whatever the statistics;
 - below ``straggler_fraction``: WARN, whatever the statistics;
 - its deficit is statistically clear (z < -``z_threshold``) AND larger than ``min_deficit``: WARN;
 - every pair it was in failed while other hosts' pairs succeeded: FAIL (a failed pair is evidence, never dropped).
@@ -120,7 +120,8 @@ def short(host: str, s: Dict[str, Any]) -> str:
     """A few words for the cluster line: the ratio and z, or the failed pairs."""
     if s["by"] == "failed_pairs":
         return "%s: all %d of its pairs failed" % (host, len(s["failed_pairs"]))
-    return "%s at %.0f%% of the others (z %.1f)" % (host, 100 * s["ratio"], s["z"])
+    return "%s at %.0f%% of the median of the other hosts (z %.1f, %s)" % (host, 100 * s["ratio"], s["z"],
+                                                                           p_text(s["z"]))
 
 
 def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:
@@ -135,7 +136,7 @@ def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str,
            "fraction": "below %.0f%%" % (100 * float(cfg["straggler_fraction"])),
            "statistics": "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(cfg["min_deficit"]), s["z"],
                                                                           float(cfg["z_threshold"]))}[s["by"]]
-    return ("straggler: its best ring pair (with %s) reaches %s GB/s busbw, %.0f%% of the other hosts' median %s GB/s "
-            "(%s x %d iterations per pair; %s; confidence: z %.1f, %s)"
+    return ("straggler: its best ring pair (with %s) reaches %s GB/s busbw, %.0f%% of the median of the other hosts "
+            "%s GB/s (%s x %d iterations per pair; %s; confidence: z %.1f, %s)"
             % (s["partner"], gbps(s["busbw_GBps"]), 100 * s["ratio"], gbps(s["reference_GBps"]),
                human_bytes(int(facts.get("bytes") or 0)), s["samples"], why, s["z"], p_text(s["z"])))
