@@ -14,6 +14,7 @@ import json
 import marshal
 import re
 import threading
+import time
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -41,7 +42,7 @@ _AGENT_CODE_LOCK = threading.Lock()
 # What every agent imports before its first request; bytecode of the others (checks that run or not) would
 # make the upload three times bigger for every host.
 _PRECOMPILED = {"preflight/hostside/__init__.py", "preflight/hostside/agent.py", "preflight/hostside/proc.py",
-                "preflight/hostside/seams.py", "preflight/hostside/outcome.py"}
+                "preflight/hostside/seams.py", "preflight/hostside/outcome.py", "preflight/hostside/tempfiles.py"}
 
 
 def agent_code() -> bytes:
@@ -90,6 +91,9 @@ def _agent_code() -> bytes:
 DEFAULT_MAX_OUTPUT = 64 * 2**20
 # pkill of an agent that never started: one short command; a host that does not answer it in this long is gone.
 KILL_BY_TOKEN_TIMEOUT_S = 10.0
+# How long a host's interpreter may take from its start to the agent's hello when the config does not say
+# ([agent] start_s in defaults.toml holds the documented value; the runner adds the connect timeout to it).
+DEFAULT_START_S = 30.0
 
 
 def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
@@ -132,6 +136,20 @@ class _Request(RunningCommand):
     def close_stdin(self, wait: bool = True) -> None:
         self._session.send({"op": "stop", "id": self._rid})
 
+    def wait(self, timeout: float) -> CommandResult:
+        """As RunningCommand.wait; but while the agent has not said hello, only until its start-up deadline: an
+        interpreter that never runs the agent (a hung NFS import, a blocking sitecustomize) fails the request then,
+        with result.error saying so, instead of holding the caller for the request's whole budget."""
+        deadline = time.monotonic() + timeout
+        session = self._session
+        by = session.hello_deadline
+        if by is not None and by < deadline and session.starting and not self.done:
+            session.wait_ready(max(0.0, by - time.monotonic()))
+            if session.starting and not self.done:
+                self._note_error(session.never_started())
+                self.kill()
+        return super().wait(max(0.0, deadline - time.monotonic()))
+
     def send(self, data: bytes) -> None:
         raise OSError("a request's stdin is its lifeline only")
 
@@ -154,8 +172,14 @@ class _Session:
 
     _HEADER_MAX = 200
 
-    def __init__(self, transport: Transport, argv: Sequence[str], channel: Optional[RunningCommand] = None):
+    def __init__(self, transport: Transport, argv: Sequence[str], channel: Optional[RunningCommand] = None,
+                 start_s: Optional[float] = None):
         self._lock = threading.Lock()
+        # The hello is due start_s after the agent's command starts (None: no deadline of its own); the hello
+        # comes before any request is served, so it takes the interpreter's start-up and the agent's imports only.
+        self.started = time.monotonic()
+        self.start_s = start_s
+        self._python = argv[0] if argv else "python3"
         self._pending: Dict[int, _Request] = {}
         self._queued: list = []  # requests sent before the agent said it is ready
         self._next = 1
@@ -219,6 +243,16 @@ class _Session:
         """Started, alive, and no hello yet: requests to it are queued, unsent."""
         with self._lock:
             return not self._ready and not self.dead
+
+    @property
+    def hello_deadline(self) -> Optional[float]:
+        """When (time.monotonic()) the hello is due; None without a start-up deadline."""
+        return None if self.start_s is None else self.started + self.start_s
+
+    def never_started(self) -> str:
+        """The message of a request that the agent's missing hello ended."""
+        return (f"the agent never started: {self._python} gave no hello within {self.start_s or 0:.0f}s of its start "
+                "(a hung interpreter, import hook or login script)")
 
     def close(self) -> bool:
         """Close the agent's stdin: it stops whatever still runs, reaps, and exits. An agent that never said
@@ -337,12 +371,15 @@ class Agent:
     """
 
     def __init__(self, transport: Transport, python: str = "python3", token: str = "preflight",
-                 max_output: int = DEFAULT_MAX_OUTPUT):
+                 max_output: int = DEFAULT_MAX_OUTPUT, start_s: Optional[float] = None):
         self.transport = transport
         self.python = python
         # The token appears in every agent's argv, so a last-resort cleanup can find them with pkill -f.
         self.token = token
         self.max_output = max_output
+        # Seconds from an agent's start to its hello, after which its requests fail at once ("the agent never
+        # started"); None: each request waits for its own deadline.
+        self.start_s = start_s
         self.hostinfo: Dict[str, Any] = {}
         self._session: Optional[_Session] = None
         self._lock = threading.Lock()
@@ -355,7 +392,7 @@ class Agent:
         """The current session, or a new agent of this host's own when there is none or it is gone. Call with
         _lock held."""
         if self._session is None or self._session.dead:
-            self._session = _Session(self.transport, self.argv())
+            self._session = _Session(self.transport, self.argv(), start_s=self.start_s)
             self.adopted = False
         return self._session
 
@@ -376,6 +413,33 @@ class Agent:
         """The host's agent was started and has not said hello (yet): a request now would only queue."""
         with self._lock:
             return self._session is not None and self._session.starting
+
+    def wait_started(self) -> bool:
+        """Wait for the agent's hello, until its start-up deadline at most (at once without one); whether it came."""
+        with self._lock:
+            session = self._session
+        if session is None:
+            return False
+        by = session.hello_deadline
+        if session.starting and by is not None:
+            session.wait_ready(max(0.0, by - time.monotonic()))
+        return session.said_hello
+
+    def never_started_text(self) -> str:
+        """What a request to this host's agent that never said hello ends with."""
+        with self._lock:
+            session = self._session
+        return session.never_started() if session is not None else "the agent never started"
+
+    @property
+    def never_started(self) -> bool:
+        """The host's agent is past its start-up deadline without a hello: every request to it fails at once."""
+        with self._lock:
+            session = self._session
+        if session is None or not session.starting:
+            return False
+        by = session.hello_deadline
+        return by is not None and time.monotonic() >= by
 
     def close(self) -> None:
         """End the host's agent (it stops and reaps what is left); the next request starts a new one."""
@@ -400,7 +464,7 @@ class Agent:
         """Talk to an agent started elsewhere (its task in a SharedStep) instead of starting one; once that one
         is gone, the next request starts the host's own as usual."""
         with self._lock:
-            self._session = _Session(self.transport, self.argv(), channel)
+            self._session = _Session(self.transport, self.argv(), channel, self.start_s)
             self.adopted = True
 
     def open(self, timeout: float) -> Optional[Dict[str, Any]]:
@@ -429,6 +493,10 @@ class Agent:
             payload = _parse_result(request.wait(timeout), "host checks")
         except AgentError as exc:
             if self.starting:  # not a slow check: the interpreter never ran the agent
+                with self._lock:
+                    session = self._session
+                if session is not None and session.start_s is not None:
+                    raise AgentError(session.never_started(), exc.detail) from None
                 raise AgentError(f"the agent never started: {self.python} gave no hello within {timeout:.0f}s "
                                  "(a hung interpreter, import hook or login script)", exc.detail) from None
             raise

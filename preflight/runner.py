@@ -22,7 +22,8 @@ from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
 from preflight.results import CLUSTER, HostRecord, Report, Result
-from preflight.remote import DEFAULT_MAX_OUTPUT, Agent, AgentError, Service, collect_budget, serve_input
+from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, Agent, AgentError, Service, collect_budget,
+                             serve_input)
 from preflight import transport as transports
 from preflight.transport import (CommandResult, SharedStep, SrunTransport, SSHOptions, Transport, TransportError,
                                  raise_fd_limit)
@@ -158,7 +159,15 @@ class Runner:
         transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh)
         mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
         max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
-        return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output))
+        return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output, self.start_deadline_s))
+
+    @property
+    def start_deadline_s(self) -> float:
+        """How long a host's agent has from its start to its hello: the connect timeout (opening its channel, or an
+        srun step's launch) plus [agent] start_s (the interpreter's start-up). Past it, the host is one ERROR ("the
+        agent never started") and the run goes on without it, instead of waiting out every request's budget."""
+        start = self.o.thresholds.get("agent", {}).get("start_s")
+        return self.o.ssh.connect_timeout + (DEFAULT_START_S if start is None else float(start))
 
     def _connect(self, node: Node) -> None:
         if self.o.local:
@@ -270,6 +279,7 @@ class Runner:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
         by_host = self._collect(reachable, modules)
+        self._leave_out_unstarted(reachable)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
@@ -292,6 +302,19 @@ class Runner:
                     self.facts[node.name][module.NAME] = entry["facts"]
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+
+    def _leave_out_unstarted(self, nodes: List[Node]) -> None:
+        """A host whose agent gave no hello by its start-up deadline (its interpreter hangs before it runs the agent)
+        is as good as unreachable: its connection result says why, once, its other cells are blocked, and the
+        cluster checks go on without it. The wait is the deadline's at most (the host checks' requests waited it)."""
+        for node in nodes:
+            if not node.agent.starting or node.agent.wait_started() or not node.agent.never_started:
+                continue
+            text = node.agent.never_started_text()
+            node.ssh_facts.update(connected=False, status="error", error=f"authenticated, but {text}",
+                                  fix=_agent_fix(text, self.o.python))
+            self.results = [r for r in self.results if (r.host, r.check) != (node.name, "ssh")]
+            self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds))
 
     def _collect(self, nodes: List[Node], modules: List[ModuleType]) -> Dict[str, Any]:
         """Every host's collect at once (--parallel limits connection set-up, not waiting), and no thread per

@@ -214,8 +214,10 @@ def test_an_interpreter_that_hangs_before_it_reads_is_named_and_killed_on_every_
         assert proc.returncode == 1, proc.stdout + proc.stderr
         cells = {(r["host"], r["check"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
         for host in cluster3.hosts:
-            cell = cells[(host.name, "libaio")]
+            # Issue 26: the host is one ERROR on its connection result, and its checks are blocked by it.
+            cell = cells[(host.name, "ssh")]
             assert cell["status"] == "error" and "the agent never started" in cell["message"], cell
+            assert cells[(host.name, "libaio")]["blocked_by"] == "ssh", cells[(host.name, "libaio")]
         assert_nothing_left(cluster3)
     finally:
         for h in cluster3.hosts:  # on failure: what the run left
