@@ -22,6 +22,7 @@ from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
 from preflight.results import CLUSTER, HostRecord, Report, Result
+from preflight.selfcheck import COORDINATOR, Kernel, SelfCheck
 from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, Agent, AgentError, Service, collect_budget,
                              serve_input)
 from preflight import transport as transports
@@ -52,6 +53,8 @@ class RunOptions:
     info_notes: List[str] = field(default_factory=list)
     input_notes: List[str] = field(default_factory=list)
     check_options: CheckOptions = field(default_factory=CheckOptions)
+    # This machine's limits as the self-check reads them (preflight.selfcheck.Kernel); None: read this machine's.
+    kernel: Optional[Kernel] = None
 
 
 class Progress:
@@ -65,6 +68,9 @@ class Progress:
 
     def note(self, text: str) -> None:
         pass
+
+    def warning(self, text: str) -> None:
+        """Something the user should know before the run goes on (this machine's limits): one line, kept."""
 
     def done(self) -> None:
         pass
@@ -214,7 +220,7 @@ class Runner:
             node.ssh_facts["via"] = transport.via
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
-                                        f"{probe.stderr.strip()[:200]}",
+                                        f"{(probe.stderr.strip() or probe.error)[:200]}",
                                   fix="check the user's login shell and ForceCommand on the host",
                                   status="error")
 
@@ -416,6 +422,32 @@ class Runner:
         self.results.append(Result(host, check, Status.ERROR, blocked_message(check, connection, host),
                                    duration_s=duration, blocked_by=connection))
 
+    def _check_self(self, check: SelfCheck) -> None:
+        """This machine's limits against the run's, before the first connect: each one the run would exceed is a
+        WARN of the coordinator's row with its fix, and is printed now, while the run can still be stopped."""
+        try:
+            found = check.before()
+        except Exception:  # a look at this machine must never cost the run
+            return
+        for finding in found:
+            self.progress.warning(f"{COORDINATOR}: {finding.line()}")
+            self._add(CLUSTER, COORDINATOR, Outcome(Status.WARN, finding.message, finding.fix, finding.metrics))
+
+    def _name_local_causes(self, check: SelfCheck) -> None:
+        """Connects that failed for a reason of this machine (its neighbour table, open files, local ports): every
+        host one such cause hit gets its one message, naming how many hosts it hit, so the report says it once."""
+        failed = {n.name: str(n.ssh_facts.get("error", "")) for n in self.nodes if not n.reachable}
+        try:
+            found = check.after_connect(failed)
+        except Exception:
+            return
+        nodes = {n.name: n for n in self.nodes}
+        for cause in found:
+            for host in cause.hosts:
+                facts = nodes[host].ssh_facts
+                facts.update(connect_error=facts.get("error", ""), error=cause.message, fix=cause.fix, status="error",
+                             local_cause=cause.kind)
+
     def _cleanup(self) -> None:
         """Stop everything of this run on every host, then close the connections."""
         started = time.monotonic()
@@ -449,15 +481,21 @@ class Runner:
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         modules = _select_modules(self.o.checks)
         self.preload = any(m.SPEC.uses_torch for m in modules)
+        check = SelfCheck([n.transport for n in self.nodes], self.o.kernel)
+        # Imported now, while descriptors are free: a run at this machine's open-file limit has none left later.
+        from preflight.recommend import recommend
         try:
+            self._check_self(check)
             self._connect_all()
+            self._name_local_causes(check)
             mark_same_machines(self.nodes)
             for node in self.nodes:
-                self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts,
-                                                           self.o.thresholds))
+                outcome = _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds)
+                if "connect_error" in node.ssh_facts:  # the host's own error, under this machine's cause
+                    outcome.metrics["connect_error"] = node.ssh_facts["connect_error"]
+                self._add(node.name, "ssh", outcome)
             self._host_checks([m for m in modules if m.SPEC.scope == "host"])
             cluster = self._cluster_checks([m for m in modules if m.SPEC.scope == "cluster"])
-            from preflight.recommend import recommend
             env, reasons, notes = recommend(cluster, self.results)
         finally:
             self.progress.note("cleaning up on the hosts")
@@ -465,6 +503,7 @@ class Runner:
             self.progress.done()
         hosts = [HostRecord(n.name, n.transport.address, n.spec.slots, n.reachable) for n in self.nodes]
         order = {name: i for i, name in enumerate(["ssh"] + list(self.o.checks))}
+        order[COORDINATOR] = -1  # what limits this machine comes first in the cluster-wide row
         host_order = {n.name: i for i, n in enumerate(self.nodes)}
         host_order[CLUSTER] = len(self.nodes)
         self.results.sort(key=lambda r: (host_order.get(r.host, len(self.nodes)), order.get(r.check, 99)))

@@ -708,6 +708,12 @@ table inet {_FIREWALL_TABLE} {{
         self._wait_listening([h], timeout=10)
         return h.addresses[0]
 
+    def add_seat(self, name: str) -> Host:
+        """A network namespace with a network-0 address and nothing running in it: a seat for a coordinator of its
+        own (``ip netns exec seat.ns ...``), whose per-namespace settings (sysctls such as the ephemeral port
+        range, routes) are the test's alone. close() kills what runs in it and removes it."""
+        return self._add_fault_host(name)
+
     def _add_fault_host(self, name: str) -> Host:
         self._check_open()
         self._validate_names([h.name for h in self.hosts + self.fault_hosts] + [name])

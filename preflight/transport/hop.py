@@ -92,8 +92,15 @@ def tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
         raise TransportError(f"DNS lookup of {host!r} failed: {exc.strerror}",
                              "check the hostfile name, /etc/hosts or DNS "
                              "(or set HostName in ~/.ssh/config)") from None
+    except OSError as exc:  # the resolver's own system error (EAI_SYSTEM), e.g. no descriptor left to read /etc/hosts
+        raise TransportError(f"DNS lookup of {host!r} failed: {exc.strerror or exc}",
+                             "see the coordinator's own limits in the report") from None
     family, _, _, _, sockaddr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:  # no descriptor left (EMFILE) or no memory: this machine's limit, named by the runner
+        raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}",
+                             "see the coordinator's own limits in the report") from None
     sock.settimeout(timeout)
     try:
         sock.connect(sockaddr)

@@ -74,10 +74,11 @@ class _SSHCommand(RunningCommand):
         """
         chan = self._chan
         poller = select.poll()
-        # The channel's fileno() becomes readable on stdout or stderr data, on EOF and on close.
-        poller.register(chan.fileno(), select.POLLIN)
         quiet_since: Optional[float] = None
         try:
+            # The channel's fileno() becomes readable on stdout or stderr data, on EOF and on close; it is a pipe
+            # made now, which fails when this process has no descriptor left.
+            poller.register(chan.fileno(), select.POLLIN)
             while True:
                 got = self._drain()
                 eof = chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()
@@ -100,8 +101,10 @@ class _SSHCommand(RunningCommand):
                 poller.poll(_IDLE_WAKE_S * 1000)
             self._drain()
             rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
-        except Exception:  # the connection dropped under us: report it as a failed command
+        except Exception as exc:  # the connection dropped under us: report it as a failed command
             rc = -1
+            if isinstance(exc, OSError):  # e.g. no descriptor left for the channel's wake-up pipe (EMFILE)
+                self._note_error(f"reading the command's output failed: {exc}")
         finally:
             if self._owner is not None:
                 self._owner._forget(self)
