@@ -456,8 +456,6 @@ def _network_line(net: Dict[str, Any]) -> str:
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     t = limits(thresholds, NAME)
-    warn_frac, fail_frac = float(t["straggler_warn_fraction"]), float(t["straggler_fail_fraction"])
-    min_gbps = float(t["min_gbps"])
     hosts: List[str] = list(facts.get("hosts") or [])
     errors: Dict[str, str] = facts.get("errors") or {}
     out: Dict[str, Outcome] = {}
@@ -484,91 +482,112 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     # Without a network that reaches everyone, judge hosts on the one with the most successful tests.
     judged = net or max(networks, key=lambda n: (len(ok_links(n)), n.get("median_gbps") or 0))
     links = judged.get("links") or []
-    good = ok_links(judged)
-    cluster_median = judged.get("median_gbps")
     doubt: Dict[str, Dict[str, Any]] = {}
-    stragglers = find_stragglers(links, measured, warn_frac, t, doubt)
-    max_p = float(t["max_p"])
+    stragglers = find_stragglers(links, measured, float(t["straggler_warn_fraction"]), t, doubt)
     blamed = blame_failures(links)
-    where = "%s" % judged["network"]
-    by_network = {n["network"]: n.get("median_gbps") for n in networks}
-    again = ("; every pair measured %d times" % (1 + int(judged["remeasured"]))) if judged.get("remeasured") else ""
-
     for h in measured:
-        if h in out:
-            continue
-        dev = judged["devices"].get(h)
-        mine = [ln for ln in links if h in (ln["src"], ln["dst"])]
-        mine_ok = [ln["gbps"] for ln in mine if not ln.get("error") and ln.get("gbps") is not None]
-        med = _median(mine_ok)
-        findings: List[Finding] = []
-        if h in stragglers:
-            s = stragglers[h]
-            status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
-            why = ("below %.0f%%" % (warn_frac * 100) if s["by"] == "fraction" else
-                   "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(t["min_deficit"]), s["z"],
-                                                                      float(t["z_threshold"])))
-            # "median of the other hosts": of the links without this host (the reference it is judged by), not
-            # the cluster median of every link that the PASS lines and the cluster row print.
-            findings.append(Finding(status, "%s: median %s over %d links vs median of the other hosts %s (%.0f%%) "
-                                    "on %s via %s (straggler: %s; confidence: %s)"
-                                    % (h, rate(s["median_gbps"]), s["links"], rate(s["reference_gbps"]),
-                                       s["ratio"] * 100, where, dev, why, _confidence(s, max_p))
-                                    + again, _fix_slow(h, dev)))
-        if min_gbps > 0 and med is not None and med < min_gbps:
-            findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
-                                    % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
-        if h in blamed:
-            bad = blamed[h]
-            shown = "; ".join("%s->%s: %s" % (ln["src"], ln["dst"], ln["error"]) for ln in bad[:3])
-            what = ("every iperf3 test to and from %s failed" % h if not mine_ok
-                    else "%d of %d iperf3 tests with %s failed" % (len(bad), len(mine), h))
-            findings.append(Finding(Status.FAIL, "%s on %s (%s)" % (what, where, shown),
-                                    "check the firewall on %s: NCCL and torch.distributed need TCP on arbitrary "
-                                    "ports between all hosts (nft list ruleset / iptables -S); is iperf3 "
-                                    "installed and the address %s up?" % (h, judged["addresses"].get(h))))
-        peers = ", ".join("%s %s %s" % ("->" if ln["src"] == h else "<-", ln["dst"] if ln["src"] == h else ln["src"],
-                                       rate(ln["gbps"]))
-                          for ln in mine if not ln.get("error"))
-        ok_msg = "median %s over %d links on %s via %s (%s); cluster median %s" % (
-            rate(med), len(mine_ok), where, dev, peers or "none", rate(cluster_median))
-        if h in doubt:
-            # Below the straggler fraction, but the other hosts' links disagree too much for that to be evidence
-            # (measured again first: coordinate's confirm rounds): said, not named.
-            d = doubt[h]
-            ok_msg += ("; not named, the evidence is weak (p >= %g): %.0f%% of the median of the other hosts %s "
-                       "(confidence: %s)" % (max_p, 100 * d["ratio"], rate(d["reference_gbps"]),
-                                             _confidence(d, max_p)))
-        metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
-                   "median_gbps": med, "cluster_median_gbps": cluster_median,
-                   "links": [{k: ln.get(k) for k in ("src", "dst", "gbps", "retransmits", "error")} for ln in mine],
-                   "by_network": {n["network"]: _median([ln["gbps"] for ln in ok_links(n)
-                                                         if h in (ln["src"], ln["dst"])]) for n in networks}}
-        if h in stragglers:
-            metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3),
-                           z=round(stragglers[h].get("z", 0.0), 2), detected_by=stragglers[h]["by"])
-        elif h in doubt:
-            metrics.update(reference_gbps=doubt[h]["reference_gbps"], ratio=round(doubt[h]["ratio"], 3),
-                           z=round(doubt[h]["z"], 2), detected_by=None, unsure=True)
-        out[h] = combine(findings, ok_msg, metrics)
+        if h not in out:
+            out[h] = _host_outcome(h, judged, networks, stragglers, doubt, blamed, t)
+    out[CLUSTER] = _cluster_outcome(chosen, networks, judged, stragglers, len(measured), facts, t)
+    return out
 
+
+def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]],
+                  stragglers: Dict[str, Dict[str, Any]], doubt: Dict[str, Dict[str, Any]],
+                  blamed: Dict[str, List[Dict[str, Any]]], t: Dict[str, Any]) -> Outcome:
+    """One host's row: its links on the judged network, whether it is a straggler (or below the fraction on weak
+    evidence: said, not named), below the minimum, or the common end of failed tests."""
+    min_gbps = float(t["min_gbps"])
+    max_p = float(t["max_p"])
+    where = "%s" % judged["network"]
+    links = judged.get("links") or []
+    dev = judged["devices"].get(h)
+    mine = [ln for ln in links if h in (ln["src"], ln["dst"])]
+    mine_ok = [ln["gbps"] for ln in mine if not ln.get("error") and ln.get("gbps") is not None]
+    med = _median(mine_ok)
+    findings: List[Finding] = []
+    if h in stragglers:
+        findings.append(_straggler_finding(h, stragglers[h], judged, dev, t))
+    if min_gbps > 0 and med is not None and med < min_gbps:
+        findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
+                                % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
+    if h in blamed:
+        bad = blamed[h]
+        shown = "; ".join("%s->%s: %s" % (ln["src"], ln["dst"], ln["error"]) for ln in bad[:3])
+        what = ("every iperf3 test to and from %s failed" % h if not mine_ok
+                else "%d of %d iperf3 tests with %s failed" % (len(bad), len(mine), h))
+        findings.append(Finding(Status.FAIL, "%s on %s (%s)" % (what, where, shown),
+                                "check the firewall on %s: NCCL and torch.distributed need TCP on arbitrary "
+                                "ports between all hosts (nft list ruleset / iptables -S); is iperf3 "
+                                "installed and the address %s up?" % (h, judged["addresses"].get(h))))
+    peers = ", ".join("%s %s %s" % ("->" if ln["src"] == h else "<-", ln["dst"] if ln["src"] == h else ln["src"],
+                                   rate(ln["gbps"]))
+                      for ln in mine if not ln.get("error"))
+    ok_msg = "median %s over %d links on %s via %s (%s); cluster median %s" % (
+        rate(med), len(mine_ok), where, dev, peers or "none", rate(judged.get("median_gbps")))
+    if h in doubt:
+        # Below the straggler fraction, but the other hosts' links disagree too much for that to be evidence
+        # (measured again first: coordinate's confirm rounds): said, not named.
+        d = doubt[h]
+        ok_msg += ("; not named, the evidence is weak (p >= %g): %.0f%% of the median of the other hosts %s "
+                   "(confidence: %s)" % (max_p, 100 * d["ratio"], rate(d["reference_gbps"]),
+                                         _confidence(d, max_p)))
+    metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
+               "median_gbps": med, "cluster_median_gbps": judged.get("median_gbps"),
+               "links": [{k: ln.get(k) for k in ("src", "dst", "gbps", "retransmits", "error")} for ln in mine],
+               "by_network": {n["network"]: _median([ln["gbps"] for ln in ok_links(n)
+                                                     if h in (ln["src"], ln["dst"])]) for n in networks}}
+    if h in stragglers:
+        metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3),
+                       z=round(stragglers[h].get("z", 0.0), 2), detected_by=stragglers[h]["by"])
+    elif h in doubt:
+        metrics.update(reference_gbps=doubt[h]["reference_gbps"], ratio=round(doubt[h]["ratio"], 3),
+                       z=round(doubt[h]["z"], 2), detected_by=None, unsure=True)
+    return combine(findings, ok_msg, metrics)
+
+
+def _straggler_finding(h: str, s: Dict[str, Any], judged: Dict[str, Any], dev: Any, t: Dict[str, Any]) -> Finding:
+    """WARN for a straggler, FAIL below straggler_fail_fraction; says by which rule it was found, how sure, and
+    whether every pair was measured again."""
+    warn_frac, fail_frac = float(t["straggler_warn_fraction"]), float(t["straggler_fail_fraction"])
+    again = ("; every pair measured %d times" % (1 + int(judged["remeasured"]))) if judged.get("remeasured") else ""
+    status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
+    why = ("below %.0f%%" % (warn_frac * 100) if s["by"] == "fraction" else
+           "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(t["min_deficit"]), s["z"],
+                                                              float(t["z_threshold"])))
+    # "median of the other hosts": of the links without this host (the reference it is judged by), not
+    # the cluster median of every link that the PASS lines and the cluster row print.
+    return Finding(status, "%s: median %s over %d links vs median of the other hosts %s (%.0f%%) "
+                   "on %s via %s (straggler: %s; confidence: %s)"
+                   % (h, rate(s["median_gbps"]), s["links"], rate(s["reference_gbps"]),
+                      s["ratio"] * 100, "%s" % judged["network"], dev, why, _confidence(s, float(t["max_p"])))
+                   + again, _fix_slow(h, dev))
+
+
+def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, Any]], judged: Dict[str, Any],
+                     stragglers: Dict[str, Dict[str, Any]], measured: int, facts: Dict[str, Any],
+                     t: Dict[str, Any]) -> Outcome:
+    """The cluster row: the chosen network and its median, the stragglers, and whether the best network is fast
+    enough and its tests all passed; FAIL when no network reaches every host."""
+    min_gbps = float(t["min_gbps"])
+    links = judged.get("links") or []
+    good = ok_links(judged)
     summary = "; ".join(_network_line(n) for n in networks)
     metrics = {"networks": [{"network": n["network"], "devices": n["devices"], "median_gbps": n.get("median_gbps"),
                              "links": len(n.get("links") or []), "ok": len(ok_links(n))} for n in networks],
                "chosen": chosen, "stragglers": {h: round(s["ratio"], 3) for h, s in stragglers.items()},
-               "by_network": by_network, "rounds": facts.get("rounds"), "duration_s": facts.get("duration_s"),
+               "by_network": {n["network"]: n.get("median_gbps") for n in networks}, "rounds": facts.get("rounds"),
+               "duration_s": facts.get("duration_s"),
                "remeasured": {n["network"]: n["remeasured"] for n in networks if n.get("remeasured")}}
     if not chosen:
-        out[CLUSTER] = Outcome(Status.FAIL, "no network reaches all hosts with iperf3 (%s)" % summary,
-                               "see the hosts' iperf3 results: a firewall or a down interface blocks the tests",
-                               metrics)
-        return out
+        return Outcome(Status.FAIL, "no network reaches all hosts with iperf3 (%s)" % summary,
+                       "see the hosts' iperf3 results: a firewall or a down interface blocks the tests", metrics)
     devs = sorted(set(chosen["devices"]))
     message = "chosen %s via %s: cluster median %s (%d of %d tests ok); measured %s" % (
         chosen["network"], ",".join(devs), rate(chosen["median_gbps"]), len(good), len(links), summary)
     if stragglers:
         message += "; stragglers: %s" % ", ".join("%s (%.0f%%)" % (h, s["ratio"] * 100) for h, s in stragglers.items())
-    elif len(measured) == 2:
+    elif measured == 2:
         message += " (2 hosts: a slow link cannot be attributed to either of them)"
     status, problems, fixes = Status.PASS, [], []
     if min_gbps > 0 and chosen["median_gbps"] < min_gbps:
@@ -582,7 +601,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         problems.append("%d of %d tests on the chosen network failed (see the hosts' results)"
                         % (len(links) - len(good), len(links)))
         fixes.append("see the failing hosts' iperf3 results")
-    return dict(out, **{CLUSTER: Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)})
+    return Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)
 
 
 # --- the HTML report's section (SPEC.html): a heat map of the measured links ------------------------------------
