@@ -155,6 +155,13 @@ def test_unknown_jump_host_key_is_refused_then_accepted(topo, tmp_path):
     message = cells[("node3", "ssh")]["message"]
     assert message.startswith("jump host jump2 (hop 2 of 3 to node3): host key of "), message
     assert "CHANGED" in message
+    # Behind jump1, the fix's commands run where jump2 is reachable: said in its prose line, and each command line
+    # stays one command that bash parses (a note appended after it was a syntax error when pasted).
+    prose, *commands = cells[("node3", "ssh")]["fix"].splitlines()
+    assert "on a host that can reach it" in prose and commands, cells[("node3", "ssh")]["fix"]
+    for command in commands:
+        assert command.strip().startswith("ssh-keygen"), command
+        assert subprocess.run(["bash", "-n", "-c", command], capture_output=True).returncode == 0, command
 
 
 def test_silent_or_missing_jump_host_is_named_within_the_deadline(topo, tmp_path):

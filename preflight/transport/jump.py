@@ -143,8 +143,12 @@ class JumpPool:
                 proxy.close()
             if parent is not None:
                 self.release(parent)
-            if exc.fix.startswith("verify the key") or "ssh-keyscan" in exc.fix:
-                exc.fix += " (on a host that can reach it)" if index else ""
+            if index and "ssh-keyscan" in exc.fix:
+                # Behind a jump host the scan must run where the host is reachable: said in the prose line, never
+                # after a command line, where a paste would run it as words of the command.
+                prose, _, commands = exc.fix.partition("\n")
+                exc.fix = prose.rstrip(":") + " (run the commands on a host that can reach it):" + \
+                    ("\n" + commands if commands else "")
             raise HopError(index, hop, exc) from None
         try:
             client.get_transport().sock.settimeout(TRANSPORT_WAKE_S)
