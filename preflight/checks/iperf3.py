@@ -606,9 +606,9 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
 
 # --- the HTML report's section (SPEC.html): a heat map of the measured links ------------------------------------
 
-# Colour scale, as link rate / the cluster median (reference_median). At or below SLOW_RATIO a link is fully red:
-# the default straggler_fail_fraction ("a node at 50% must never pass"). At or above FAST_RATIO fully green: at
-# least the median is what a healthy link of this cluster does. Hues in between run through amber.
+# Colour scale, as link rate / the median of the unflagged hosts (reference_median). At or below SLOW_RATIO a link is
+# fully red: the default straggler_fail_fraction ("a node at 50% must never pass"). At or above FAST_RATIO fully
+# green: at least the median is what a healthy link of this cluster does. Hues in between run through amber.
 SLOW_RATIO, FAST_RATIO = 0.5, 1.0
 SLOW_HUE, FAST_HUE = 0, 130
 UNMEASURED_FILL, SELF_FILL, GRID_LINE = "#f1f3f5", "#cfd4da", "#ffffff"
@@ -633,7 +633,8 @@ def measured_links(results: Sequence[Mapping[str, Any]]) -> Dict[Tuple[str, str]
 
 
 def reference_median(ok: List[Dict[str, Any]], flagged: Iterable[str]) -> Optional[float]:
-    """The cluster median that colours the heat map: of the links between hosts the check did not flag.
+    """The median that colours the heat map: of the links between hosts the check did not flag (the cluster
+    median when it flagged none; the report's text calls each number by its own name, issue 26).
 
     With 4 hosts a straggler takes part in half the links, so the plain median would be its rate and its links
     would look normal; evaluate compares a host with the links that do not involve it, as here.
@@ -675,8 +676,8 @@ def html_section(results: Sequence[Mapping[str, Any]], host_names: Sequence[str]
     svg, values = _heatmap_svg(hosts, links, median, marked, {h: r["status"] for h, r in per_host.items()})
     n = len(hosts)
     caption = (f'iperf3 TCP rate{" on " + esc(network) if network else ""}: rows send (src), columns receive '
-               f'(dst). Colour: rate relative to the cluster median ({esc(rate(median))}, links between '
-               f'unflagged hosts). '
+               f'(dst). Colour: rate relative to the median of the unflagged hosts ({esc(rate(median))}, their '
+               f'links with each other; the cluster median when no host is flagged). '
                f'{len(links)} of {n * (n - 1)} ordered pairs measured: pairs are sampled in rounds of disjoint '
                f'pairs, not all-to-all. {esc(values)}')
     legend = (f'<div class="legend"><span><span class="ramp" style="background: linear-gradient(to right, '
