@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -85,7 +86,11 @@ RECORDED = json.loads(r"""
 
 def test_evaluate_recorded_failures_per_target_host():
     out = ls.evaluate(RECORDED, THRESHOLDS)
-    assert out["node01"].status == Status.PASS and out["node01"].metrics["hostname"] == "node01"
+    # node01 reached itself, but these facts were recorded on a first host without pdsh (issue 24: a FAIL now,
+    # on node01, where deepspeed runs); the SSH result stays in its message.
+    assert out["node01"].status == Status.FAIL and out["node01"].metrics["hostname"] == "node01"
+    assert "launcher 'pdsh' not installed" in out["node01"].message
+    assert "passwordless SSH node01 -> node01 ok" in out["node01"].message
     assert out["node02"].status == Status.FAIL and "node02" in out["node02"].message
     assert "Host key verification failed" in out["node02"].message and "ssh-keyscan" in out["node02"].fix
     assert out["node03"].status == Status.FAIL and "Permission denied (publickey)" in out["node03"].message
@@ -95,6 +100,7 @@ def test_evaluate_recorded_failures_per_target_host():
 
 def test_evaluate_healthy_single_host_missing_and_agent_failures():
     healthy = json.loads(json.dumps(RECORDED))
+    healthy["pdsh"] = "/usr/bin/pdsh"  # a healthy first host has the launcher (issue 24)
     for h in ("node02", "node03"):
         healthy["results"][h] = {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.2}
     assert all(o.status == Status.PASS for o in ls.evaluate(healthy, THRESHOLDS).values())
@@ -319,3 +325,87 @@ def test_real_port_2222_probes_the_launchers_port(cluster_2222, tmp_path):
     proc, cells = run_cli(cluster, tmp_path, "--ssh-port", "2222", "--launcher-ssh-port", "2200")
     assert proc.returncode == 1
     assert all("port 2200" in c["message"] and c["metrics"]["port"] == 2200 for c in cells.values()), cells
+
+
+# --- the launcher's own program on the first host (issue 24) --------------------------------------------------
+
+def test_no_pdsh_on_the_first_host_fails_there_with_deepspeeds_words():
+    facts = json.loads(json.dumps(RECORDED))
+    for h in ("node02", "node03"):
+        facts["results"][h] = {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.2}
+    facts["launcher_programs"] = {"pdsh": None, "ompi_info": "/usr/bin/ompi_info", "mpirun": "/usr/bin/mpirun",
+                                  "sinfo": None, "mpiname": None}
+    out = ls.evaluate(facts, THRESHOLDS)
+    first = out["node01"]
+    assert first.status == Status.FAIL
+    # DeepSpeed's own message (deepspeed/launcher/runner.py:583), on the first host, where deepspeed runs.
+    assert "launcher 'pdsh' not installed." in first.message and "node01" in first.message
+    assert "install pdsh on node01" in first.fix
+    # The launchers whose program is there are offered, and how to make preflight check that one instead.
+    assert "--launcher openmpi" in first.fix and "--launcher mpich" in first.fix and "--launcher slurm" not in first.fix
+    assert "[launcher_ssh] launcher" in first.fix
+    assert out["node02"].status == Status.PASS and out["node03"].status == Status.PASS
+    assert "pdsh" not in out["node02"].message
+
+    # pdsh present: the same facts pass everywhere.
+    facts["launcher_programs"]["pdsh"] = "/usr/bin/pdsh"
+    assert {o.status for o in ls.evaluate(facts, THRESHOLDS).values()} == {Status.PASS}
+
+    # Another launcher is checked by its own program: openmpi's ompi_info is there, slurm's sinfo is not.
+    other = {k: dict(v) for k, v in THRESHOLDS.items()}
+    other["launcher_ssh"]["launcher"] = "openmpi"
+    facts["launcher_programs"]["pdsh"] = None
+    assert ls.evaluate(facts, other)["node01"].status == Status.PASS
+    other["launcher_ssh"]["launcher"] = "slurm"
+    slurm = ls.evaluate(facts, other)["node01"]
+    assert slurm.status == Status.FAIL and "launcher 'slurm' not installed." in slurm.message
+    assert "no sinfo on its PATH" in slurm.message
+
+    # A single host launches locally, without pdsh (runner.py: multi_node_exec is false): never a FAIL.
+    single = ls.evaluate({"master": "solo", "targets": ["solo"], "single_host": True, "pdsh": None}, THRESHOLDS)
+    assert single["solo"].status == Status.SKIP
+
+
+def test_launcher_setting_is_validated(tmp_path):
+    from preflight.config import ConfigError, load_thresholds as load
+    bad = tmp_path / "bad_launcher.toml"
+    bad.write_text('[launcher_ssh]\nlauncher = "pdhs"\n')
+    with pytest.raises(ConfigError, match="launcher"):
+        load(str(bad))
+
+
+def test_probe_records_the_launchers_programs(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("ssh", "#!/bin/sh\n[ \"$1\" = -V ] && echo OpenSSH_fake >&2\nexit 0\n"),
+                       ("mpiname", "#!/bin/sh\necho 'MVAPICH2 2.3.7'\n")):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    out = ls.probe({"hosts": [], "launcher": "mvapich"}, HostContext(params={}, deadline=time.monotonic() + 10))
+    assert out["launcher_programs"]["pdsh"] is None and out["pdsh"] is None
+    assert out["launcher_programs"]["mpiname"] == str(bindir / "mpiname")
+    assert out["launcher_programs"]["mpiname_output"] == "MVAPICH2 2.3.7"
+    mv = {k: dict(v) for k, v in THRESHOLDS.items()}
+    mv["launcher_ssh"]["launcher"] = "mvapich"
+    facts = dict(out, master="a", targets=["a", "b"],
+                 results={h: {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.1} for h in ("a", "b")})
+    verdict = ls.evaluate(facts, mv)["a"]
+    assert verdict.status == Status.FAIL and "not MVAPICH2-GDR" in verdict.message
+
+
+def test_real_first_host_without_pdsh_fails_there(netcluster_factory, tmp_path):
+    """node01 (the first host, where deepspeed runs) has no pdsh on PATH: its cell FAILs with DeepSpeed's
+    words; node02 and node03, which have pdsh but are not the launch host, pass."""
+    if not shutil.which("pdsh"):
+        pytest.fail("pdsh is a test dependency (tests/install-deps.sh)")
+    hide = "mount --bind /dev/null %s" % shutil.which("pdsh")  # node01's own mount namespace only
+    cluster = netcluster_factory(3, setup={"node01": [hide]})
+    assert cluster.exec("node01", "command -v pdsh").returncode != 0
+    assert cluster.exec("node02", "command -v pdsh").returncode == 0
+    proc, cells = run_cli(cluster, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = cells["node01"]
+    assert first["status"] == "fail" and "launcher 'pdsh' not installed." in first["message"], first
+    assert "install pdsh on node01" in first["fix"] and "--launcher" in first["fix"]
+    assert cells["node02"]["status"] == "pass" and cells["node03"]["status"] == "pass", cells

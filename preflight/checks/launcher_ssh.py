@@ -9,7 +9,12 @@ passes ``-p`` to pdsh's ssh), and classifies ssh's rc and stderr, e.g.::
     ssh: Could not resolve hostname node09: Name or service not known    -> name does not resolve
     ssh: connect to host node04 port 22: Connection timed out            -> network / firewall
 
-Thresholds: [launcher_ssh] in launcher_ssh.toml beside this module.
+It also looks for the launcher's own program on the first host, where ``deepspeed`` runs: DeepSpeed's runner raises
+``RuntimeError: launcher 'pdsh' not installed.`` when ``runner.backend_exists()`` is false
+(deepspeed/launcher/runner.py:582-583; PDSHRunner.backend_exists is ``shutil.which('pdsh')``,
+deepspeed/launcher/multinode_runner.py:70-71), before any rank starts.
+
+Thresholds: [launcher_ssh] in launcher_ssh.toml beside this module (``launcher``: which DeepSpeed launcher).
 """
 from __future__ import annotations
 
@@ -23,13 +28,19 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
-from ..hostside.outcome import Outcome, Status, error, limits, skip
+from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.proc import sh
 
 NAME = "launcher_ssh"
 
 STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report
 
+# The program each DeepSpeed launcher's backend_exists() looks for on PATH of the host running `deepspeed`
+# (deepspeed/launcher/multinode_runner.py, DeepSpeed 0.19.8): PDSHRunner :70-71 pdsh, OpenMPIRunner :139-141
+# ompi_info, MPICHRunner :200-202 and IMPIRunner :272-274 mpirun, SlurmRunner :357-358 sinfo, MVAPICHRunner
+# :450-463 mpiname (whose output must also name MVAPICH2-GDR).
+LAUNCHER_PROGRAMS = {"pdsh": "pdsh", "openmpi": "ompi_info", "mpich": "mpirun", "impi": "mpirun",
+                     "slurm": "sinfo", "mvapich": "mpiname"}
 
 
 def ssh_argv(host: str, connect_timeout: int, port: Optional[int] = None) -> List[str]:
@@ -148,6 +159,16 @@ def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] 
 
 # --- host side -------------------------------------------------------------------------------
 
+def launcher_programs(launcher: Optional[str]) -> Dict[str, Any]:
+    """{program: its path or None} for every launcher's program, as ``shutil.which`` finds it (DeepSpeed's own
+    test), and for mvapich ``mpiname``'s output, which DeepSpeed requires to name MVAPICH2-GDR."""
+    found: Dict[str, Any] = {prog: shutil.which(prog) for prog in sorted(set(LAUNCHER_PROGRAMS.values()))}
+    if launcher == "mvapich" and found.get("mpiname"):
+        res = sh(["mpiname"], timeout=5)
+        found["mpiname_output"] = res.out.strip()[:200]
+    return found
+
+
 def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """ssh to every host of ``hosts`` with at most ``parallel`` at once; all done before ctx.deadline."""
     hosts = [str(h) for h in params.get("hosts", [])]
@@ -158,7 +179,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     version = sh(["ssh", "-V"], timeout=5)  # OpenSSH prints its version on stderr
     out: Dict[str, Any] = {"client": (version.err or version.out).strip()[:120] if version.rc != 127 else None,
                            "pdsh": shutil.which("pdsh"), "user": os.environ.get("USER") or str(os.getuid()),
-                           "results": {}}
+                           "results": {}, "launcher_programs": launcher_programs(params.get("launcher"))}
     if version.rc == 127:
         out["client_error"] = version.err.strip()
         return out
@@ -217,6 +238,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     try:
         value = cluster.call(master, NAME + ".probe",
                              {"hosts": names, "connect_timeout": int(lim["connect_timeout_s"]), "port": port,
+                              "launcher": str(lim["launcher"]),
                               "command_timeout": float(lim["command_timeout_s"]),
                               "parallel": int(lim["parallel"]), "budget_s": timeout - 5}, timeout)
         facts.update(value)
@@ -267,7 +289,51 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             why, fix = explain(kind, h, master, r.get("stderr", ""), port)
             out[h] = Outcome(Status.FAIL, "passwordless SSH from %s to %s fails: %s; DeepSpeed's pdsh launcher "
                              "cannot start ranks there" % (master, h, why), fix, metrics)
+    missing = _launcher_missing(facts, str(limits(thresholds, NAME)["launcher"]), master)
+    if missing is not None and master in out:
+        # The launch host's own row: its SSH result stays in the message, after the launcher's FAIL.
+        mine = out[master]
+        findings = [missing] + ([Finding(mine.status, mine.message, mine.fix)] if mine.status != Status.PASS else [])
+        outcome = combine(findings, "", mine.metrics)
+        if mine.status == Status.PASS:
+            outcome.message += "; %s" % mine.message
+        out[master] = outcome
     return out
+
+
+def _launcher_missing(facts: Dict[str, Any], launcher: str, master: str) -> Optional[Finding]:
+    """A FAIL when the first host (where `deepspeed` runs) lacks the launcher's program, as DeepSpeed's runner
+    tests it (runner.py:582-583: RuntimeError "launcher 'pdsh' not installed."); None when it is there or unknown
+    (facts recorded before the probe looked)."""
+    program = LAUNCHER_PROGRAMS.get(launcher, launcher)
+    found = facts.get("launcher_programs")
+    if not isinstance(found, dict):
+        if launcher != "pdsh" or "pdsh" not in facts:
+            return None
+        found = {"pdsh": facts.get("pdsh")}
+    if program not in found:
+        return None
+    others = ", ".join("--launcher %s" % name for name, prog in LAUNCHER_PROGRAMS.items()
+                       if name != launcher and found.get(prog))
+    instead = ("; or launch with one that is installed there (%s) and set [launcher_ssh] launcher to it, so "
+               "preflight checks that one" % others if others else
+               "; or use another launcher (deepspeed --launcher openmpi/mpich/impi/mvapich/slurm) and set "
+               "[launcher_ssh] launcher to it, so preflight checks that one")
+    if launcher == "pdsh":
+        install = "install pdsh on %s (apt-get install -y pdsh; dnf install -y pdsh pdsh-rcmd-ssh)" % master
+    else:
+        install = "install the %s launcher's %s on %s (on the PATH of the shell that runs deepspeed)" % (
+            launcher, program, master)
+    if not found.get(program):
+        return Finding(Status.FAIL, "DeepSpeed's %s launcher is not installed on %s, the first host, where deepspeed "
+                       "runs: no %s on its PATH, so `deepspeed --launcher %s` stops with \"launcher '%s' not "
+                       "installed.\" before any rank starts" % (launcher, master, program, launcher, launcher),
+                       install + instead)
+    output = found.get("mpiname_output")
+    if launcher == "mvapich" and output is not None and "MVAPICH2-GDR" not in output:
+        return Finding(Status.FAIL, "mpiname on %s prints %r, not MVAPICH2-GDR: DeepSpeed's mvapich launcher "
+                       "stops with \"launcher 'mvapich' not installed.\"" % (master, output[:80]), install + instead)
+    return None
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
