@@ -11,7 +11,7 @@ the checks' ``SPEC.reads``. A cause as the terminal prints it (the hosts compres
 
 and the verdict that ends the report::
 
-    NOT READY: 3 hosts need fixing (node02 ports, node03 unreachable, node07 unreachable)
+    NOT READY: 3 hosts need fixing (node02 ports, node[03,07] unreachable)
 
 Grouping: an unreachable host's failed connection check is one cause with its other cells (blocked, or noticing
 the same failure); a host's cell whose check reads another check that FAILed or ERRORed on the same host belongs
@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Pattern, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple
 
 from preflight.hostside.outcome import Status
 from preflight.results import CLUSTER, CLUSTER_NAME, Report, Result
@@ -66,7 +66,7 @@ def blocked_message(check: str, connection: str, host: str) -> str:
     """The message of a cell that its host's failed connection kept from running (runner.py writes it)."""
     if host == CLUSTER:
         return f"blocked: no host's {connection} check passed, so {check} had no host to run on"
-    return f"blocked: the {connection} check of {host} did not pass, so {check} could not run there"
+    return f"blocked: {check} was left out, as the {connection} check of {host} did not pass"
 
 
 # --------------------------------------------------------------------------------------- host sets
@@ -109,7 +109,7 @@ class Also:
 class Cause:
     """One thing to fix, and the results it stands for.
 
-    id: ``check:n`` (stable for one report); status: its worst own result; checks: the checks whose results say it
+    id: ``check:n`` (stable for one report); status: that of its own results; checks: the checks whose results say it
     (the first names it); hosts: in the report's order, CLUSTER for the cluster-wide row; message and fix: one
     host's words, or with several hosts their shared words (HOST, ADDRESS and FINGERPRINT for what differs);
     results: indices into ``report.results`` of every cell it covers (its own, the others that noticed it, and
@@ -316,13 +316,14 @@ def verdict(report: Report, found: Optional[List[Cause]] = None) -> str:
     warned = [c for c in found if c.status == Status.WARN]
     warnings = f"{counts['warn']} warning{'s' if counts['warn'] != 1 else ''}"
     if report.exit_code == 0:
-        return f"READY with {warnings} ({_named(report, warned)})" if counts["warn"] else "READY"
+        return f"READY with {warnings} ({_named(warned)})" if counts["warn"] else "READY"
     if not bad and counts["warn"]:
-        return f"NOT READY: {warnings}, and --strict fails on warnings ({_named(report, warned)})"
-    hosts = _by_host(report, bad)
+        return f"NOT READY: {warnings}, and --strict fails on warnings ({_named(warned)})"
+    hosts = {h for c in bad for h in c.hosts if h != CLUSTER}
     parts = []
     if hosts:
-        parts.append(f"{len(hosts)} host{'s need' if len(hosts) != 1 else ' needs'} fixing ({_named(report, bad)})")
+        parts.append(f"{len(hosts)} host{'s need' if len(hosts) != 1 else ' needs'} fixing "
+                     f"({_named(bad, cluster=False)})")
     cluster = [c.label for c in bad if CLUSTER in c.hosts]
     if cluster:
         parts.append("cluster-wide: " + ", ".join(dict.fromkeys(cluster)))
@@ -332,23 +333,14 @@ def verdict(report: Report, found: Optional[List[Cause]] = None) -> str:
     return text
 
 
-def _by_host(report: Report, found: Iterable[Cause]) -> Dict[str, List[str]]:
-    """{host: the labels of its causes}, hosts in the report's order (the cluster-wide row not among them)."""
-    labels: Dict[str, List[str]] = {}
+def _named(found: List[Cause], cluster: bool = True) -> str:
+    """``node02 ports, node[03-04] unreachable, cluster iperf3, ...``: what the causes are and where, the hosts of
+    causes of one kind together (two dead hosts, one refusing and one silent, are both unreachable)."""
+    hosts: Dict[str, List[str]] = {}
     for cause in found:
-        for host in cause.hosts:
-            if host != CLUSTER:
-                labels.setdefault(host, [])
-                if cause.label not in labels[host]:
-                    labels[host].append(cause.label)
-    order = {h.name: n for n, h in enumerate(report.hosts)}
-    return dict(sorted(labels.items(), key=lambda kv: order.get(kv[0], len(order))))
-
-
-def _named(report: Report, found: List[Cause]) -> str:
-    """``node02 ports, node03 unreachable, cluster iperf3, ...``: the first few hosts and what each has."""
-    names = [f"{host} {'+'.join(labels[:2])}{'+...' if len(labels) > 2 else ''}"
-             for host, labels in _by_host(report, found).items()]
-    names += [f"{CLUSTER_NAME} {c.label}" for c in found if CLUSTER in c.hosts]
+        hosts.setdefault(cause.label, []).extend(h for h in cause.hosts if h != CLUSTER)
+    names = [f"{nodeset(where)} {label}" for label, where in hosts.items() if where]
+    if cluster:
+        names += list(dict.fromkeys(f"{CLUSTER_NAME} {c.label}" for c in found if CLUSTER in c.hosts))
     shown = names[:VERDICT_NAMES] + (["..."] if len(names) > VERDICT_NAMES else [])
     return plain(", ".join(shown))
