@@ -308,7 +308,8 @@ class PreflightSession:
             return []
         c = self.report.counts()
         return [f"preflight: {len(self.report.hosts)} host(s), {len(self.report.results)} results in "
-                f"{self.report.duration_s:.1f}s ({c['fail']} failed, {c['error']} errors, {c['warn']} warned)"]
+                f"{self.report.duration_s:.1f}s ({c['fail']} failed, {c['error']} errors, {c['warn']} warned"
+                + (f", {c['blocked']} blocked by an unreachable host" if c["blocked"] else "") + ")"]
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.report is None or self.is_worker:
