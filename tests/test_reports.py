@@ -38,7 +38,8 @@ def test_json_contract():
     assert data["results"][-1]["host"] == "*"
     assert data["recommendations"]["env"]["NCCL_SOCKET_IFNAME"] == "=eth1"
     assert data["recommendations"]["reasons"]["NCCL_SOCKET_IFNAME"] == "fastest"
-    assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "exit_code": 1}
+    # Issue 26: the summary gained "blocked" (0 here: the runner's blocked cells carry blocked_by, below).
+    assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "blocked": 0, "exit_code": 1}
 
 
 def test_json_is_one_result_per_line():
@@ -55,7 +56,11 @@ def test_json_is_one_result_per_line():
     assert result_lines == data["results"] and len(result_lines) == len(report.results) == 7
     host_lines = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('  {"name"')]
     assert host_lines == data["hosts"]
-    assert text.endswith("}\n") and len(lines) == 1 + 3 + (2 + 2) + (2 + 7) + 2 + 1
+    cause_lines = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('  {"id"')]
+    # node02's libaio ERROR is part of its unreachable host's cause: node01's libaio, node02's ssh, nvme and gpu.
+    assert cause_lines == data["causes"] and len(cause_lines) == 4
+    # Issue 26: "causes" added one line per cause (and its brackets) to the hosts' and results'.
+    assert text.endswith("}\n") and len(lines) == 1 + 3 + (2 + 2) + (2 + 7) + (2 + 4) + 2 + 1
 
 
 def test_exit_codes():

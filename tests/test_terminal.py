@@ -1,5 +1,6 @@
 """The terminal report in a real pty (script(1)) at 80, 120 and 200 columns: every host name and status reads in
-full, no line is wider than the terminal, and host text cannot inject markup or escape sequences."""
+full, no line is wider than the terminal, and host text cannot inject markup or escape sequences. The verdict and
+the count line end it."""
 from __future__ import annotations
 
 import re
@@ -30,7 +31,7 @@ def matrix_lines(text: str) -> list[str]:
     lines = text.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("preflight matrix"))
     end = next(i for i, ln in enumerate(lines) if i > start and (
-        ln.startswith(("recommended environment", "preflight: ")) or re.match(r"\d+ passed", ln)))
+        ln.startswith(("recommended environment", "preflight: ", "READY", "NOT READY")) or re.match(r"\d+ passed", ln)))
     return lines[start:end]
 
 
@@ -61,6 +62,27 @@ def test_matrix_fits_and_reads_in_full(cluster4, tmp_path, columns):
     assert {"PASS", "FAIL"} <= words, "\n".join(table)  # nvme FAILs on the missing path
     assert not any(w.endswith("…") for w in words), "\n".join(table)
     (tmp_path / f"matrix-{columns}.txt").write_text("\n".join(table) + "\n")
+    # Issue 26: the report ends with the verdict, then the count line; the missing path is its one cause.
+    last = [ln for ln in out.splitlines() if ln.strip()][-2:]
+    assert last[0] == "NOT READY: 4 hosts need fixing (gpu-node-[01-04] nvme)", out[-2000:]
+    assert re.match(r"\d+ passed, 4 failed", last[1]), out[-2000:]
+    assert any(ln.startswith("gpu-node-[01-04]::nvme FAILED - ") for ln in out.splitlines()), out[-3000:]
+
+
+def test_addresses_as_host_names_are_never_split_at_80_columns(cluster4, tmp_path):
+    """A hostfile of addresses (the issue's 127.0.0./1): more hosts than checks, so hosts are the rows."""
+    addresses = [h.addresses[0] for h in cluster4.hosts]
+    hostfile = cluster4.hostfile(tmp_path / "hostfile", names=addresses)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(hostfile), "--python", sys.executable,
+            "--ssh-key", str(cluster4.user_key), "--known-hosts", str(cluster4.known_hosts),
+            "--ssh-config", "/dev/null", "--checks", "python,memlock"]
+    out = in_pty(argv, 80)
+    assert "Traceback" not in out, out[-3000:]
+    table = matrix_lines(out)
+    assert max(len(ln) for ln in table) <= 80, "\n".join(table)
+    words = set(" ".join(table).split())
+    assert set(addresses) | {"host", "ssh", "python", "memlock"} <= words, "\n".join(table)
+    assert [ln for ln in out.splitlines() if ln.strip()][-2] == "READY", out[-2000:]
 
 
 def test_host_text_is_never_markup_or_an_escape_sequence(tmp_path):
