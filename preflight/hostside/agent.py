@@ -48,6 +48,10 @@ from . import proc as procs
 from . import seams
 
 RUN_ENV = "PREFLIGHT_RUN"
+# This agent's own mark, in the environment of every command it (or a worker) starts: when its lifeline closes it
+# reaps its own processes, never those of another agent of the same run on the same machine (one machine under two
+# names, or namespace hosts that share a PID namespace), whose requests may still be running.
+AGENT_ENV = "PREFLIGHT_AGENT"
 READY = "@@PREFLIGHT-READY"
 # Where the checks live on the host: their collect functions and "module.func" host-side functions.
 CHECKS_PACKAGE = "preflight.checks"
@@ -332,9 +336,18 @@ def _read_proc(path: str) -> bytes:
 
 
 def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
-    """Last-resort cleanup: kill every process of this run still alive on the host (found by environment)."""
+    """Last-resort cleanup: kill every process of this run still alive on the host (found by argv or environment).
+
+    With params["agent"] (an agent's AGENT_ENV, when its own lifeline closes): only that agent's processes, those
+    with its mark in their environment (commands it started) and those with the run's token in argv whose
+    environment is the agent's own (forks of it: a worker, a rank); another agent of the same run has its own
+    connection's environment (SSH_CONNECTION, SLURM_PROCID) and is spared."""
     token = params["token"].encode()
     marker = RUN_ENV.encode() + b"=" + token + b"\0"
+    agent = str(params.get("agent") or "").encode()
+    own_env = _read_proc("/proc/self/environ") if agent else b""
+    if agent:
+        marker = AGENT_ENV.encode() + b"=" + agent + b"\0"
     spared = _ancestors(os.getpid())  # our own shell also carries the token in its argv
     killed = []
     for entry in os.listdir("/proc"):
@@ -343,8 +356,11 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
         try:
             # Agents carry the token in argv; their children inherit it in the environment.
             found = token in _read_proc("/proc/%s/cmdline" % entry).split(b"\0")
-            if not found:
-                found = marker in _read_proc("/proc/%s/environ" % entry)
+            environ = _read_proc("/proc/%s/environ" % entry) if agent or not found else b""
+            if agent:
+                found = marker in environ or (found and environ == own_env)
+            elif not found:
+                found = marker in environ
             if not found:
                 continue
             os.kill(int(entry), signal.SIGKILL)
@@ -359,6 +375,7 @@ def main(argv: Sequence[str], code: Optional[bytes] = None, first: Optional[byte
     # Marks this agent and every child it starts, so that reap() can find them after a hard failure.
     if argv:
         os.environ[RUN_ENV] = argv[0]
+    os.environ[AGENT_ENV] = "%d-%s" % (os.getpid(), os.urandom(6).hex())
     stdin = sys.stdin.buffer
     request = json.loads((first if first is not None else stdin.readline()).decode())
     procs.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
@@ -561,8 +578,8 @@ def serve(token: str, step: bool = False) -> int:
         signal.signal(sig, signal.SIG_IGN)
     server.stop_workers()
     if token:
-        try:
-            reap({"token": token}, None)  # type: ignore[arg-type]  # grandchildren in their own sessions
+        try:  # grandchildren in their own sessions; this agent's alone (see AGENT_ENV)
+            reap({"token": token, "agent": os.environ.get(AGENT_ENV, "")}, None)  # type: ignore[arg-type]
         except Exception:
             pass
     if route:
