@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union,
+from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union,
                     runtime_checkable)
 
 from .outcome import Evaluation
@@ -144,6 +144,18 @@ class HtmlSection:
     render: Callable[[Sequence[Mapping[str, Any]], Sequence[str]], str]
 
 
+class PromSample(NamedTuple):
+    """One sample of a check's Prometheus metrics: ``PromSample("preflight_nvme_write_bytes_per_second", "...",
+    "gauge", {"host": "node01", "path": "/local_nvme"}, 2.1e9)``; the unit is in the name, in base units where the
+    name says so. preflight/render/prometheus.py validates the names and escapes the label values."""
+
+    name: str
+    help: str
+    type: str
+    labels: Dict[str, str]
+    value: float
+
+
 @dataclass(frozen=True)
 class RecommendInput:
     """What a check's ``recommend`` receives, once every check has run (``preflight.recommend`` builds it).
@@ -207,6 +219,9 @@ class CheckSpec:
     the facts of this check and of its ``reads`` only, and merges the parts; it may set only the variables
     preflight owns (``preflight.recommend.OWNED_KEYS``), each value is checked again before it is printed or
     written, and a part that raises is left out with a note.
+    prom_metrics: its measured figures for ``--prom-textfile``, if any: a pure function of this check's results as
+    JSON-shaped dicts (host, check, status, message, fix, metrics) to ``PromSample``s; the renderer adds every
+    check's status and duration itself.
     """
 
     name: str
@@ -224,6 +239,7 @@ class CheckSpec:
     reads: Tuple[str, ...] = ()
     html: Optional[HtmlSection] = None
     recommend: Optional[Callable[[RecommendInput], Recommendation]] = None
+    prom_metrics: Optional[Callable[[Sequence[Mapping[str, Any]]], List[PromSample]]] = None
 
 
 def validate_spec(spec: Any, where: str) -> CheckSpec:
@@ -253,6 +269,8 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("reads must be a tuple of check names")
     elif spec.name in spec.reads:
         problems.append("reads names the check itself")
+    if spec.prom_metrics is not None and not callable(spec.prom_metrics):
+        problems.append("prom_metrics must be a function")
     if spec.recommend is not None and not callable(spec.recommend):
         problems.append("recommend must be a function")
     if spec.params_from_options is not None and not callable(spec.params_from_options):
