@@ -65,15 +65,15 @@ def _lines(report_json: Path) -> list:
 
 def test_every_output_is_one_entry_and_the_cli_and_the_plugin_offer_it_from_there():
     names = [r.name for r in render.RENDERERS]
-    assert names == ["terminal", "json", "junit", "env_file", "html"]
+    assert names == ["terminal", "json", "junit", "env_file", "html", "prometheus"]
     options = _options(cli.build_parser())
     flags = [r.flag for r in render.file_outputs()]
-    assert flags == ["--json", "--junit-xml", "--env-file", "--html"]
+    assert flags == ["--json", "--junit-xml", "--env-file", "--html", "--prom-textfile"]
     for output in render.file_outputs():
         assert options[output.flag].help == output.help and options[output.flag].dest == output.dest
     plugin = {f.cli: f for f in pytest_plugin.flags()}
     # pytest's own --junitxml writes a testcase per item: the plugin offers every other file output.
-    assert [f for f in flags if f in plugin] == ["--json", "--env-file", "--html"]
+    assert [f for f in flags if f in plugin] == ["--json", "--env-file", "--html", "--prom-textfile"]
     assert all(plugin[r.flag].help == r.pytest_help for r in render.pytest_outputs())
     assert list(plugin)[-1] == "--strict"
 
@@ -86,7 +86,7 @@ def test_register_refuses_a_taken_name_or_flag_and_a_flag_that_is_not_a_long_opt
                 render.Renderer("short", "-s", "h", write), render.Renderer("odd", "--9lives", "h", write)):
         with pytest.raises(ValueError, match=repr(bad.name)):
             render.register(bad)
-    assert len(registry) == 5  # nothing was added
+    assert len(registry) == 6  # nothing was added
 
 
 def test_a_registered_renderer_is_a_cli_and_plugin_option(registry):
@@ -122,8 +122,8 @@ def test_a_renderer_registered_by_another_module_writes_its_file_in_a_real_cli_r
     assert bad.returncode == 2 and f"{FLAG} {tmp_path / 'no' / 'lines.txt'}: directory" in bad.stderr, bad.stderr
     # Only one output may take stdout.
     both = preflight("run", "--checks", "memlock", FLAG, "-", "--json", "-")
-    assert both.returncode == 2 and f"only one of --json/--junit-xml/--env-file/--html/{FLAG} can be '-'" in \
-        both.stderr, both.stderr
+    assert both.returncode == 2 and f"only one of --json/--junit-xml/--env-file/--html/--prom-textfile/{FLAG} can " \
+        "be '-'" in both.stderr, both.stderr
     # '-': the lines on stdout alone, the terminal report on stderr.
     out = preflight("run", "--checks", "memlock", "--python", sys.executable, FLAG, "-")
     assert [line.split()[1] for line in out.stdout.splitlines()] == ["ssh", "memlock"], out.stdout

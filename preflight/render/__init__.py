@@ -11,10 +11,14 @@ renderer's module (rich, the checks' HTML sections) is imported only when its ou
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import stat
 import sys
+import tempfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, TextIO, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TextIO, Union
 
 if TYPE_CHECKING:
     from preflight.results import Report
@@ -50,6 +54,7 @@ class Renderer:
     write: Union[str, Write]
     pytest_help: Optional[str] = None
     metavar: str = "FILE"
+    atomic: bool = False  # replace the file by a rename (write_atomic): its reader must never see half of it
 
     @property
     def dest(self) -> str:
@@ -72,8 +77,57 @@ class Renderer:
             write(report, stream, settings)
             stream.flush()
             return
+        if self.atomic:
+            write_atomic(path, lambda fh: write(report, fh, settings))
+            return
         with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
             write(report, fh, settings)
+
+
+def _umask() -> int:
+    try:  # Linux 4.7+: read without changing it (os.umask's set-and-restore races another thread's open)
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def write_atomic(path: str, write: Callable[[TextIO], Any]) -> None:
+    """Write ``path`` as a temporary file beside it (a dot name, so node_exporter's *.prom glob skips it), fsync,
+    then rename it over ``path``: a reader sees the old file or the new one, never a part. The new file gets the
+    mode the old one had, else what open() would give (0666 less the umask; mkstemp's 0600 would hide it from a
+    collector running as another user). A path that is not a regular file (/dev/stdout, a FIFO) is written in
+    place: it cannot be renamed over."""
+    target = os.path.realpath(path)  # a symlink's file is replaced, the link stays
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            write(fh)
+        return
+    folder, name = os.path.split(target)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(temp, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself durable too; some filesystems cannot fsync a directory
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 RENDERERS: List[Renderer] = [
@@ -89,6 +143,9 @@ RENDERERS: List[Renderer] = [
     Renderer("html", "--html", "write a self-contained HTML report: matrix, details, environment and the checks' "
              "own sections, such as plots (no external assets)", "preflight.render.html:write",
              pytest_help="write preflight's self-contained HTML report (matrix, details, the checks' plots)"),
+    Renderer("prometheus", "--prom-textfile", "write Prometheus metrics for node_exporter's textfile collector, "
+             "replaced atomically (docs/prometheus.md)", "preflight.render.prometheus:write", atomic=True,
+             pytest_help="write Prometheus metrics for node_exporter's textfile collector (docs/prometheus.md)"),
 ]
 
 
