@@ -12,9 +12,9 @@ Thresholds: the ``[clock]`` section of clock.toml beside this module.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..hostside.seams import CheckSpec, ClusterView, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext, PromSample
 from ..hostside.outcome import Outcome, Status, error, limits
 
 NAME = "clock"
@@ -100,6 +100,24 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     return out
 
 
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: each host's clock offset from the coordinator and its uncertainty (seconds), and the spread."""
+    out: List[PromSample] = []
+    for r in results:
+        m = r.get("metrics") or {}
+        if r["host"] == CLUSTER:
+            if isinstance(m.get("spread_s"), (int, float)):
+                out.append(PromSample("preflight_clock_spread_seconds", "largest minus smallest clock offset of the "
+                                      "hosts", "gauge", {}, float(m["spread_s"])))
+            continue
+        for key, name, what in (("offset_s", "offset", "clock offset from the coordinator (positive: ahead)"),
+                                ("uncertainty_s", "uncertainty", "half the round trip of the clock reading")):
+            if isinstance(m.get(key), (int, float)):
+                out.append(PromSample("preflight_clock_%s_seconds" % name, what, "gauge", {"host": r["host"]},
+                                      float(m[key])))
+    return out
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -109,4 +127,5 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    prom_metrics=prom_metrics,
 )

@@ -26,11 +26,11 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..hostside.nvidia import gpu_evidence, gpus_expected
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
-from ..hostside.seams import CheckSpec, ClusterView, HostContext
+from ..hostside.seams import CheckSpec, ClusterView, HostContext, PromSample
 from ..hostside.proc import read_text
 from ..hostside.robust import MAD_TO_SIGMA, p_text, robust_z, significant
 
@@ -533,6 +533,25 @@ def _summary(devices: List[Dict[str, Any]], out: Dict[str, Outcome], lim: Dict[s
     return Outcome(Status.PASS, message, metrics=metrics)
 
 
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: each GPU's bf16 GEMM TFLOPS and copy rates (bytes per second), or the CPU's figures."""
+    gpu = (("gemm_tflops", "preflight_compute_tflops", 1.0, "bf16 GEMM rate of the GPU (TFLOPS)"),
+           ("hbm_gbps", "preflight_compute_hbm_bytes_per_second", 1e9, "device memory copy rate of the GPU"),
+           ("h2d_gbps", "preflight_compute_h2d_bytes_per_second", 1e9, "pinned host-to-device copy rate"),
+           ("d2h_gbps", "preflight_compute_d2h_bytes_per_second", 1e9, "pinned device-to-host copy rate"))
+    cpu = (("gemm_gflops", "preflight_compute_cpu_gflops", 1.0, "fp32 GEMM rate of the host's CPU (GFLOPS)"),
+           ("mem_gbps", "preflight_compute_cpu_memory_bytes_per_second", 1e9, "memory copy rate of the host's CPU"))
+    out: List[PromSample] = []
+    for r in results:
+        for d in (r.get("metrics") or {}).get("devices") or []:
+            on_gpu = d.get("device") == "gpu"
+            labels = {"host": r["host"], "gpu": str(d.get("index"))} if on_gpu else {"host": r["host"]}
+            for key, name, scale, what in gpu if on_gpu else cpu:
+                if isinstance(d.get(key), (int, float)):
+                    out.append(PromSample(name, what, "gauge", labels, float(d[key]) * scale))
+    return out
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -544,4 +563,5 @@ SPEC = CheckSpec(
     evaluate=evaluate,
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
+    prom_metrics=prom_metrics,
 )

@@ -35,7 +35,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
 from ..hostside.display import STATUS_COLOURS, absent, badge, esc
-from ..hostside.seams import CheckSpec, ClusterView, EnvVar, HostContext, HtmlSection, Recommendation, RecommendInput
+from ..hostside.seams import (CheckSpec, ClusterView, EnvVar, HostContext, HtmlSection, PromSample, Recommendation,
+                              RecommendInput)
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
 from ..hostside.robust import p_text
@@ -821,6 +822,14 @@ def recommend(given: RecommendInput) -> Recommendation:
     return Recommendation(tuple(steps), caveats)
 
 
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: every measured link's TCP rate (bits per second), by sender and receiver."""
+    return [PromSample("preflight_iperf3_bits_per_second", "iperf3 TCP rate of the link from src to dst", "gauge",
+                       {"src": src, "dst": dst}, float(ln["gbps"]) * 1e9)
+            for (src, dst), ln in measured_links(results).items()
+            if not ln.get("error") and isinstance(ln.get("gbps"), (int, float))]
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -835,4 +844,5 @@ SPEC = CheckSpec(
     # driver_cuda: NCCL's version, for the recommended environment.
     reads=("python", "driver_cuda", "interfaces"),
     recommend=recommend,
+    prom_metrics=prom_metrics,
 )

@@ -18,10 +18,10 @@ import shlex
 import re
 import secrets
 import stat
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
-from ..hostside.seams import CheckSpec, HostContext
+from ..hostside.seams import CheckSpec, HostContext, PromSample
 from ..hostside.proc import read_text, sh
 
 NAME = "nvme"
@@ -417,6 +417,19 @@ def _dd_fix(p: str) -> str:
             "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"" % q(p))
 
 
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: each measured path's dd rates (bytes per second), by host and path."""
+    out: List[PromSample] = []
+    for r in results:
+        for e in (r.get("metrics") or {}).get("paths") or []:
+            for key, what in (("write_Bps", "write"), ("read_Bps", "read")):
+                if isinstance(e.get(key), (int, float)):
+                    out.append(PromSample("preflight_nvme_%s_bytes_per_second" % what, "dd %s rate of the nvme "
+                                          "path (O_DIRECT, unless the path refused it)" % what, "gauge",
+                                          {"host": r["host"], "path": str(e.get("path"))}, float(e[key])))
+    return out
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -428,4 +441,5 @@ SPEC = CheckSpec(
     collect=collect,
     evaluate=evaluate,
     host_params=params_from_thresholds,
+    prom_metrics=prom_metrics,
 )

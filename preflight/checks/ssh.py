@@ -18,10 +18,10 @@ Thresholds: [ssh] in ssh.toml beside this module.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..hostside.outcome import Outcome, Status, limits
-from ..hostside.seams import CheckSpec
+from ..hostside.seams import CheckSpec, PromSample
 
 NAME = "ssh"
 
@@ -95,6 +95,22 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     return Outcome(Status.PASS, message, metrics=metrics)
 
 
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: each host's connect time and round trip (seconds); none for the local host."""
+    out: List[PromSample] = []
+    for r in results:
+        m = r.get("metrics") or {}
+        if m.get("local"):
+            continue
+        if isinstance(m.get("connect_s"), (int, float)):
+            out.append(PromSample("preflight_ssh_connect_seconds", "TCP connect and SSH handshake time", "gauge",
+                                  {"host": r["host"]}, float(m["connect_s"])))
+        if isinstance(m.get("rtt_ms"), (int, float)):
+            out.append(PromSample("preflight_ssh_rtt_seconds", "round trip to the host (with srun: a job step's "
+                                  "launch)", "gauge", {"host": r["host"]}, float(m["rtt_ms"]) / 1000))
+    return out
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -103,4 +119,5 @@ SPEC = CheckSpec(
     scope="connection",
     default=True,
     evaluate=evaluate,
+    prom_metrics=prom_metrics,
 )

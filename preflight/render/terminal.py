@@ -183,38 +183,58 @@ def _cell(r: Optional[Result]) -> Text:
     return Text(CELL[r.status], style=STYLE[r.status])
 
 
+def _frame(title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, title_justify="left")
+
+
+def _name(name: str, shown: Dict[str, str]) -> str:
+    return shown.get(name) or plain(display_host(name))
+
+
 def _table(rows: List[str], cols: List[str], cell, corner: str, title: str,
            shown: Optional[Dict[str, str]] = None) -> Table:
     """Names never wrap: matrix_tables fits them, abbreviating (``shown``) only what cannot fit at all."""
     shown = shown or {}
-    table = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, title_justify="left")
+    table = _frame(title)
     table.add_column(corner, no_wrap=True)
     for col in cols:
-        table.add_column(Text(shown.get(col) or plain(display_host(col))), justify="center", no_wrap=True)
+        table.add_column(Text(_name(col, shown)), justify="center", no_wrap=True)
     for row in rows:
-        label = Text(shown.get(row) or plain(display_host(row)), style="italic" if row == CLUSTER else "")
+        label = Text(_name(row, shown), style="italic" if row == CLUSTER else "")
         table.add_row(label, *(_cell(cell(row, col)) for col in cols))
     return table
 
 
-def _width(console: Console, table: Table) -> int:
-    """The table's natural width: measured without the console's limit, which would clamp it to fit."""
-    return Measurement.get(console, console.options.update(max_width=10**6), table).maximum
+class _Fit:
+    """The natural width of a table of some of the matrix's columns, measured on one row that stands for all: the
+    longest row label and each column's widest cell (measuring the whole matrix once per column took 17 s at
+    1,000 hosts). Measured without the console's limit, which would clamp it to fit."""
+
+    def __init__(self, rows: List[str], cols: List[str], cell, corner: str, console: Console):
+        self.rows, self.corner, self.console = rows, corner, console
+        self.cells = {col: max((_cell(cell(row, col)).cell_len for row in rows), default=1) for col in cols}
+
+    def width(self, cols: List[str], shown: Dict[str, str]) -> int:
+        probe = _frame("")
+        probe.add_column(self.corner, no_wrap=True)
+        for col in cols:
+            probe.add_column(Text(_name(col, shown)), justify="center", no_wrap=True)
+        label = max((_name(row, shown) for row in self.rows), key=len, default="")
+        probe.add_row(Text(label), *(Text("x" * self.cells[col]) for col in cols))
+        options = self.console.options.update(max_width=10**6)
+        return Measurement.get(self.console, options, probe).maximum
+
+    def fits(self, cols: List[str], shown: Dict[str, str]) -> bool:
+        return self.width(cols, shown) <= self.console.width
 
 
-def _abbreviations(rows: List[str], cols: List[str], corner: str, console: Console) -> Dict[str, str]:
+def _abbreviations(rows: List[str], cols: List[str], fit: _Fit) -> Dict[str, str]:
     """{name: short key} for the names that cannot fit whole even in a table of one column: the longest first,
     until the row labels and the widest column fit the terminal. Usually empty."""
     shown: Dict[str, str] = {}
     names = sorted(set(rows) | set(cols), key=lambda n: -len(display_host(n)))
-
-    def widest() -> int:
-        label = max(rows, key=lambda n: len(shown.get(n) or display_host(n)), default="")
-        col = max(cols, key=lambda n: len(shown.get(n) or display_host(n)), default="")
-        return _width(console, _table([label], [col] if col else [], lambda r, c: None, corner, "", shown))
-
     for name in names:
-        if widest() <= console.width:
+        if all(fit.fits([col], shown) for col in cols or []) and (cols or fit.fits([], shown)):
             break
         shown[name] = "#" + "9" * len(str(len(names)))  # as wide as the key it gets below
     # Numbered in the order the names show: rows, then columns.
@@ -229,10 +249,11 @@ def matrix_tables(report: Report, console: Console) -> List[Table]:
     shown as a key (``#1``) that matrix_legend spells out; no name is ever split or cut.
     """
     rows, cols, cell, corner = _grid(report)
-    shown = _abbreviations(rows, cols, corner, console)
+    fit = _Fit(rows, cols, cell, corner, console)
+    shown = _abbreviations(rows, cols, fit)
     groups: List[List[str]] = []
     for col in cols:
-        if groups and _width(console, _table(rows, groups[-1] + [col], cell, corner, "", shown)) <= console.width:
+        if groups and fit.fits(groups[-1] + [col], shown):
             groups[-1].append(col)
             continue
         groups.append([col])
@@ -248,7 +269,7 @@ def matrix_legend(report: Report, console: Console) -> List[str]:
     """``#1 = the-full-name`` for each name the matrix abbreviated, and what a dot means where one shows."""
     rows, cols, cell, corner = _grid(report)
     lines = [plain(f"{key} = {display_host(name)}") for name, key in
-             _abbreviations(rows, cols, corner, console).items()]
+             _abbreviations(rows, cols, _Fit(rows, cols, cell, corner, console)).items()]
     if any(cell(row, col) is None or cell(row, col).blocked for row in rows for col in cols):
         lines.append(MATRIX_CAPTION)
     return lines

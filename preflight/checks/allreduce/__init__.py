@@ -14,14 +14,36 @@ One process per slot runs a message-size sweep; the verdict names the rank, host
 """
 from __future__ import annotations
 
+from typing import Any, List, Mapping, Sequence
+
 from .common import NAME
 from .html import TITLE, render as render_html
 from .orchestrate import coordinate
 from .verdict import evaluate
-from ...hostside.seams import CheckSpec, HtmlSection
+from ...hostside.seams import CheckSpec, HtmlSection, PromSample
 
 
 __all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
+
+
+def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
+    """--prom-textfile: the bus and algorithm bandwidth at the largest message size, and each host's best pair's
+    busbw from the straggler rounds (GB/s, as the report prints them)."""
+    out: List[PromSample] = []
+    for r in results:
+        m = r.get("metrics") or {}
+        if r["host"] != "*":
+            continue
+        for key, name in (("busbw_GBps", "busbw"), ("algbw_GBps", "algbw")):
+            if isinstance(m.get(key), (int, float)):
+                out.append(PromSample("preflight_allreduce_%s_gigabytes_per_second" % name, "all-reduce %s at the "
+                                      "largest message size of the sweep" % name, "gauge", {}, float(m[key])))
+        for host, rate in sorted(((m.get("stragglers") or {}).get("hosts") or {}).items()):
+            if isinstance((rate or {}).get("busbw_GBps"), (int, float)):
+                out.append(PromSample("preflight_allreduce_pair_busbw_gigabytes_per_second", "all-reduce busbw of "
+                                      "the host's fastest pair in the straggler rounds", "gauge", {"host": host},
+                                      float(rate["busbw_GBps"])))
+    return out
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
@@ -39,4 +61,5 @@ SPEC = CheckSpec(
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
     html=HtmlSection(TITLE, render_html),
+    prom_metrics=prom_metrics,
 )
