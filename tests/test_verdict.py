@@ -247,6 +247,14 @@ def test_nodeset_folds_names_and_keeps_what_it_cannot_fold():
 
 # --------------------------------------------------------------------------------------- the verdict
 
+def test_the_verdict_counts_hosts_scattered_over_a_large_cluster():
+    """1,000 hosts, every third refusing: the verdict stays one short line; the cause's line names every host."""
+    report = cluster_report(n=999, down=[f"node{i:02d}" for i in range(1, 1000, 3)])
+    assert verdict(report) == "NOT READY: 333 hosts need fixing (333 hosts unreachable)"
+    (cause,) = causes(report)
+    assert cause.where.startswith("node[01,04,07,10,") and len(cause.hosts) == 333
+
+
 def test_verdict_words():
     assert verdict(cluster_report()) == "READY"
     warn = [Result("node05", "allreduce", Status.WARN, "straggler", "check the link"),
