@@ -15,6 +15,7 @@ Thresholds: [checkpoint] in checkpoint.toml beside this module.
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Any, Dict, List, Optional
@@ -22,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
+from ..hostside import tempfiles
 
 NAME = "checkpoint"
 
@@ -56,6 +58,9 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     out.update(st_dev=st.st_dev, fsid=getattr(vfs, "f_fsid", None), free_bytes=vfs.f_bavail * vfs.f_frsize,
                size_bytes=vfs.f_blocks * vfs.f_frsize, **_mount_of(path))
     name = os.path.join(path, "%s%s-%s" % (PREFIX, params["token"], params["host"]))
+    # It outlives this request (look reads it, cleanup removes it): the agent removes it when its own lifeline
+    # closes, if the coordinator never gets to cleanup (killed with kill -9).
+    tempfiles.register(name, keep=True)
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -66,6 +71,10 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         out.update(writable=True, test_file=name)
     except OSError as exc:
         out["error"] = "cannot write a file there: %s" % (exc.strerror or exc)
+        if exc.errno == errno.EEXIST:
+            tempfiles.forget(name)  # another's file of that name: never removed as ours
+        else:
+            tempfiles.remove(name)
     return out
 
 
@@ -84,11 +93,8 @@ def cleanup(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     removed = []
     for name in params.get("files") or []:
         if os.path.basename(name).startswith(PREFIX):  # never anything but our own test file
-            try:
-                os.unlink(name)
+            if tempfiles.remove(name):  # and the agent forgets it
                 removed.append(name)
-            except FileNotFoundError:
-                pass
     return {"removed": removed}
 
 

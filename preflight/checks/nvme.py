@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
 from ..hostside.seams import CheckSpec, HostContext, PromSample
 from ..hostside.proc import read_text, sh
+from ..hostside import tempfiles
 
 NAME = "nvme"
 
@@ -99,13 +100,9 @@ def params_from_thresholds(thresholds: Dict[str, Any]) -> Dict[str, Any]:
 
 def _remove(path: str) -> None:
     # sh() has already killed an interrupted dd (its finally stops the process group); dd runs with
-    # conv=nocreat, so it cannot re-create the file after this.
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        pass
+    # conv=nocreat, so it cannot re-create the file after this. Nor can anything else: the agent may have removed
+    # it first (its lifeline closed), and removes it if this worker is killed before it gets here.
+    tempfiles.remove(path)
 
 
 def _dd(argv: List[str], ctx: HostContext, cap: float) -> Tuple[Any, float]:
@@ -208,6 +205,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
 
     marker = TEST_PREFIX + secrets.token_hex(8)
     test_file = os.path.join(real, marker)
+    tempfiles.register(test_file)  # before it exists: removed however this request ends (kill -9 of the coordinator)
     try:
         try:
             fd = os.open(test_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)

@@ -46,6 +46,7 @@ from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import proc as procs
 from . import seams
+from . import tempfiles
 
 RUN_ENV = "PREFLIGHT_RUN"
 # This agent's own mark, in the environment of every command it (or a worker) starts: when its lifeline closes it
@@ -149,6 +150,9 @@ def _lifeline(stdin: IO[bytes]) -> None:
     except Exception:
         pass
     _stop.set()
+    # The request's temporary files go now, while its main thread unwinds (its finally removes them again, and the
+    # agent does if this process is killed before that).
+    tempfiles.unlink_registered(kept=not tempfiles.attached())
     _abort_reason[0] = "coordinator closed the session"
     # Give a server in wait_stop() the chance to return and clean up before interrupting the main thread.
     if not _finished.wait(2.0):
@@ -406,6 +410,7 @@ def _run_one(request: Dict[str, Any], stdin: IO[bytes]) -> int:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         procs.kill_all()
+        tempfiles.end_request()  # a temporary file never outlives its request (the kept ones are the agent's)
     _emit(RESULT, payload)
     _finished.set()
     return 0
@@ -431,6 +436,7 @@ class _Worker:
         self.rc = None  # type: Any
         self.kill_at = None  # type: Any
         self.exited_at = None  # type: Any
+        self.temp_fd = -1  # the read end of its pipe to _LEDGER
 
 
 def _write_all(data: bytes) -> None:
@@ -458,15 +464,29 @@ def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
                         for start in range(0, max(1, len(data)), size)))
 
 
+# The temporary files the workers registered (hostside/tempfiles.py): what a killed worker left, the agent removes.
+_LEDGER = tempfiles.Ledger()
+
+
 def _fork_worker(rid: int, request: Dict[str, Any]) -> _Worker:
-    pid, life_w, out_r, err_r = _fork_one(request)
-    return _Worker(pid, out_r, err_r, life_w)
+    temp_r, temp_w = _LEDGER.channel()
+    try:
+        pid, life_w, out_r, err_r = _fork_one(request, temp_fd=temp_w)
+    except BaseException:
+        _LEDGER.close(temp_r)
+        raise
+    finally:
+        os.close(temp_w)
+    worker = _Worker(pid, out_r, err_r, life_w)
+    worker.temp_fd = temp_r
+    return worker
 
 
 def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None,
-              session: bool = False) -> Tuple[int, int, int, int]:
+              session: bool = False, temp_fd: int = -1) -> Tuple[int, int, int, int]:
     """Fork a one-request agent serving request: its stdin is a lifeline pipe, its stdout and stderr pipes; it
-    holds none of this process's other descriptors (the agent's channel, the other workers' or ranks' pipes).
+    holds none of this process's other descriptors (the agent's channel, the other workers' or ranks' pipes) but
+    temp_fd, its pipe to the agent's temp-file ledger, when given.
     Its own process group (session=True: its own session), env added. Returns (pid, lifeline write end,
     stdout read end, stderr read end)."""
     global _stop, _finished, _write_lock
@@ -477,7 +497,9 @@ def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None,
     if pid == 0:
         rc = 70
         try:
-            held = procs.forked_child_stdio(life_r, out_w, err_w, session)  # noqa: F841
+            held = procs.forked_child_stdio(life_r, out_w, err_w, session, keep=temp_fd)  # noqa: F841
+            if temp_fd >= 0:
+                tempfiles.attach(temp_fd)
             os.environ.update(env or {})
             # The parent's state belongs to the request it serves (a supervisor forking ranks is one): the child
             # starts afresh.
@@ -582,6 +604,7 @@ def serve(token: str, step: bool = False) -> int:
             reap({"token": token, "agent": os.environ.get(AGENT_ENV, "")}, None)  # type: ignore[arg-type]
         except Exception:
             pass
+    _LEDGER.close_all()  # the workers' temporary files, the kept ones (checkpoint probes) too
     if route:
         try:
             _frame(0, b"q")
@@ -680,6 +703,7 @@ class _Server:
 
     def _watch_workers(self, now: float) -> None:
         for rid, worker in list(self.workers.items()):
+            _LEDGER.read(worker.temp_fd)  # its pipe holds 64 KiB: taken as it goes
             if worker.rc is None:
                 pid, status = os.waitpid(worker.pid, os.WNOHANG)
                 if pid:
@@ -699,6 +723,8 @@ class _Server:
         if worker.rc is None:
             _, status = os.waitpid(worker.pid, 0)
             worker.rc = os.waitstatus_to_exitcode(status)
+        _LEDGER.close(worker.temp_fd)  # it has ended: what it registered and did not remove is removed now
+        worker.temp_fd = -1
         _close_lifeline(worker)
         self.workers.pop(rid, None)
         if self.stdin_open:

@@ -155,11 +155,13 @@ class Forked:
         return self.returncode
 
 
-def forked_child_stdio(stdin_fd: int, stdout_fd: int, stderr_fd: int, session: bool = False) -> tuple:
+def forked_child_stdio(stdin_fd: int, stdout_fd: int, stderr_fd: int, session: bool = False,
+                       keep: int = -1) -> tuple:
     """In a child just forked: its own process group (session=True: its own session), these descriptors as its
-    0/1/2 and no other of the parent's, default handlers for the signals the agent catches, and new sys.std*
-    objects. Returns the old stream objects: the caller keeps them until os._exit, because freeing one takes its
-    lock, which a thread that did not survive the fork may hold (a worker's lifeline thread, blocked in read)."""
+    0/1/2 and no other of the parent's (but ``keep``, when given: a worker's pipe to its agent's temp-file ledger),
+    default handlers for the signals the agent catches, and new sys.std* objects. Returns the old stream objects:
+    the caller keeps them until os._exit, because freeing one takes its lock, which a thread that did not survive
+    the fork may hold (a worker's lifeline thread, blocked in read)."""
     import signal
     import sys
     if session:
@@ -169,7 +171,12 @@ def forked_child_stdio(stdin_fd: int, stdout_fd: int, stderr_fd: int, session: b
     os.dup2(stdin_fd, 0)
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
-    os.closerange(3, 65536)  # the parent's channel, and its other children's pipes and lifelines
+    # The parent's channel, and its other children's pipes and lifelines.
+    if keep > 2:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 65536)
+    else:
+        os.closerange(3, 65536)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     held = (sys.stdin, sys.stdout, sys.stderr)
