@@ -613,6 +613,10 @@ def _add_node_check_parser(sub) -> Any:
     nc.add_argument("--node-name", metavar="NAME",
                     help="Slurm NodeName of this node (default: $SLURMD_NODENAME, else `hostname -s`)")
     nc.add_argument("--strict", action="store_true", help="warnings fail too")
+    nc.add_argument("--prom-textfile", metavar="FILE",
+                    help="also write Prometheus metrics for node_exporter's textfile collector, replaced atomically "
+                         "(docs/prometheus.md); a write that fails after the checks is a line on stderr, not a "
+                         "failed node")
     nc.add_argument("-v", "--verbose", action="store_true", help="also print every check's result")
     return nc
 
@@ -627,6 +631,9 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         if cluster_only:
             raise UsageError(f"node-check runs per-host checks only; {', '.join(cluster_only)} "
                              "need(s) `preflight run` across hosts")
+        if args.prom_textfile == render.STDOUT:
+            raise UsageError("--prom-textfile -: node-check prints its verdict on stdout; name a file")
+        _check_output_path("--prom-textfile", args.prom_textfile)
     except (UsageError, ConfigError) as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -635,6 +642,12 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
         node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)})
     verdict = nodecheck.run_checks(options)
+    if args.prom_textfile:
+        from preflight.render import prometheus
+        try:  # the node's verdict stands either way: Slurm drains a node whose prolog fails, not for a metrics file
+            prometheus.write_file(verdict.report(args.strict), args.prom_textfile, "node-check")
+        except OSError as exc:
+            print(f"preflight: error: cannot write {args.prom_textfile}: {exc.strerror or exc}", file=sys.stderr)
     if args.verbose:
         for check, outcome in verdict.outcomes:
             fix = f"; fix: {outcome.fix}" if outcome.fix and outcome.status.value != "pass" else ""

@@ -16,13 +16,16 @@ import re
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
 from preflight.remote import Agent, AgentError
+from preflight.results import HostRecord, Report, Result
 from preflight.transport import LocalTransport, RunningCommand, Transport
 
 # Every reason preflight sets starts with this, so it can tell its own drains from an admin's or NHC's.
@@ -54,6 +57,17 @@ class NodeVerdict:
     line: str
     failed: bool
     drain_action: str = ""            # what --drain did: "drained", "resumed", "left drained (...)", ""
+    durations: Dict[str, float] = field(default_factory=dict)  # check -> seconds on the host, where the agent said
+    started_at: str = ""              # ISO 8601, as a run's report
+    duration_s: float = 0.0
+    slots: int = 1
+
+    def report(self, strict: bool = False) -> Report:
+        """The verdict as a run's Report of this one host (for --prom-textfile and the other renderers)."""
+        results = [Result.from_outcome(self.node, check, outcome, self.durations.get(check, 0.0))
+                   for check, outcome in self.outcomes]
+        return Report(self.started_at, self.duration_s, [HostRecord(self.node, "localhost", self.slots, True)],
+                      results, [check for check, _ in self.outcomes], strict=strict)
 
 
 def node_name(explicit: Optional[str] = None) -> str:
@@ -137,6 +151,7 @@ def reason_line(outcomes: Sequence[Tuple[str, Outcome]], strict: bool = False) -
 def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None) -> NodeVerdict:
     """Run the host checks here within options.deadline and evaluate them."""
     name = node_name(options.node_name)
+    started_at, t0 = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"), time.monotonic()
     modules = [registry.load(n) for n in options.checks]
     own = transport is None
     t = transport or _DeadlineTransport(name, options.deadline)
@@ -154,12 +169,16 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
                 why = f"{options.python} did not start within the {options.deadline:g}s deadline"
             outcomes = [("preflight", Outcome(Status.ERROR, why, "look at the node (load, hung disks, D-state "
                                               "processes) or raise --deadline"))]
-            return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), True)
+            return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), True, started_at=started_at,
+                               duration_s=time.monotonic() - t0, slots=options.slots)
     finally:
         if own:
             t.close()
+    durations: Dict[str, float] = {}
     for module in modules:
         entry = out.get(module.NAME, {"error": "no result from the agent"})
+        if isinstance(entry.get("duration_s"), (int, float)):
+            durations[module.NAME] = float(entry["duration_s"])
         if "error" in entry:
             outcome = Outcome(Status.ERROR, str(entry["error"]))
         else:
@@ -169,7 +188,8 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
                 outcome = Outcome(Status.ERROR, f"preflight internal error: {type(exc).__name__}: {exc}")
         outcomes.append((module.NAME, outcome))
     failed = any(_is_bad(o.status, options.strict) for _, o in outcomes)
-    return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), failed)
+    return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), failed, durations=durations,
+                       started_at=started_at, duration_s=time.monotonic() - t0, slots=options.slots)
 
 
 def _scontrol(argv: Sequence[str]) -> subprocess.CompletedProcess:
