@@ -242,13 +242,42 @@ def causes(report: Report) -> List[Cause]:
     found = _merge_checks(list(dict.fromkeys(home.values())))
     for cause in found:
         if len(cause.hosts) > 1:  # several hosts: their shared words, not the first host's
-            cause.message, cause.fix = cause.shared
+            cause.message, cause.fix = cause.shared[0], _pasteable(cause, results)
     found.sort(key=lambda c: (ORDER[c.status], min(c.results)))
     seen: Dict[str, int] = {}
     for cause in found:
         seen[cause.check] = seen.get(cause.check, 0) + 1
         cause.id = f"{cause.check}:{seen[cause.check]}"
     return found
+
+
+# How many hosts' own command lines a shared fix lists before it says "-v prints the others".
+FIX_HOSTS_SHOWN = 8
+
+
+def _pasteable(cause: Cause, results: List[Result]) -> str:
+    """A shared fix whose command lines would hold a placeholder (``ssh-keyscan -p 22 ADDRESS``) lists each host's
+    own command lines instead, under the shared prose: a fix is pasted as it is, and ADDRESS is no address. A fix of
+    one line (prose) keeps its placeholders, which read as what they are."""
+    shared = cause.shared[1]
+    prose, *commands = shared.split("\n")
+    if not any(word in line for line in commands for word in (HOST, ADDRESS, FINGERPRINT)):
+        return shared
+    own = {}
+    for i in cause.results:
+        r = results[i]
+        if r.check in cause.checks and r.host in cause.hosts and not r.blocked and r.fix:
+            own.setdefault(r.host, r.fix)
+    lines: List[str] = []
+    shown = [h for h in cause.hosts if h in own][:FIX_HOSTS_SHOWN]
+    for host in shown:
+        for line in own[host].split("\n")[1:]:
+            if line not in lines:
+                lines.append(line)
+    more = len([h for h in cause.hosts if h in own]) - len(shown)
+    if more > 0:
+        lines.append(f"  (and the same for {more} more host{'s' if more != 1 else ''}: -v prints each host's fix)")
+    return "\n".join([prose] + lines)
 
 
 def _join(groups: Dict[Tuple[Any, ...], Cause], kind: Tuple[Any, ...], tokens: _Tokens, i: int, r: Result) -> Cause:

@@ -400,3 +400,24 @@ def test_broken_six_host_cluster_prints_one_line_per_cause_and_not_ready(netclus
     assert strict.stdout.splitlines() == [
         "NOT READY: 2 warnings, and --strict fails on warnings (node[01-02] ssh)",
         strict.stdout.splitlines()[1]] and strict.stdout.splitlines()[1].startswith("2 passed, 0 failed, 2 warned")
+
+
+def test_a_shared_fix_lists_each_hosts_own_commands_never_a_placeholder():
+    """Grouped, three unknown keys share a line; their fix is still pasteable: each host's own keyscan line."""
+    report = cluster_report(n=12, key_unknown=["node03", "node04", "node05"])
+    for r in report.results:
+        if r.check == "ssh" and r.status == Status.FAIL:
+            address = r.metrics["address"]
+            r.fix = ("verify the key, then rerun with --accept-new-host-keys, or record it with:\n"
+                     f"  ssh-keygen -F {address} -f /k >/dev/null || ssh-keyscan {address} >> /k")
+    (cause,) = [c for c in causes(report) if c.check == "ssh"]
+    assert cause.hosts == ["node03", "node04", "node05"] and "ADDRESS" in cause.message
+    prose, *commands = cause.fix.split("\n")
+    assert prose.startswith("verify the key") and "ADDRESS" not in cause.fix
+    assert [c.split()[-3] for c in commands] == ["198.18.0.3", "198.18.0.4", "198.18.0.5"]
+    many = cluster_report(n=12, key_unknown=[f"node{i:02d}" for i in range(2, 12)])
+    for r in many.results:
+        if r.check == "ssh" and r.status == Status.FAIL:
+            r.fix = f"record it with:\n  ssh-keyscan {r.metrics['address']} >> /k"
+    (cause,) = [c for c in causes(many) if c.check == "ssh"]
+    assert len(cause.fix.split("\n")) == 1 + 8 + 1 and "2 more hosts: -v prints" in cause.fix
