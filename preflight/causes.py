@@ -263,7 +263,7 @@ def _pasteable(cause: Cause, results: List[Result]) -> str:
     prose, *commands = shared.split("\n")
     if not any(word in line for line in commands for word in (HOST, ADDRESS, FINGERPRINT)):
         return shared
-    own = {}
+    own: Dict[str, str] = {}
     for i in cause.results:
         r = results[i]
         if r.check in cause.checks and r.host in cause.hosts and not r.blocked and r.fix:
