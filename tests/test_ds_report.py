@@ -29,6 +29,7 @@ def healthy():
         "shm_bytes": parsed["shm_bytes"], "source": "ds_report", "installed": False,
         "import_error": "ModuleNotFoundError: No module named 'deepspeed'", "python": "/usr/bin/python3",
         "api_error": None, "ds_report_error": None, "tool_timeout": None, "required_ops": [],
+        "nvcc": parsed["nvcc"],  # ds_report's "nvcc version": DeepSpeed's own reading of CUDA_HOME/bin/nvcc -V
     }
 
 
@@ -289,3 +290,71 @@ def test_the_forked_probe_finishes_inside_an_agent_worker():
     assert out["python"]["facts"]["torch"], out["python"]
     assert "error" not in out["ds_report"], out["ds_report"]
     assert out["ds_report"]["facts"]["source"] == "api" and out["ds_report"]["facts"]["api_error"] is None
+
+
+# --- usable ops: a JIT build needs its tools (issue 24) ------------------------------------------------------------
+
+NOT_CUDA_ON_FIXTURE = {"cpu_adam", "cpu_adagrad", "cpu_lion", "pin_memory", "utils"}
+
+
+def test_ops_usable_counts_a_cuda_op_only_where_nvcc_can_build_it(healthy, thresholds):
+    """The recorded H100 has nvcc 13.0 and torch's CUDA 13.0: 20 of 23 usable (async_io, evoformer_attn and gds are
+    not compatible). Without nvcc only the 5 ops that are not CUDA ops can be built."""
+    t = copy.deepcopy(thresholds)
+    t["ds_report"]["ignore_ops"] = sorted(INCOMPATIBLE_ON_FIXTURE)
+    out = dr.evaluate(healthy, t)
+    assert out.status == Status.PASS and "20/23 ops usable;" in out.message and out.metrics["ops_unbuildable"] == []
+
+    no_nvcc = dict(healthy, nvcc=None)
+    out = dr.evaluate(no_nvcc, t)
+    assert out.metrics["ops_usable"] == len(NOT_CUDA_ON_FIXTURE) == 5
+    assert "5/23 ops usable (15 compatible but not buildable here: no nvcc)" in out.message
+    assert "fused_adam" in out.metrics["ops_unbuildable"] and "cpu_adam" not in out.metrics["ops_unbuildable"]
+    # A pre-built CUDA op needs no nvcc.
+    no_nvcc["ops"] = copy.deepcopy(healthy["ops"])
+    no_nvcc["ops"]["fused_adam"]["installed"] = True
+    assert dr.evaluate(no_nvcc, t).metrics["ops_usable"] == 6
+    # A CPU build of torch builds DeepSpeed's ops without nvcc.
+    assert dr.evaluate(dict(healthy, nvcc=None, torch_cuda=None), t).metrics["ops_usable"] == 20
+
+    # nvcc of another major version: not buildable, unless DS_SKIP_CUDA_CHECK=1 on the host.
+    out = dr.evaluate(dict(healthy, nvcc="12.8"), t)
+    assert out.metrics["ops_usable"] == 5 and "nvcc 12.8 vs torch's CUDA 13.0" in out.message
+    assert dr.evaluate(dict(healthy, nvcc="12.8", ds_skip_cuda_check="1"), t).metrics["ops_usable"] == 20
+    # A minor difference is DeepSpeed's to accept or not (driver_cuda warns), not a blocker.
+    assert dr.evaluate(dict(healthy, nvcc="13.1"), t).metrics["ops_usable"] == 20
+
+    # No C++ compiler: nothing that is not pre-built can be built.
+    out = dr.evaluate(dict(healthy, cxx=None, cxx_name="c++"), t)
+    assert out.metrics["ops_usable"] == 0 and "no C++ compiler (c++)" in out.message
+
+
+def test_build_tools_look_where_torch_and_deepspeed_look(tmp_path, monkeypatch):
+    from preflight.hostside import jit
+    cuda = tmp_path / "cuda-12.8"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("DS_SKIP_CUDA_CHECK", raising=False)
+    monkeypatch.setenv("PATH", "%s:%s" % (cuda / "bin", os.environ["PATH"]))
+    tools = jit.build_tools()
+    # torch's _find_cuda_home: nvcc on PATH -> its parent's parent.
+    assert tools["cuda_home"] == str(cuda) and tools["cuda_home_from"] == "nvcc on PATH"
+    assert tools["nvcc"] == "12.8" and tools["nvcc_path"] == str(nvcc) and tools["nvcc_error"] is None
+    assert tools["cxx_name"] == "c++" and tools["cxx"] == shutil.which("c++")
+    assert tools["ds_skip_cuda_check"] is None
+    # $CUDA_HOME wins over PATH; DeepSpeed runs CUDA_HOME/bin/nvcc, so one without it has no nvcc.
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "runtime-only"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("DS_SKIP_CUDA_CHECK", "1")
+    tools = jit.build_tools()
+    assert tools["cuda_home"] == str(tmp_path / "runtime-only") and tools["cuda_home_from"] == "CUDA_HOME"
+    assert tools["nvcc"] is None and "does not exist" in tools["nvcc_error"]
+    assert tools["cxx"] is None and tools["cxx_name"] == "no-such-compiler"
+    assert tools["ds_skip_cuda_check"] == "1"
+    assert jit.parse_nvcc_release(_read("nvcc.txt")) == "13.0"

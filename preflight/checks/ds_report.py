@@ -1,4 +1,6 @@
-"""DeepSpeed op compatibility (what ``ds_report`` shows), ninja for JIT builds, and the /dev/shm size.
+"""DeepSpeed op compatibility (what ``ds_report`` shows), ninja for JIT builds, and the /dev/shm size. An op counts
+as usable when it is pre-built, or compatible and its JIT build can run here: ninja, a C++ compiler, and for a CUDA
+op under a CUDA torch the toolkit's nvcc of torch's major version (``preflight/hostside/jit.py``).
 
 Asks DeepSpeed's own API (ALL_OPS[name].is_compatible(False)) in a child Python; falls back to running
 ``ds_report`` and parsing its coloured text (ANSI codes stripped):
@@ -26,6 +28,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, HostContext
+from ..hostside import jit
 from ..hostside.proc import fork_python, sh
 
 NAME = "ds_report"
@@ -73,6 +76,10 @@ if out["installed"]:
         out["deepspeed"] = str(deepspeed.__version__)
         from deepspeed.ops.op_builder.all_ops import ALL_OPS
         try:
+            from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+        except Exception:
+            CUDAOpBuilder = None
+        try:
             from deepspeed.git_version_info import installed_ops, accelerator_name
             from deepspeed.accelerator import get_accelerator
             same_acc = accelerator_name == get_accelerator()._name
@@ -80,6 +87,8 @@ if out["installed"]:
             installed_ops, same_acc = {}, False
         for name, builder in ALL_OPS.items():
             entry = {"installed": bool(installed_ops.get(name, False)) and same_acc}
+            if CUDAOpBuilder is not None:
+                entry["cuda"] = isinstance(builder, CUDAOpBuilder)  # its JIT build needs nvcc (on a CUDA torch)
             try:
                 entry["compatible"] = bool(builder.is_compatible(False))
                 note = getattr(builder, "error_log", None)
@@ -219,6 +228,12 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
             if rep.rc == 124:
                 facts["tool_timeout"] = "ds_report timed out after %.0fs" % rep.duration
     facts["ninja"] = bool(facts["ninja_module"]) and facts["ninja_binary"] is not None
+    # What a JIT build would use here (CUDA_HOME and its nvcc, the C++ compiler, DS_SKIP_CUDA_CHECK): an op that is
+    # compatible but not pre-built is usable only if its build can run (hostside/jit.py).
+    tools = jit.build_tools(timeout=ctx.remaining(20))
+    for key in ("cuda_home", "cuda_home_from", "nvcc", "nvcc_path", "nvcc_error", "cxx", "cxx_name",
+                "ds_skip_cuda_check"):
+        facts[key] = tools.get(key)
     return facts
 
 
@@ -253,11 +268,20 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     shm = facts.get("shm_bytes")
     findings.extend(_shm_findings(shm, int(limits(thresholds, NAME)["shm_min_mib"]) * 1024 * 1024))
 
-    compatible = sum(1 for e in ops.values() if e.get("compatible") or e.get("installed"))
-    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s; ninja present; /dev/shm %s MiB" % (
-        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), compatible, len(ops),
+    # Usable: pre-built, or compatible and its JIT build can run here (a CUDA op needs nvcc, every op ninja and a
+    # C++ compiler): ds_report's "compatible" alone counts CUDA ops on a host without a CUDA toolkit.
+    usable = [op for op in ops if jit.usable(op, facts)]
+    unbuildable = sorted(op for op, e in ops.items() if e.get("compatible") and not e.get("installed")
+                         and op not in usable)
+    why_not = ""
+    if unbuildable:
+        reasons = sorted({b.short for op in unbuildable for b in jit.blockers(op, facts) if b.status == Status.FAIL})
+        why_not = " (%d compatible but not buildable here: %s)" % (len(unbuildable), "; ".join(reasons))
+    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s%s; ninja present; /dev/shm %s MiB" % (
+        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), len(usable), len(ops), why_not,
         ", required %s usable" % required if required else "", (shm or 0) // 1048576)
-    metrics["ops_usable"] = compatible
+    metrics["ops_usable"] = len(usable)
+    metrics["ops_unbuildable"] = unbuildable
     metrics["ops_total"] = len(ops)
     return combine(findings, ok, metrics)
 
@@ -346,7 +370,8 @@ def _shm_findings(shm: Optional[int], shm_min: int) -> List[Finding]:
 # functions above.
 SPEC = CheckSpec(
     name=NAME,
-    description="DeepSpeed importable, op compatibility (ds_report), ninja for JIT builds, /dev/shm size",
+    description="DeepSpeed importable, op compatibility (ds_report) and ops usable (a JIT build needs ninja, a C++ "
+                "compiler, nvcc for CUDA ops), /dev/shm size",
     scope="host",
     default=True,
     collect=collect,
