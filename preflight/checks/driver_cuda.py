@@ -408,18 +408,24 @@ def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List
         return []
     major = version_tuple(nvcc)[0]
     ok_list = DS_CUDA_MINOR_MISMATCH_OK.get(major, [])
+    match = ("install CUDA toolkit %s and export CUDA_HOME=/usr/local/cuda-%s (or install the torch build for "
+             "CUDA %s)" % (torch_mm, torch_mm, nvcc))
     if nvcc in ok_list and torch_mm in ok_list:
         consequence = ("DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA %s "
                        "against torch's %s" % (nvcc, torch_mm))
+        fix = match + "; pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
     else:
-        consequence = ("DeepSpeed JIT op builds raise CUDAMismatchException (\"Installed CUDA version %s "
-                       "does not match the version torch was compiled with %s\")" % (nvcc, torch_cuda))
+        # assert_no_cuda_mismatch (op_builder/builder.py:107-129) runs when ops are pre-built (CUDAOpBuilder.builder,
+        # :804) and, before DeepSpeed 0.12.3, at every JIT build; DS_SKIP_CUDA_CHECK=1 (:119) lets it through.
+        consequence = ("DeepSpeed raises CUDAMismatchException (\"Installed CUDA version %s does not match the "
+                       "version torch was compiled with %s\") when it pre-builds ops, and before 0.12.3 at every JIT "
+                       "build" % (nvcc, torch_cuda))
+        fix = (match + "; pre-building does not avoid it: DS_BUILD_OPS=1 pip install deepspeed stops with the same "
+               "CUDAMismatchException on this host; DS_SKIP_CUDA_CHECK=1 is DeepSpeed's override (\"it may result "
+               "in unexpected behavior\")")
     return [Finding(
         Status.WARN,
-        "nvcc %s (%s) differs from torch's CUDA %s: %s" % (nvcc, nvcc_path, torch_mm, consequence),
-        "install CUDA toolkit %s and export CUDA_HOME=/usr/local/cuda-%s (or install the torch build for "
-        "CUDA %s); pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
-        % (torch_mm, torch_mm, nvcc))]
+        "nvcc %s (%s) differs from torch's CUDA %s: %s" % (nvcc, nvcc_path, torch_mm, consequence), fix)]
 
 
 def _visible_gpus(facts: Dict[str, Any]) -> Optional[int]:
