@@ -1,4 +1,5 @@
-"""Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it.
+"""Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it, and
+the launcher's own program on the first host (no pdsh: "launcher 'pdsh' not installed.", runner.py:582-583).
 
 Runs ``ssh -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=N [-p PORT] HOST hostname`` on the
 first host, PORT being the launcher's (``--launcher-ssh-port``, else ``--ssh-port``, as DeepSpeed's ``--ssh_port``
@@ -340,7 +341,8 @@ def _launcher_missing(facts: Dict[str, Any], launcher: str, master: str) -> Opti
 # functions above.
 SPEC = CheckSpec(
     name=NAME,
-    description="passwordless SSH from the first host to every host (DeepSpeed's pdsh launcher)",
+    description="passwordless SSH from the first host to every host, and the launcher's program (pdsh) on the first "
+                "host (DeepSpeed's pdsh launcher)",
     scope="cluster",
     default=True,
     coordinate=coordinate,
