@@ -69,6 +69,14 @@ def _port(text: str) -> int:
     return value
 
 
+def _master_addr(text: str) -> str:
+    """An IP address or a host name (what DeepSpeed's --master_addr takes), one word."""
+    value = text.strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:_%-]{0,252}", value):
+        raise argparse.ArgumentTypeError("expected an IP address or a host name, got %r" % text[:60])
+    return value
+
+
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """`` (did you mean X?)`` for the closest of choices (difflib), or "": one clause of a one-line error."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
@@ -148,6 +156,10 @@ def build_parser() -> _Parser:
                    help="directory to measure with dd on every host (repeatable); the test file is removed")
     g.add_argument("--master-port", type=_port, default=29500, metavar="PORT",
                    help="torch.distributed master port to check (default 29500, DeepSpeed's default)")
+    g.add_argument("--master-addr", type=_master_addr, metavar="ADDR",
+                   help="the job's master address (DeepSpeed's --master_addr), probed from every host on the master "
+                        "port (default: the one DeepSpeed's launcher picks, the first of `hostname -I` on the first "
+                        "host)")
     g.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed config to validate against the cluster")
     g.add_argument("--model-params", type=_count, metavar="N",
                    help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
@@ -391,7 +403,8 @@ def build_options(args: argparse.Namespace):
         transport=transport, master_port=args.master_port, deepspeed_config=args.deepspeed_config,
         model_params=args.model_params, largest_layer_params=args.largest_layer_params,
         model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
-        checkpoint_dir=args.checkpoint_dir, launcher_ssh_port=args.launcher_ssh_port or args.ssh_port)
+        checkpoint_dir=args.checkpoint_dir, launcher_ssh_port=args.launcher_ssh_port or args.ssh_port,
+        master_addr=args.master_addr)
     from_options = params_from_options(check_options)
     checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
     host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}

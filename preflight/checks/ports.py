@@ -1,4 +1,6 @@
-"""Inbound TCP between hosts on sampled high ports, and the master port: free on the master, reachable by all.
+"""Inbound TCP between hosts on sampled high ports, and the master port: free on the master, reachable by all at
+the job's master address (--master-addr, else the one DeepSpeed's launcher picks: the first of ``hostname -I`` on the
+first host, deepspeed/launcher/runner.py:495-510).
 
 Host side: ``listen`` binds random ports of ip_local_port_range (and the master port on the master), ``probe``
 connects to (address, port) lists. The master-port holder is found in /proc/net/tcp{,6}, e.g.::
@@ -6,6 +8,10 @@ connects to (address, port) lists. The master-port holder is found in /proc/net/
     sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
      0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 48213 1 ...
     (LISTEN = 0A on 0.0.0.0:29500, socket inode 48213 -> /proc/PID/fd/N -> socket:[48213] -> PID's cmdline)
+
+DeepSpeed's master address: without ``--master_addr`` its launcher runs ``ssh FIRST_HOST hostname -I`` and takes
+the first word (deepspeed/launcher/runner.py:495-515), e.g. ``172.17.0.1 10.0.0.11`` -> 172.17.0.1 (docker0):
+the master listens on the master port (ours does), every other host connects to that address.
 
 Thresholds: [ports] in ports.toml beside this module.
 """
@@ -26,7 +32,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
-from ..hostside.proc import read_text
+from ..hostside.proc import read_text, sh
 from ..hostside.mesh import REASONS, egress_blocked, short_list
 from ..hostside.netinfo import host_subnets
 
@@ -36,6 +42,7 @@ LISTEN_STATE = "0A"  # TCP_LISTEN in include/net/tcp_states.h, as /proc/net/tcp 
 DEFAULT_EPHEMERAL = (32768, 60999)  # the kernel's default net.ipv4.ip_local_port_range
 READY_TIMEOUT_S = 30.0
 PRIMARY = "ssh"  # label of the network the coordinator reached the hosts on
+DS_MASTER = "deepspeed master address"  # label of the probes to the address DeepSpeed's launcher gives the ranks
 
 
 # --- pure parsers ----------------------------------------------------------------------------
@@ -233,6 +240,19 @@ def _accept_loop(socks: Sequence[socket.socket], stop: threading.Event, accepted
         sel.close()
 
 
+def deepspeed_master_addr() -> Dict[str, Any]:
+    """The master address DeepSpeed's launcher would pick for this (first) host: the first word of `hostname -I`
+    (runner.py:495-510 runs `ssh FIRST_HOST hostname -I` and takes ``.split()[0]``); {"address", "all", "error"}."""
+    res = sh(["hostname", "-I"], timeout=5)
+    words = res.out.split() if res.ok else []
+    error = None
+    if not res.ok:
+        error = "`hostname -I` failed (rc=%d): %s" % (res.rc, (res.err or res.out).strip()[:200] or "no output")
+    elif not words:
+        error = "`hostname -I` printed no address"
+    return {"address": words[0] if words else None, "all": words[:16], "error": error}
+
+
 def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Listen on ``count`` random free ports of ip_local_port_range (NCCL binds port 0, so the kernel picks its
     ports from there) and on ``master_port`` if given; accept-and-close until stopped; always close them."""
@@ -243,6 +263,9 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     # (e.g. an address behind NAT), so that a probe never fails for the listener's sake.
     # A name (ssh_config's HostName may be one) resolves where the prober is: bind everything then.
     wanted = list(params.get("addresses") or [])
+    hostname_i = deepspeed_master_addr() if params.get("hostname_i") else None
+    if hostname_i and hostname_i["address"]:
+        wanted.append(hostname_i["address"])  # the other hosts probe it on the master port
     addresses = sorted({str(a) for a in wanted}) if all(validate.ip_address(a) for a in wanted) else []
     if addresses:
         try:
@@ -251,7 +274,7 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         except OSError:
             addresses = []
     info: Dict[str, Any] = {"ports": [], "range": [lo, hi], "master_port": None, "accepted": {},
-                            "bound": addresses or ["*"]}
+                            "bound": addresses or ["*"], "hostname_i": hostname_i}
     socks: List[socket.socket] = []
     stop = threading.Event()
     thread = None
@@ -274,7 +297,8 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         accepted: Dict[int, int] = {}
         thread = threading.Thread(target=_accept_loop, args=(socks, stop, accepted), daemon=True)
         thread.start()
-        ctx.ready({"ports": info["ports"], "master_port": info["master_port"], "range": info["range"]})
+        ctx.ready({"ports": info["ports"], "master_port": info["master_port"], "range": info["range"],
+                   "hostname_i": hostname_i})
         stopped = ctx.wait_stop(max(0.5, ctx.deadline - time.monotonic() - 1.0))
         info["stopped_by"] = "coordinator" if stopped else "deadline"
         stop.set()
@@ -383,6 +407,9 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         else:
             facts["networks"].append({"name": net["cidr"], "cidr": net["cidr"], "addresses": net["addresses"]})
 
+    given = cluster.options.master_addr
+    facts["ds_master"] = {"address": given, "source": "--master-addr" if given else "hostname -I", "all": [],
+                          "error": None, "probes": []}
     timeout_c = float(lim["connect_timeout_s"])
     max_probe = float(lim["max_probe_s"])
     # parallel_map runs `parallel` calls at a time: an overall deadline must grow with the number of batches.
@@ -393,8 +420,16 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         service_timeout = start_budget + READY_TIMEOUT_S + max_probe + timeout_c + 60 * batches
 
         def start(h: str) -> None:
-            params = {"count": int(lim["sample_ports"]), "master_port": master_port if h == master else None,
-                      "addresses": sorted({n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)})}
+            addresses = {n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)}
+            params: Dict[str, Any] = {"count": int(lim["sample_ports"]),
+                                      "master_port": master_port if h == master else None}
+            if h == master and len(hosts) > 1:
+                # The job's master address: --master-addr, else the one DeepSpeed's launcher picks there.
+                if given:
+                    addresses.add(given)
+                else:
+                    params["hostname_i"] = True
+            params["addresses"] = sorted(addresses)
             services[h] = cluster.start(h, NAME + ".listen", params, service_timeout)
 
         # Start every listener first, then wait for all of them against one deadline: they come up in parallel.
@@ -409,6 +444,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                 facts["listener_errors"][h] = str(exc) or type(exc).__name__
 
         plan = _plan(facts, probe_targets(len(hosts), int(lim["mesh_limit"])))
+        _plan_ds_master(facts, plan)
         if plan:
             threads = int(lim["probe_threads"])
             longest = max(len(t) for t in plan.values())
@@ -429,7 +465,9 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                     facts["probe_errors"][src] = str(ans) or type(ans).__name__
                     continue
                 for t, r in zip(plan[src], ans.get("results", [])):
-                    facts["probes"].append(dict(t, src=src, **r))
+                    # The master address probes are the ds_master verdict's alone (not a network's).
+                    (facts["ds_master"]["probes"] if t["network"] == DS_MASTER else facts["probes"]).append(
+                        dict(t, src=src, **r))
     finally:
         # Every listener is stopped whatever happened above; one that does not stop in time is killed.
         names = list(services)
@@ -441,6 +479,27 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
             else:
                 services[h].kill()
     return facts
+
+
+def _plan_ds_master(facts: Dict[str, Any], plan: Dict[str, List[Dict[str, Any]]]) -> None:
+    """Every other host connects to the job's master address on the master port, as its ranks will (TCPStore):
+    DeepSpeed's own pick (the master's `hostname -I`, read by its listener) or --master-addr. Nothing to add
+    when it is the master's SSH address (probed already) or the master port is not ours to listen on."""
+    ds, master, hosts = facts["ds_master"], facts["master"], facts["hosts"]
+    info = facts["listeners"].get(master) or {}
+    picked = info.get("hostname_i") or {}
+    if picked:
+        ds.update(address=picked.get("address"), all=picked.get("all") or [], error=picked.get("error"))
+    mp = info.get("master_port") or {}
+    if len(hosts) < 2 or not ds["address"] or not mp.get("free"):
+        return
+    ds["ssh_address"] = facts["addresses"].get(master)
+    if ds["address"] == ds["ssh_address"]:
+        return
+    for src in hosts:
+        if src != master:
+            plan.setdefault(src, []).append({"dst": master, "address": ds["address"], "port": mp["port"],
+                                             "network": DS_MASTER})
 
 
 def _plan(facts: Dict[str, Any], pairs: Sequence[Tuple[int, int]]) -> Dict[str, List[Dict[str, Any]]]:
@@ -515,6 +574,9 @@ def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
         metrics["master_port_free"] = bool(mp.get("free"))
         if not mp.get("free"):
             findings.append(_master_port_taken(h, mp))
+    if h == master and len(hosts) > 1 and facts.get("ds_master"):
+        metrics["deepspeed_master_addr"] = facts["ds_master"].get("address")
+        findings.extend(_ds_master_findings(h, facts))
     if h in facts.get("probe_errors", {}):
         findings.append(Finding(Status.ERROR, "could not run the probes from %s: %s"
                                 % (h, facts["probe_errors"][h]), "rerun with -v; check the host"))
@@ -547,6 +609,50 @@ def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
     if h == master and mp and mp.get("free"):
         ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
     return combine(findings, ok_msg, metrics)
+
+
+def _working_master_address(facts: Dict[str, Any]) -> Optional[str]:
+    """An address of the master every other host reached on the master port: its SSH address first."""
+    master, port = facts.get("master"), facts.get("master_port")
+    others = {h for h in facts.get("hosts", []) if h != master}
+    by_addr: Dict[str, set] = {}
+    for p in facts.get("probes", []):
+        if p["dst"] == master and p["port"] == port and p["result"] == "ok":
+            by_addr.setdefault(p["address"], set()).add(p["src"])
+    ssh = (facts.get("addresses") or {}).get(master)
+    for addr in [ssh] + sorted(a for a in by_addr if a != ssh):
+        if addr and others and by_addr.get(addr, set()) >= others:
+            return addr
+    return None
+
+
+def _ds_master_findings(h: str, facts: Dict[str, Any]) -> List[Finding]:
+    """FAIL when the ranks could not reach the job's master address on the master port: the address DeepSpeed's
+    launcher picks (first of `hostname -I` on the first host) or --master-addr."""
+    ds = facts["ds_master"]
+    port = facts.get("master_port")
+    works = _working_master_address(facts)
+    use = ("deepspeed --master_addr %s (an address of %s every host reached on port %s), and preflight run "
+           "--master-addr %s to check it" % (works, h, port, works) if works else
+           "deepspeed --master_addr ADDR with an address of %s that every host reaches on port %s (preflight run "
+           "--master-addr ADDR checks it)" % (h, port))
+    if ds.get("error") and ds.get("source") == "hostname -I":
+        return [Finding(Status.FAIL, "DeepSpeed's launcher cannot pick a master address on %s: %s (it runs `ssh %s "
+                        "hostname -I` when --master_addr is not given, runner.py:495-510)" % (h, ds["error"], h), use)]
+    failed = [p for p in ds.get("probes") or [] if p["result"] not in ("ok", "skipped")]
+    if not failed:
+        return []
+    srcs = sorted({p["src"] for p in failed})
+    result = sorted({p["result"] for p in failed})[0]
+    if ds.get("source") == "hostname -I":
+        origin = ("DeepSpeed's launcher gives the ranks %s as the master address: the first of `hostname -I` on %s "
+                  "(%s; deepspeed/launcher/runner.py:495-510, without --master_addr)"
+                  % (ds["address"], h, " ".join(ds.get("all") or []) or ds["address"]))
+    else:
+        origin = "the job's master address is %s (--master-addr)" % ds["address"]
+    return [Finding(Status.FAIL, "%s, but %s cannot reach %s:%s (%s): their ranks never get through "
+                    "init_process_group (they retry torch.distributed's TCPStore on rank 0 until its timeout)" % (
+                        origin, short_list(srcs), ds["address"], port, REASONS.get(result, result)), use)]
 
 
 def _master_port_taken(h: str, mp: Dict[str, Any]) -> Finding:
@@ -602,7 +708,8 @@ def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, An
 # functions above.
 SPEC = CheckSpec(
     name=NAME,
-    description="master port free on the master and reachable; inbound TCP on sampled high ports between hosts",
+    description="master port free on the master and reachable, also at the master address DeepSpeed's launcher "
+                "picks (hostname -I); inbound TCP on sampled high ports between hosts",
     scope="cluster",
     default=True,
     coordinate=coordinate,

@@ -85,7 +85,8 @@ class CheckOptions:
     any; model_params, largest_layer_params: parameter counts for the ZeRO estimates; model_parallel_size: tensor x
     pipeline degree; min_busbw: the all-reduce bus bandwidth floor (GB/s); python: the hosts' interpreter;
     checkpoint_dir: the job's checkpoint directory; launcher_ssh_port: the port DeepSpeed's launcher will ssh to
-    (--launcher-ssh-port, else --ssh-port; DeepSpeed's --ssh_port). None: not given.
+    (--launcher-ssh-port, else --ssh-port; DeepSpeed's --ssh_port); master_addr: the job's --master_addr (without
+    it DeepSpeed's launcher takes the first address of the first host's `hostname -I`). None: not given.
     """
 
     transport: str = "ssh"
@@ -98,6 +99,7 @@ class CheckOptions:
     python: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     launcher_ssh_port: Optional[int] = None
+    master_addr: Optional[str] = None
 
 
 @runtime_checkable
