@@ -754,10 +754,13 @@ def test_coordinate_records_host_failures_and_bad_configs():
     out = D.evaluate(facts, TH)
     skips = of(out["*"], Status.SKIP)
     assert any("node01" in s.message and "host memory unknown" in s.message for s in skips)
-    # no host_memory calls for a config without offload
+    # no host memory asked for a config without offload (issue 24: every host is probed now, for the config file
+    # the ranks will open there, but not for its memory)
     cluster = FakeCluster(cfg("zero2_bf16_7b.json"))
     D.coordinate(cluster)
-    assert called(cluster) == []
+    assert called(cluster) == [("node00", "ds_config.host.probe"), ("node01", "ds_config.host.probe")]
+    assert all(params["memory"] is False and params["config_path"] == os.path.abspath(cfg("zero2_bf16_7b.json"))
+               for _, _, params in cluster.calls)
     facts = D.coordinate(FakeCluster(cfg("bad_syntax.json")))
     assert facts["config"] is None and facts["load_findings"][0]["status"] == "fail"
     assert D.evaluate(facts, TH)["*"].status == Status.FAIL

@@ -2,19 +2,34 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from tests.test_cli_cluster import preflight
 
 CONFIGS = Path(__file__).resolve().parent / "ds_configs"
 
 
-def test_nvme_path_missing_on_one_host_fails_on_that_host(cluster3, tmp_path):
+@pytest.fixture
+def shared_dir():
+    """A directory every namespace host sees at the same path (each host mounts a private /tmp, so pytest's
+    tmp_path is the coordinator's alone): where a test writes the DeepSpeed config the ranks will open."""
+    path = Path(tempfile.mkdtemp(prefix="pf-ds-", dir="/run"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_nvme_path_missing_on_one_host_fails_on_that_host(cluster3, tmp_path, shared_dir):
     path = "/tmp/preflight-ds-nvme"
     config = json.loads((CONFIGS / "zero3_nvme.json").read_text())
     for section in ("offload_optimizer", "offload_param"):
         config["zero_optimization"][section]["nvme_path"] = path
-    ds = tmp_path / "ds_config.json"
+    ds = shared_dir / "ds_config.json"  # the hosts open the path the launcher passes
     ds.write_text(json.dumps(config))
     thresholds = tmp_path / "t.toml"
     # Tiny dd and near-zero speed floors: this is about the path, not about the speed of a busy CI disk.
@@ -53,7 +68,7 @@ def test_valid_config_without_gpus_skips_memory_findings_with_the_reason(cluster
     assert proc.returncode == 0, proc.stdout
 
 
-def test_ds_config_alone_probes_version_and_offload_paths_on_every_host(cluster3, tmp_path):
+def test_ds_config_alone_probes_version_and_offload_paths_on_every_host(cluster3, tmp_path, shared_dir):
     """--checks ds_config without nvme/python/ds_report: the hosts' DeepSpeed version and the config's nvme_path are
     still known, from ds_config's own probe of each host, and a key the hosts' DeepSpeed removed is a FAIL."""
     path = "/tmp/preflight-ds-alone"
@@ -61,7 +76,7 @@ def test_ds_config_alone_probes_version_and_offload_paths_on_every_host(cluster3
     for section in ("offload_optimizer", "offload_param"):
         config["zero_optimization"][section]["nvme_path"] = path
     config["amp"] = {"enabled": False}  # removed in DeepSpeed 0.19.8, which the hosts' interpreter has
-    ds = tmp_path / "ds_config.json"
+    ds = shared_dir / "ds_config.json"  # the hosts open the path the launcher passes
     ds.write_text(json.dumps(config))
     for host in ("node01", "node03"):
         cluster3.exec(host, ["mkdir", "-p", path], check=True)

@@ -11,8 +11,9 @@ Parses the config like DeepSpeed does (hjson: comments allowed; duplicate keys a
 
 Where each part runs: ``coordinate`` (coordinator) gathers facts with ``gather`` (and ``host`` on each host
 through the agent) and DeepSpeed's own models (``deepspeed_models``); ``evaluate`` is pure and reads as the
-list of verdicts: ``keycheck`` (keys, versions, optimizer), ``batch``, ``precision``, ``ops``, ``offload``,
-``memory``. ``parse`` reads the config; ``keys`` holds DeepSpeed's key tables. Thresholds: ``[ds_config]``.
+list of verdicts: ``keycheck`` (keys, versions, optimizer), ``batch``, ``precision``, ``ops`` (and whether their
+JIT build can run), ``offload``, ``memory``, ``launch`` (the config file on every host, the checkpoint to
+resume). ``parse`` reads the config; ``keys`` holds DeepSpeed's key tables. Thresholds: ``[ds_config]``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_batch
 from .deepspeed_models import validate_with_deepspeed
 from .gather import HOST_FACTS, base_facts, no_config_finding, probe_hosts
+from .launch import check_config_file, check_resume
 from .keycheck import check_deprecated, check_installed, check_keys, check_optimizer, check_versions
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
@@ -112,13 +114,15 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     check_offload_stage(config, report)
     check_nvme(config, facts, report)
     memory = check_memory(config, facts, gpus, thresholds, report)
+    same_file = check_config_file(facts, report)
+    resume = check_resume(config, facts, report)
 
     stage = zero_stage(config)
     opt_dev, par_dev = offload_devices(config)
     parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
     if optimizer_type(config):
         parts.append("optimizer %s" % optimizer_type(config))
-    parts += [p for p in (batch, ops, memory) if p]
+    parts += [p for p in (batch, ops, memory, same_file, resume) if p]
     if versions:
         parts.append("DeepSpeed %s on the hosts" % ", ".join(sorted({vstr(v) for v in versions.values()})))
     ok = "%s: %s" % (os.path.basename(str(facts.get("config_path") or "config")), "; ".join(parts))
@@ -140,7 +144,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
 SPEC = CheckSpec(
     name=NAME,
     description="DeepSpeed config (--deepspeed-config): keys, deprecations, batch math, precision vs GPUs, "
-               "ZeRO memory vs GPU/CPU, offload paths, required ops, DeepSpeed version",
+               "ZeRO memory vs GPU/CPU, offload paths, required ops and their JIT build, DeepSpeed version, the "
+               "same config file on every host, the checkpoint to resume (--checkpoint-dir)",
     scope="cluster",
     default=False,
     coordinate=coordinate,

@@ -6,12 +6,13 @@ E.g. {"world_size": 16, "hosts": [{"name": "node01", "slots": 8}], "host_facts":
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import os
+from typing import Any, Dict, List, Mapping, Optional
 
 from ...hostside.seams import ClusterView
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
-from .findings import host_versions
+from .host import file_digest
 
 # The host checks whose facts the verdicts read.
 HOST_FACTS = ("gpu", "ds_report", "nvme", "python")
@@ -25,13 +26,44 @@ def base_facts(cluster: ClusterView) -> Dict[str, Any]:
         "config_path": opts.deepspeed_config, "config": None, "load_findings": [],
         "world_size": int(cluster.world_size), "hosts": hosts,
         "model_params": opts.model_params, "largest_layer_params": opts.largest_layer_params,
-        "model_parallel_size": opts.model_parallel_size,
+        "model_parallel_size": opts.model_parallel_size, "checkpoint_dir": opts.checkpoint_dir,
         "host_facts": {}, "host_memory": {}, "host_probe": {}, "deepspeed_models": None,
+        "launch_env": read_deepspeed_env(),
     }
     for h in hosts:
         per = (cluster.facts or {}).get(h["name"]) or {}
         facts["host_facts"][h["name"]] = {k: per.get(k) for k in HOST_FACTS}
     return facts
+
+
+def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
+                       environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The variables DeepSpeed's launcher exports to every rank from its .deepspeed_env files, read as it reads them
+    (deepspeed/launcher/runner.py:37-38 and :604-611): the name is $DS_ENV_FILE or ".deepspeed_env", in the home
+    directory and then the working directory (a later file's value wins), each line ``KEY=VALUE`` split at the
+    first '=' and stripped (multinode_runner.py:37-41). Read where preflight runs, taken as where deepspeed will
+    run. {"files": [paths read], "vars": {KEY: VALUE}, "bad_lines": ["path:N: line"]} (a line without '=' makes
+    the launcher raise ValueError)."""
+    env = os.environ if environ is None else environ
+    name = env.get("DS_ENV_FILE", ".deepspeed_env")
+    out: Dict[str, Any] = {"files": [], "vars": {}, "bad_lines": []}
+    for folder in (home if home is not None else os.path.expanduser("~"), cwd if cwd is not None else "."):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or os.path.abspath(path) in out["files"]:
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.read(1 << 20).splitlines()
+        except OSError:
+            continue
+        out["files"].append(os.path.abspath(path))
+        for n, line in enumerate(lines, 1):
+            key, sep, value = line.partition("=")
+            if not sep:
+                out["bad_lines"].append("%s:%d: %s" % (path, n, line[:200]))
+                continue
+            out["vars"][key.strip()] = value.strip()
+    return out
 
 
 def no_config_finding() -> Dict[str, str]:
@@ -67,16 +99,30 @@ def call_hosts(cluster: ClusterView, func: str, names: List[str], params: Dict[s
     return out
 
 
+def load_universal(config: Dict[str, Any]) -> bool:
+    """checkpoint.load_universal (DeepSpeed's runtime/config.py:549-550): load_checkpoint then reads the tag in
+    ``latest_universal``, not ``latest`` (engine.py:4428)."""
+    section = config.get("checkpoint")
+    return isinstance(section, dict) and section.get("load_universal") is True
+
+
 def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, Any], timeout: float) -> None:
-    """One ds_config.host.probe call per host, when the config needs something the host checks did not bring:
-    the hosts' DeepSpeed version (``--checks ds_config`` alone), offload paths, memory for CPU/NVMe offload."""
+    """One ds_config.host.probe call per host: the config file at the path every rank opens (its hash), and what
+    the config needs that the host checks did not bring: the hosts' DeepSpeed version (``--checks ds_config``
+    alone), offload paths, memory for CPU/NVMe offload, the checkpoint to resume (--checkpoint-dir)."""
     memory = bool({"cpu", "nvme"} & set(offload_devices(config)))
     paths = nvme_paths(config)
     names = [h["name"] for h in facts["hosts"]]
-    known = host_versions(facts)
-    if not (memory or paths or any(n not in known for n in names)):
-        return
-    results = call_hosts(cluster, "ds_config.host.probe", names, {"memory": memory, "nvme_paths": paths}, timeout)
+    params: Dict[str, Any] = {"memory": memory, "nvme_paths": paths}
+    if facts.get("config_path"):
+        # The launcher passes the path as given, and every rank opens it after pdsh's `cd <the launch directory>`
+        # (multinode_runner.py:107-110): relative to where deepspeed runs, taken as where preflight runs.
+        facts["config_file"] = file_digest(os.path.abspath(str(facts["config_path"])))
+        params["config_path"] = facts["config_file"]["path"]
+    if facts.get("checkpoint_dir"):
+        params["checkpoint_dir"] = os.path.abspath(str(facts["checkpoint_dir"]))
+        params["checkpoint_latest"] = "latest_universal" if load_universal(config) else "latest"
+    results = call_hosts(cluster, "ds_config.host.probe", names, params, timeout)
     for n in names:
         r = results[n]
         if "paths" not in r:  # the call failed: that host's facts say why
@@ -84,6 +130,7 @@ def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, A
             if memory:
                 facts["host_memory"][n] = {"error": r.get("error")}
             continue
-        facts["host_probe"][n] = {k: r.get(k) for k in ("deepspeed", "deepspeed_found", "paths")}
+        facts["host_probe"][n] = {k: r.get(k) for k in ("deepspeed", "deepspeed_found", "paths", "config_file",
+                                                        "checkpoint")}
         if memory:
             facts["host_memory"][n] = r.get("memory") or {"error": "host_probe returned no memory facts"}

@@ -2,11 +2,18 @@
 
 ``probe`` answers, in the job's interpreter, what the config needs of this host: the installed DeepSpeed's
 version (package metadata, e.g. ``0.19.8``; torch is not imported), whether each offload ``nvme_path`` is a
-writable directory (a test file is created and removed), and ``memory``: /proc/meminfo
-(``MemAvailable:   123456 kB``) and RLIMIT_MEMLOCK.
+writable directory (a test file is created and removed), ``memory``: /proc/meminfo
+(``MemAvailable:   123456 kB``) and RLIMIT_MEMLOCK, the config file itself at the path every rank will open
+(its sha256), and the layout of an existing DeepSpeed checkpoint to resume from, read from its file names only::
+
+    CKPT/latest                                             -> "global_step1000"
+    CKPT/global_step1000/mp_rank_00_model_states.pt         -> ZeRO stage 1 or 2 (one model file per MP rank)
+    CKPT/global_step1000/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt   -> DP rank 3, MP rank 0
+    CKPT/global_step1000/zero_pp_rank_3_mp_rank_00_model_states.pt        -> ZeRO stage 3 (one per DP rank)
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -84,10 +91,97 @@ def path_state(path: str) -> Dict[str, Any]:
     return entry
 
 
+CONFIG_MAX_BYTES = 64 << 20  # a DeepSpeed config is kilobytes; hashing stops here (the CLI's own limit is lower)
+
+
+def file_digest(path: str) -> Dict[str, Any]:
+    """{"path", "exists", "sha256", "size", "error"} of the file every rank opens (--deepspeed_config PATH)."""
+    entry: Dict[str, Any] = {"path": path, "exists": False, "sha256": None, "size": None, "error": None}
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+    except FileNotFoundError:
+        entry["error"] = "does not exist"
+        return entry
+    except OSError as exc:
+        entry["exists"] = os.path.exists(path)
+        entry["error"] = "cannot read it as uid %d: %s" % (os.geteuid(), exc.strerror or exc)
+        return entry
+    entry.update(exists=True, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return entry
+
+
+# DeepSpeed 0.19.8's checkpoint file names (deepspeed/runtime/engine.py): _get_ckpt_name :4336-4359 (model states:
+# "zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt" when ZeRO-3 partitions the weights, else
+# "mp_rank_{mp:02d}_model_states.pt"), _get_rank_zero_ckpt_name :4322-4329 and _get_zero_ckpt_prefix :4319-4320
+# (optimizer partitions: "[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt"; :4793-4797 also reads the
+# old "..._mp_rank_{mp:02d}optim_states.pt").
+_ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+_OPTIM = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
+
+
+def checkpoint_layout(names: List[str]) -> Dict[str, Any]:
+    """The layout of one checkpoint tag directory from its file names: {"zero_stage": "3" | "1 or 2" | "0" | None,
+    "dp_size", "mp_size", "model_files", "optim_files", "bf16"}. Stages 1 and 2 save the same files, and so does
+    stage 0 under bf16 (its BF16_Optimizer saves partitions too); None: no DeepSpeed model states at all."""
+    zero3 = [m for m in (_ZERO3_MODEL.match(n) for n in names) if m]
+    model = [m for m in (_MODEL.match(n) for n in names) if m]
+    optim = [m for m in (_OPTIM.match(n) for n in names) if m]
+    out: Dict[str, Any] = {"model_files": len(zero3) + len(model), "optim_files": len(optim),
+                           "bf16": any(n.startswith("bf16_zero_pp_rank_") for n in names)}
+    mp = {int(m.group(2)) for m in zero3 + optim} | {int(m.group(1)) for m in model}
+    dp = {int(m.group(1)) for m in optim} or {int(m.group(1)) for m in zero3}
+    out["mp_size"] = len(mp) or None
+    out["dp_size"] = len(dp) or None
+    if zero3:
+        out["zero_stage"] = "3"
+    elif model and optim:
+        out["zero_stage"] = "1 or 2"
+    elif model:
+        out["zero_stage"] = "0"
+    else:
+        out["zero_stage"] = None
+    return out
+
+
+def read_checkpoint(directory: str, latest_name: str = "latest") -> Dict[str, Any]:
+    """What DeepSpeed's load_checkpoint(directory) would open (engine.py:4427-4441): the tag in ``latest_name``, its
+    directory's layout (file names only; nothing is loaded), or why there is nothing to resume."""
+    out: Dict[str, Any] = {"dir": directory, "latest_name": latest_name, "latest": None, "tag_dir": None,
+                           "exists": os.path.isdir(directory), "layout": None, "error": None,
+                           "latest_universal": os.path.isfile(os.path.join(directory, "latest_universal"))}
+    latest = os.path.join(directory, latest_name)
+    if not os.path.isfile(latest):
+        return out  # nothing to resume: DeepSpeed warns and starts from scratch
+    try:
+        with open(latest) as f:
+            out["latest"] = f.read(4096).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        out["error"] = "cannot read %s: %s" % (latest, getattr(exc, "strerror", None) or exc)
+        return out
+    tag_dir = os.path.join(directory, out["latest"])
+    out["tag_dir"] = tag_dir
+    try:
+        names = sorted(os.listdir(tag_dir))
+    except OSError as exc:
+        out["error"] = "%s names tag %r, but %s cannot be listed: %s" % (latest, out["latest"], tag_dir,
+                                                                        exc.strerror or exc)
+        return out
+    out["layout"] = checkpoint_layout(names)
+    return out
+
+
 def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
-    """params: {"memory": bool, "nvme_paths": [dir, ...]} -> {"deepspeed", "deepspeed_found", "paths", "memory"}."""
+    """params: {"memory": bool, "nvme_paths": [dir, ...], "config_path": path, "checkpoint_dir": dir,
+    "checkpoint_latest": "latest" | "latest_universal"} -> {"deepspeed", "deepspeed_found", "paths", "memory",
+    "config_file", "checkpoint"}."""
     out: Dict[str, Any] = deepspeed_version()
     paths: List[str] = [str(p) for p in params.get("nvme_paths") or []]
     out["paths"] = [path_state(p) for p in paths]
     out["memory"] = memory(params, ctx) if params.get("memory") else None
+    out["config_file"] = file_digest(str(params["config_path"])) if params.get("config_path") else None
+    out["checkpoint"] = (read_checkpoint(str(params["checkpoint_dir"]), str(params.get("checkpoint_latest")
+                                                                            or "latest"))
+                         if params.get("checkpoint_dir") else None)
     return out

@@ -1,13 +1,17 @@
-"""Which DeepSpeed ops the config needs (as engine._configure_basic_optimizer picks them), and whether the
-hosts' ds_report shows them usable.
+"""Which DeepSpeed ops the config needs (as engine._configure_basic_optimizer picks them), whether the hosts'
+ds_report shows them usable, and whether the JIT build of one that is not pre-built can succeed there.
 
 E.g. AdamW with ``"offload_optimizer": {"device": "cpu"}`` -> cpu_adam; NVMe offload -> async_io; against the
-ds_report facts ``"ops": {"cpu_adam": {"installed": false, "compatible": true}}``. Pure.
+ds_report facts ``"ops": {"cpu_adam": {"installed": false, "compatible": true}, ...}, "nvcc": null, "cxx": ...``.
+An op that is compatible but not pre-built is built when deepspeed.initialize constructs it (FusedAdam's
+``FusedAdamBuilder().load()``; op_builder/builder.py:549-566 load -> jit_load): what stops that build is in
+``hostside/jit.py``. Pure.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
+from ...hostside import jit
 from ...hostside.outcome import Status
 from .parse import config_section, offload_devices, optimizer_params, optimizer_type
 from .findings import Report, hosts_text
@@ -61,12 +65,27 @@ _OP_FIX = {
 }
 
 
+# What else avoids a JIT build of the op, beside fixing the build: appended to a JIT-build fix.
+_NO_BUILD = {
+    "fused_adam": "or set optimizer.params.torch_adam true (torch's own Adam: nothing to build)",
+    "cpu_adam": "or pre-build it: DS_BUILD_CPU_ADAM=1 pip install deepspeed",
+}
+
+WHY = {"async_io": "NVMe offload", "gds": "aio.use_gds", "cpu_adam": "the optimizer runs on the CPU (offload)",
+       "fused_adam": "Adam/AdamW on the GPU is DeepSpeed's FusedAdam", "cpu_adagrad": "Adagrad under offload",
+       "cpu_lion": "Lion under offload", "fused_lion": "Lion on the GPU", "fused_lamb": "Lamb",
+       "packbits": "the 'compressed' 1-bit comm backend"}
+
+
 def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> str:
     ops = required_ops(config)
     if not ops:
         return ""
     bad: Dict[str, Dict[str, str]] = {}
     unknown_hosts: List[str] = []
+    # (op, status, cause, message, fix) -> {host: its message}: one finding per cause, naming its hosts.
+    jit_bad: Dict[Tuple[str, Status, str, str, str], Dict[str, str]] = {}
+    launch_env = (facts.get("launch_env") or {}).get("vars") or {}
     for h in facts.get("hosts") or []:
         name = h["name"]
         dr = ((facts.get("host_facts") or {}).get(name) or {}).get("ds_report") or {}
@@ -82,10 +101,17 @@ def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> 
                 note = e.get("note") or ""
                 bad.setdefault(op, {})[name] = "%s is neither pre-built nor JIT-compatible (ds_report [NO] / [NO])%s" \
                     % (op, (": " + str(note)[:160]) if note else "")
-    why = {"async_io": "NVMe offload", "gds": "aio.use_gds", "cpu_adam": "the optimizer runs on the CPU (offload)",
-           "fused_adam": "Adam/AdamW on the GPU is DeepSpeed's FusedAdam", "cpu_adagrad": "Adagrad under offload",
-           "cpu_lion": "Lion under offload", "fused_lion": "Lion on the GPU", "fused_lamb": "Lamb",
-           "packbits": "the 'compressed' 1-bit comm backend"}
+            else:
+                for b in jit.blockers(op, dr, launch_env):
+                    jit_bad.setdefault((op, b.status, b.short, b.message, b.fix), {})[name] = \
+                        "config needs op %s, whose JIT build %s: %s" % (
+                            op, "fails here" if b.status == Status.FAIL else "is risky here", b.message)
+    why = WHY
+    for (op, status, _short, message, fix), per in sorted(jit_bad.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        verb = ("fails on %s" if status == Status.FAIL else "is allowed but risky on %s") % hosts_text(sorted(per))
+        report.add(status, "the config needs op %s (%s), which is not pre-built: deepspeed.initialize JIT-builds it, "
+                   "and that build %s: %s" % (op, why.get(op, "required by the config"), verb, message),
+                   "; ".join(x for x in (fix, _NO_BUILD.get(op, "")) if x), per)
     for op, per in sorted(bad.items()):
         report.add(Status.FAIL, "the config needs op %s (%s) but it is not usable on %s: %s"
                    % (op, why.get(op, "required by the config"), hosts_text(sorted(per)),
