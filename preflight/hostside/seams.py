@@ -7,7 +7,7 @@ which the coordinator's ``runner.Cluster`` satisfies.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union,
                     runtime_checkable)
 
@@ -224,6 +224,10 @@ class CheckSpec:
     prom_metrics: its measured figures for ``--prom-textfile``, if any: a pure function of this check's results as
     JSON-shaped dicts (host, check, status, message, fix, metrics) to ``PromSample``s; the renderer adds every
     check's status and duration itself.
+    baseline: the figures worth comparing with the same host's own past runs (``preflight.history``): a metric
+    key of its results (nested keys flattened as ``paths[/local_nvme].write_Bps``, a list's entries named by their
+    src->dst, path, network, index, bytes, name or device; ``*`` matches any text) -> "higher" or "lower", the
+    direction that is better. A host significantly worse than its own median is a WARN on its cell.
     """
 
     name: str
@@ -242,6 +246,10 @@ class CheckSpec:
     html: Optional[HtmlSection] = None
     recommend: Optional[Callable[[RecommendInput], Recommendation]] = None
     prom_metrics: Optional[Callable[[Sequence[Mapping[str, Any]]], List[PromSample]]] = None
+    baseline: Mapping[str, str] = field(default_factory=dict)
+
+
+BASELINE_DIRECTIONS = ("higher", "lower")  # which way a SPEC.baseline figure is better
 
 
 def validate_spec(spec: Any, where: str) -> CheckSpec:
@@ -277,6 +285,9 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("recommend must be a function")
     if spec.params_from_options is not None and not callable(spec.params_from_options):
         problems.append("params_from_options must be a function")
+    if not isinstance(spec.baseline, Mapping) or not all(isinstance(k, str) and k and v in BASELINE_DIRECTIONS
+                                                            for k, v in spec.baseline.items()):
+        problems.append("baseline must map metric keys to %s" % " or ".join(repr(d) for d in BASELINE_DIRECTIONS))
     options = {f.name for f in fields(CheckOptions)}
     if not isinstance(spec.selected_by, tuple) or not all(isinstance(o, str) and o in options
                                                            for o in spec.selected_by):
