@@ -111,7 +111,7 @@ def build_parser() -> _Parser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,config,hostfile,node-check,version}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,config,hostfile,node-check,history,diff,version}")
 
     commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
     commands["list"].add_argument("--thresholds", action="store_true",
@@ -203,8 +203,10 @@ def build_parser() -> _Parser:
                    help="print only the verdict (READY / NOT READY: ...) and the summary line")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="print every (host, check) result instead of one line per cause, reasons and tracebacks")
+    _add_history_options(g)
     _add_slurm_options(run)
     commands["node-check"] = _add_node_check_parser(sub)
+    _add_history_commands(sub, commands)
     parser.set_defaults(_commands=commands)
     return parser
 
@@ -481,6 +483,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         err.print("preflight: interrupted; stopped the checks and cleaned up on the hosts")
         return EXIT_INTERRUPTED
+    from preflight import history  # each host's figures against its own past (WARNs), then the run recorded
+    history.record_report(result, options.thresholds, _history_path(args),
+                          lambda text: err.print(Text(rep.plain(f"preflight: warning: {text}")), soft_wrap=True))
     # The files first: a terminal that goes away (`| head -1`, a closed ssh session) must not lose them.
     paths = {output.name: getattr(args, output.dest) for output in render.file_outputs()}
     for output in render.file_outputs():
@@ -561,6 +566,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_OK
     if args.command == "node-check":
         return cmd_node_check(args)
+    if args.command in ("history", "diff"):
+        return cmd_history(args)
     parser.print_help()
     return EXIT_USAGE
 
@@ -630,6 +637,7 @@ def _add_node_check_parser(sub) -> Any:
                     help="also write Prometheus metrics for node_exporter's textfile collector, replaced atomically "
                          "(docs/prometheus.md); a write that fails after the checks is a line on stderr, not a "
                          "failed node")
+    _add_history_options(nc)
     nc.add_argument("-v", "--verbose", action="store_true", help="also print every check's result")
     return nc
 
@@ -653,7 +661,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     options = nodecheck.NodeCheckOptions(
         checks=[n for n in names if registry.load(n).SPEC.scope == "host"], thresholds=thresholds, python=args.python,
         deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
-        node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)})
+        node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)}, history=_history_path(args))
     verdict = nodecheck.run_checks(options)
     if args.prom_textfile:
         from preflight.render import prometheus
@@ -697,3 +705,66 @@ def _tune_interpreter() -> None:
 
 def entry() -> None:
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------- history
+
+def _add_history_options(group: Any) -> None:
+    group.add_argument("--history", metavar="PATH",
+                       help="the history store this run is judged against and recorded in (SQLite; default "
+                            "$PREFLIGHT_HISTORY, else ~/.local/share/preflight/history.db; docs/history.md)")
+    group.add_argument("--no-history", action="store_true",
+                       help="neither record this run nor compare the hosts with their own past runs")
+
+
+def _history_path(args: argparse.Namespace) -> Optional[Path]:
+    from preflight import history
+    return history.choose_path(getattr(args, "history", None), getattr(args, "no_history", False))
+
+
+def _add_history_commands(sub: Any, commands: Dict[str, Any]) -> None:
+    hist = commands["history"] = sub.add_parser(
+        "history", help="print the recorded runs, or one host's results over time (--prune --keep 90d: retention)")
+    hist.add_argument("host", nargs="?", metavar="HOST", help="the host whose results to print ('cluster': the "
+                      "cluster-wide row); without it, the runs")
+    hist.add_argument("--check", metavar="C", help="only this check's results, with every figure it recorded")
+    hist.add_argument("--since", metavar="AGE", help="only runs of the last AGE: 7d, 12h, 30m, 2w")
+    hist.add_argument("--prune", action="store_true", help="delete the runs older than --keep AGE, then compact")
+    hist.add_argument("--keep", metavar="AGE", help="with --prune: the runs to keep, e.g. 90d")
+    diff = commands["diff"] = sub.add_parser(
+        "diff", help="what changed between two recorded runs: new failures, fixed hosts, figures that moved")
+    diff.add_argument("runs", nargs="*", metavar="RUN", help="two run ids (or unique prefixes; 'last'), or one "
+                      "with --against last")
+    diff.add_argument("--against", metavar="last", help="'last': compare the run (default: the newest) with the "
+                      "run before it of the same kind that shares a host with it")
+    for command in (hist, diff):
+        command.add_argument("--history", metavar="PATH", help="the history store (default $PREFLIGHT_HISTORY, "
+                             "else ~/.local/share/preflight/history.db)")
+        command.add_argument("--config", metavar="FILE", help="thresholds TOML; its [history] section is used")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``preflight history`` and ``preflight diff``: read the store; exit 0, or 2 with one line."""
+    from preflight import history
+    try:
+        thresholds = load_thresholds(args.config)
+    except ConfigError as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    path = history.choose_path(args.history)
+    if path is None:
+        print(f"preflight {args.command}: error: no history store: {history.ENV} is off; pass --history PATH",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "history":
+            return history.main_history(path, args.host, args.check, args.since, args.prune, args.keep, sys.stdout,
+                                        sys.stderr, thresholds)
+        if len(args.runs) > 2:
+            print("preflight diff: error: name at most two runs", file=sys.stderr)
+            return EXIT_USAGE
+        names = list(args.runs) + [None, None]
+        return history.main_diff(path, names[0], names[1], args.against, sys.stdout, sys.stderr, thresholds)
+    except BrokenPipeError:  # `preflight history | head`
+        _drop_stdout()
+        return EXIT_OK

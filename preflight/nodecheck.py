@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,6 +49,7 @@ class NodeCheckOptions:
     drain: bool = False
     node_name: Optional[str] = None
     host_params: Dict[str, Any] = field(default_factory=dict)
+    history: Optional[Path] = None    # the history store to judge and record this run in (preflight.history)
 
 
 @dataclass
@@ -187,6 +189,10 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
             except Exception as exc:  # a bug in evaluate costs one check, not the health check
                 outcome = Outcome(Status.ERROR, f"preflight internal error: {type(exc).__name__}: {exc}")
         outcomes.append((module.NAME, outcome))
+    if options.history is not None:  # a figure well below the node's own past is a WARN on its check
+        from preflight import history
+        history.record_outcomes(name, outcomes, options.thresholds, options.history,
+                                lambda: int(any(_is_bad(o.status, options.strict) for _, o in outcomes)))
     failed = any(_is_bad(o.status, options.strict) for _, o in outcomes)
     return NodeVerdict(name, outcomes, reason_line(outcomes, options.strict), failed, durations=durations,
                        started_at=started_at, duration_s=time.monotonic() - t0, slots=options.slots)

@@ -7,6 +7,11 @@ import pytest
 
 from .netcluster import NetCluster
 
+# preflight records every run in a history store (default ~/.local/share/preflight/history.db) and judges each host
+# against its past runs: the suite's runs would pile up there and become baselines for later tests. Off for the
+# suite and every CLI it starts; tests/test_history.py names its own stores.
+os.environ["PREFLIGHT_HISTORY"] = "off"
+
 
 def _skip_without_netcluster() -> None:
     if reason := NetCluster.unavailable_reason():

@@ -83,8 +83,8 @@ def test_range_parser_reads_strict_and_open_bounds():
 
 def test_the_defaults_are_the_coordinators_sections_then_each_checks_file_in_registry_order():
     d = config.registry_defaults()
-    assert list(d.values) == ["checks", "agent"] + registry.ORDER
-    assert {s for s, p in d.sources.items() if p == config.DEFAULTS_PATH} == {"checks", "agent"}
+    assert list(d.values) == ["checks", "agent", "history"] + registry.ORDER  # [history]: issue 25
+    assert {s for s, p in d.sources.items() if p == config.DEFAULTS_PATH} == {"checks", "agent", "history"}
     for name in registry.ORDER:
         assert d.sources[name] == registry.thresholds_path(name)
     for path in set(d.sources.values()):  # every file whole, every comment kept, in the page

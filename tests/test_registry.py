@@ -36,7 +36,7 @@ def test_each_check_keeps_its_thresholds_toml_beside_it():
     owned = {checks.thresholds_path(n) for n in checks.ORDER}
     assert sorted(p for p in CHECKS_DIR.rglob("*.toml") if p not in owned) == []  # no orphan left behind
     coordinator = tomllib.loads(DEFAULTS_PATH.read_text())
-    assert sorted(coordinator) == ["agent", "checks"] and not set(coordinator) & set(checks.ORDER)
+    assert sorted(coordinator) == ["agent", "checks", "history"] and not set(coordinator) & set(checks.ORDER)
 
 
 def test_the_versions_choices_are_the_fields_it_compares():
