@@ -839,6 +839,8 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    # Compared with the host's own past runs (preflight/history.py): its median link rate, and the network's.
+    baseline={"median_gbps": "higher", "networks[*].median_gbps": "higher"},
     html=HtmlSection("Host-to-host bandwidth (iperf3)", html_section),
     # interfaces: the candidate networks (and their facts, listed here when that check did not run); python and
     # driver_cuda: NCCL's version, for the recommended environment.

@@ -55,6 +55,8 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    # Compared with the same hosts' past runs (preflight/history.py): the bus bandwidth of the largest message.
+    baseline={"busbw_GBps": "higher"},
     # python's rank_view and gpu's GPUs (what the ranks will see), the hosts ports and iperf3 proved unreachable,
     # iperf3's chosen network and its stragglers.
     reads=("python", "gpu", "ports", "iperf3"),
