@@ -118,7 +118,10 @@ def one_rep(cluster: NetCluster, workdir: Path, slow: str, fraction: float, base
              if slow_metrics.get("median_gbps") and other_medians else None)
     return {"slow": slow, "fraction": fraction, "status": status, "measured_ratio": ratio,
             "false_positives": [h for h in others if status[h] in NAMED], "errors": errors,
-            "iperf3_s": run.check_seconds().get("iperf3"), "message": cells.get((slow, "iperf3"), {}).get("message")}
+            "iperf3_s": run.check_seconds().get("iperf3"), "message": cells.get((slow, "iperf3"), {}).get("message"),
+            # Every named host's line (its z and p), so that a false positive can be read, not only counted.
+            "named": {h: cells.get((h, "iperf3"), {}).get("message") for h in status if status[h] in NAMED},
+            "load_1m": round(os.getloadavg()[0], 2)}
 
 
 def main() -> int:
