@@ -409,3 +409,110 @@ def test_real_first_host_without_pdsh_fails_there(netcluster_factory, tmp_path):
     assert first["status"] == "fail" and "launcher 'pdsh' not installed." in first["message"], first
     assert "install pdsh on node01" in first["fix"] and "--launcher" in first["fix"]
     assert cells["node02"]["status"] == "pass" and cells["node03"]["status"] == "pass", cells
+
+
+# --- the inherited environment (issue 24) -----------------------------------------------------------------------
+
+def _snap(shell=None, ds_vars=None, bad_lines=()):
+    from preflight.hostside import launchenv
+    ds_env = {"files": ["/job/.deepspeed_env"] if ds_vars or bad_lines else [], "vars": dict(ds_vars or {}),
+              "bad_lines": list(bad_lines)}
+    return launchenv.snapshot(dict(shell or {}), ds_env)
+
+
+NET = {"node01": {"ifnames": ["lo", "eth0", "ib0"], "ib": [{"device": "mlx5_0", "port": 1, "active": True}]},
+       "node02": {"ifnames": ["lo", "eth0", "ib0"], "ib": [{"device": "mlx5_0", "port": 1, "active": False}]},
+       "node03": {"ifnames": ["lo", "ens1"], "ib": []}}
+
+
+def test_what_the_pdsh_launcher_exports():
+    snap = _snap({"NCCL_DEBUG": "WARN", "TORCH_NCCL_BLOCKING_WAIT": "1", "PYTHONPATH": "/x", "CUDA_HOME": "/c",
+                  "HOME": "/root"}, {"NCCL_DEBUG": "INFO", "DS_SKIP_CUDA_CHECK": "1"})
+    # NCCL* and PYTHON* from the shell (runner.py:36, the CUDA accelerator's NCCL), every .deepspeed_env line,
+    # and a .deepspeed_env value wins over the shell's.
+    assert snap["exported"] == {"NCCL_DEBUG": ["INFO", "/job/.deepspeed_env"], "PYTHONPATH": ["/x", "the launch shell"],
+                                "DS_SKIP_CUDA_CHECK": ["1", "/job/.deepspeed_env"]}
+    assert "HOME" not in snap["shell"] and snap["shell"]["CUDA_HOME"] == "/c"
+
+
+def test_inherited_environment_findings():
+    from preflight.hostside import launchenv
+    found = launchenv.check(_snap({"TORCH_NCCL_BLOCKING_WAIT": "1", "CUDA_HOME": "/usr/local/cuda",
+                                   "NCCL_ASYNC_ERROR_HANDLING": "1", "DS_ACCELERATOR": "gpu"},
+                                  {"NCCL_TIMEOUT": "1800"}, ["/job/.deepspeed_env:3: NCCL_DEBUG"]), NET)
+    def one(prefix, status):
+        (f,) = [f for f in found if f.message.startswith(prefix) and f.status == status]
+        return f
+    bad_line = one("/job/.deepspeed_env:3:", Status.FAIL)
+    assert "ValueError" in bad_line.message and "KEY=VALUE" in bad_line.fix
+    assert "init_process_group(timeout" in one("NCCL_TIMEOUT=1800", Status.WARN).message
+    assert one("NCCL_ASYNC_ERROR_HANDLING", Status.WARN).fix == "rename it TORCH_NCCL_ASYNC_ERROR_HANDLING=1"
+    accel = one("DS_ACCELERATOR=gpu (the launch shell) is not", Status.FAIL)
+    assert "DS_ACCELERATOR must be one of" in accel.message and accel.hosts == ()  # cluster-wide
+    # Set in the shell but not passed to the ranks: WARN with the .deepspeed_env fix; CUDA_HOME is each host's own.
+    unpassed = one("TORCH_NCCL_BLOCKING_WAIT=1", Status.WARN)
+    assert "does not pass it to the ranks" in unpassed.message
+    assert "put TORCH_NCCL_BLOCKING_WAIT=1 in .deepspeed_env" in unpassed.fix
+    assert not any(f.message.startswith("CUDA_HOME") for f in found)
+
+    # Names each host must have: NCCL's filter semantics (prefix, '=' exact, '^' exclude).
+    def ifname_hosts(value):
+        (f,) = [f for f in launchenv.check(_snap({"NCCL_SOCKET_IFNAME": value}), NET)
+                if f.message.startswith("NCCL_SOCKET_IFNAME")]
+        return f.status, list(f.hosts)
+    assert ifname_hosts("bogus0") == (Status.FAIL, ["node01", "node02", "node03"])
+    assert ifname_hosts("eth") == (Status.FAIL, ["node03"])
+    assert ifname_hosts("=eth") == (Status.FAIL, ["node01", "node02", "node03"])
+    assert [f for f in launchenv.check(_snap({"NCCL_SOCKET_IFNAME": "^docker,lo"}), NET)] == []
+    assert [f for f in launchenv.check(_snap({"NCCL_SOCKET_IFNAME": "eth,ens"}), NET)] == []
+    (gloo,) = launchenv.check(_snap(ds_vars={"GLOO_SOCKET_IFNAME": "eth0"}), NET)
+    assert gloo.status == Status.FAIL and list(gloo.hosts) == ["node03"]
+    (hca,) = launchenv.check(_snap({"NCCL_IB_HCA": "=mlx5_1"}), NET)
+    assert hca.status == Status.WARN and list(hca.hosts) == ["node01", "node02", "node03"]
+    (ib,) = launchenv.check(_snap({"NCCL_IB_DISABLE": "0"}), NET)
+    assert ib.status == Status.WARN and list(ib.hosts) == ["node02", "node03"] and "no active IB port" in ib.message
+    assert launchenv.check(_snap({"NCCL_IB_DISABLE": "1"}), NET) == []
+
+
+def test_evaluate_puts_the_environment_on_the_cluster_row_and_the_named_hosts():
+    facts = json.loads(json.dumps(RECORDED))
+    facts["pdsh"] = "/usr/bin/pdsh"
+    for h in ("node02", "node03"):
+        facts["results"][h] = {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.2}
+    facts["launch_env"] = _snap({"NCCL_SOCKET_IFNAME": "eth"})
+    facts["host_net"] = NET
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert out["*"].status == Status.FAIL and "NCCL_SOCKET_IFNAME=eth" in out["*"].message
+    assert out["node03"].status == Status.FAIL and "matches no interface on node03" in out["node03"].message
+    assert "passwordless SSH node01 -> node03 ok" in out["node03"].message
+    assert out["node01"].status == Status.PASS and out["node02"].status == Status.PASS
+    # Nothing wrong: no cluster row; what the ranks inherit is in the first host's metrics.
+    facts["launch_env"] = _snap({"NCCL_SOCKET_IFNAME": "eth,ens"})
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert "*" not in out and out["node01"].metrics["launch_env"]["exported"] == ["NCCL_SOCKET_IFNAME"]
+
+
+def test_real_inherited_environment_is_named(netcluster_factory, tmp_path):
+    """A bogus NCCL_SOCKET_IFNAME in the launch shell, a TORCH_NCCL_ variable pdsh does not pass, and
+    NCCL_TIMEOUT in the working directory's .deepspeed_env: launcher_ssh names each, the interface on every host."""
+    cluster = netcluster_factory(3)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".deepspeed_env").write_text("NCCL_TIMEOUT=1800\n")
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), NCCL_SOCKET_IFNAME="bogus0",
+               TORCH_NCCL_BLOCKING_WAIT="1")
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--checks", "interfaces,launcher_ssh", "--json", str(report)]
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cells = {r["host"]: r for r in json.loads(report.read_text())["results"] if r["check"] == "launcher_ssh"}
+    star = " | ".join(f["message"] for f in cells["*"]["metrics"]["findings"])
+    assert "NCCL_SOCKET_IFNAME=bogus0 (the launch shell) matches no interface on node01, node02, node03" in star
+    assert "NCCL_TIMEOUT=1800 (%s) has no effect" % (work / ".deepspeed_env") in star, star
+    assert "TORCH_NCCL_BLOCKING_WAIT=1 is set in the launch shell" in star
+    for h in ("node01", "node02", "node03"):
+        assert cells[h]["status"] == "fail" and "NCCL_SOCKET_IFNAME=bogus0" in cells[h]["message"], cells[h]

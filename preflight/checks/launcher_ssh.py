@@ -1,5 +1,6 @@
-"""Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it, and
-the launcher's own program on the first host (no pdsh: "launcher 'pdsh' not installed.", runner.py:582-583).
+"""Passwordless SSH from the first host to every host by hostfile name, as DeepSpeed's pdsh launcher needs it, the
+launcher's own program on the first host (no pdsh: "launcher 'pdsh' not installed.", runner.py:582-583), and the
+environment it gives every rank: the launch shell's NCCL* variables and .deepspeed_env (hostside/launchenv.py).
 
 Runs ``ssh -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=N [-p PORT] HOST hostname`` on the
 first host, PORT being the launcher's (``--launcher-ssh-port``, else ``--ssh-port``, as DeepSpeed's ``--ssh_port``
@@ -28,6 +29,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..hostside import launchenv
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.proc import sh
@@ -231,6 +233,10 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     if cluster.options.transport == "srun":
         facts["launcher"] = "srun"  # inside a Slurm allocation the job is launched by srun, not pdsh over SSH
         return facts
+    # What the launcher exports to every rank: the launch shell's variables and .deepspeed_env, read here (where
+    # preflight runs, taken as where deepspeed will run), and each host's interface and IB device names.
+    facts["launch_env"] = launchenv.snapshot(os.environ, launchenv.read_deepspeed_env())
+    facts["host_net"] = {h: _net_names((cluster.facts.get(h) or {}).get("interfaces")) for h in names}
     if master not in {h.name for h in cluster.hosts}:
         facts["error"] = "the first host %s is unreachable, so SSH from it could not be tested" % master
         return facts
@@ -246,6 +252,15 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     except Exception as exc:  # the agent failed: every target is unchecked, not failed
         facts["error"] = "the probe on %s failed: %s" % (master, exc)
     return facts
+
+
+def _net_names(iface: Any) -> Optional[Dict[str, Any]]:
+    """The names the inherited environment may point at: interfaces and IB/RoCE ports (None: not collected)."""
+    if not isinstance(iface, dict):
+        return None
+    return {"ifnames": [str(i.get("name")) for i in iface.get("interfaces") or [] if isinstance(i, dict)],
+            "ib": [{"device": p.get("device"), "port": p.get("port"), "active": p.get("active") is True}
+                   for p in iface.get("ib") or [] if isinstance(p, dict)]}
 
 
 # --- evaluation ------------------------------------------------------------------------------
@@ -299,7 +314,33 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         if mine.status == Status.PASS:
             outcome.message += "; %s" % mine.message
         out[master] = outcome
+    if isinstance(facts.get("launch_env"), dict):
+        _add_env_findings(out, facts, targets)
     return out
+
+
+def _add_env_findings(out: Dict[str, Outcome], facts: Dict[str, Any], targets: List[str]) -> None:
+    """The inherited environment's findings: all of them on the cluster row ("*"), and each one that names hosts
+    on those hosts' rows too; without findings, what the ranks inherit is in the first host's metrics."""
+    found = launchenv.check(facts["launch_env"], facts.get("host_net") or {})
+    env = {"exported": sorted((facts["launch_env"].get("exported") or {})),
+           "deepspeed_env": (facts["launch_env"].get("deepspeed_env") or {}).get("files", [])}
+    master = facts.get("master")
+    if not found:
+        if master in out:
+            out[master].metrics["launch_env"] = env
+        return
+    out["*"] = combine([Finding(f.status, f.message, f.fix) for f in found], "", {"launch_env": env})
+    for f in found:
+        for h in f.hosts:
+            if h in out and h in targets:
+                mine = out[h]
+                findings = [Finding(f.status, f.message, f.fix)] + (
+                    [Finding(mine.status, mine.message, mine.fix)] if mine.status != Status.PASS else [])
+                merged = combine(findings, "", mine.metrics)
+                if mine.status == Status.PASS:
+                    merged.message += "; %s" % mine.message
+                out[h] = merged
 
 
 def _launcher_missing(facts: Dict[str, Any], launcher: str, master: str) -> Optional[Finding]:
@@ -341,12 +382,13 @@ def _launcher_missing(facts: Dict[str, Any], launcher: str, master: str) -> Opti
 # functions above.
 SPEC = CheckSpec(
     name=NAME,
-    description="passwordless SSH from the first host to every host, and the launcher's program (pdsh) on the first "
-                "host (DeepSpeed's pdsh launcher)",
+    description="passwordless SSH from the first host to every host, the launcher's program (pdsh) on the first "
+                "host, and the NCCL/DeepSpeed variables the launcher passes to the ranks (DeepSpeed's pdsh launcher)",
     scope="cluster",
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
     # Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
     quiet=True,
+    reads=("interfaces",),  # the hosts' interface and IB device names the inherited NCCL/Gloo variables name
 )

@@ -7,8 +7,9 @@ E.g. {"world_size": 16, "hosts": [{"name": "node01", "slots": 8}], "host_facts":
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List
 
+from ...hostside.launchenv import read_deepspeed_env
 from ...hostside.seams import ClusterView
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
@@ -34,36 +35,6 @@ def base_facts(cluster: ClusterView) -> Dict[str, Any]:
         per = (cluster.facts or {}).get(h["name"]) or {}
         facts["host_facts"][h["name"]] = {k: per.get(k) for k in HOST_FACTS}
     return facts
-
-
-def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
-                       environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """The variables DeepSpeed's launcher exports to every rank from its .deepspeed_env files, read as it reads them
-    (deepspeed/launcher/runner.py:37-38 and :604-611): the name is $DS_ENV_FILE or ".deepspeed_env", in the home
-    directory and then the working directory (a later file's value wins), each line ``KEY=VALUE`` split at the
-    first '=' and stripped (multinode_runner.py:37-41). Read where preflight runs, taken as where deepspeed will
-    run. {"files": [paths read], "vars": {KEY: VALUE}, "bad_lines": ["path:N: line"]} (a line without '=' makes
-    the launcher raise ValueError)."""
-    env = os.environ if environ is None else environ
-    name = env.get("DS_ENV_FILE", ".deepspeed_env")
-    out: Dict[str, Any] = {"files": [], "vars": {}, "bad_lines": []}
-    for folder in (home if home is not None else os.path.expanduser("~"), cwd if cwd is not None else "."):
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path) or os.path.abspath(path) in out["files"]:
-            continue
-        try:
-            with open(path, errors="replace") as f:
-                lines = f.read(1 << 20).splitlines()
-        except OSError:
-            continue
-        out["files"].append(os.path.abspath(path))
-        for n, line in enumerate(lines, 1):
-            key, sep, value = line.partition("=")
-            if not sep:
-                out["bad_lines"].append("%s:%d: %s" % (path, n, line[:200]))
-                continue
-            out["vars"][key.strip()] = value.strip()
-    return out
 
 
 def no_config_finding() -> Dict[str, str]:
@@ -116,7 +87,7 @@ def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, A
     params: Dict[str, Any] = {"memory": memory, "nvme_paths": paths}
     if facts.get("config_path"):
         # The launcher passes the path as given, and every rank opens it after pdsh's `cd <the launch directory>`
-        # (multinode_runner.py:107-110): relative to where deepspeed runs, taken as where preflight runs.
+        # (multinode_runner.py:108-112): relative to where deepspeed runs, taken as where preflight runs.
         facts["config_file"] = file_digest(os.path.abspath(str(facts["config_path"])))
         params["config_path"] = facts["config_file"]["path"]
     if facts.get("checkpoint_dir"):
