@@ -84,6 +84,8 @@ RUN_FLAGS: Tuple[Flag, ...] = (
     Flag("--parallel", "hosts connected to at once (default 32); waiting on hosts is not limited", metavar="N"),
     Flag("--nvme-path", "directory to measure with dd on every host (repeatable)", REPEAT, "DIR"),
     Flag("--master-port", "torch.distributed master port to check (default 29500)", metavar="PORT"),
+    Flag("--master-addr", "the job's master address (DeepSpeed's --master_addr) to probe from every host (default: "
+         "the first of `hostname -I` on the first host, as DeepSpeed's launcher picks it)", metavar="ADDR"),
     Flag("--deepspeed-config", "DeepSpeed config to validate against the cluster", metavar="FILE"),
     Flag("--model-params", "model parameter count (e.g. 7e9) for the ZeRO memory estimate", metavar="N"),
     Flag("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)", metavar="N"),
