@@ -349,7 +349,8 @@ def _commit_id() -> Optional[str]:
 
 
 def new_run_id(now: Optional[float] = None) -> str:
-    """``20250107-141503-3fa2``: sortable by time, unique enough for a site's gates and node-checks."""
+    """``20250107-141503-3fa2``: sortable by time, and short to type. A thousand nodes' health checks in one second
+    can draw one twice: ``Store.record`` draws again when the id is taken."""
     stamp = _dt.datetime.fromtimestamp(time.time() if now is None else now).strftime("%Y%m%d-%H%M%S")
     return "%s-%s" % (stamp, uuid.uuid4().hex[:4])
 
@@ -488,12 +489,16 @@ class Store:
             raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
 
     # -- writing --------------------------------------------------------------------------------------------
-    def record(self, run_id: str, started: float, kind: str, hosts: Sequence[str], exit_code: Optional[int],
-               cells: Sequence[Cell]) -> int:
-        """One run in one short transaction; its row id."""
+    def record(self, started: float, kind: str, hosts: Sequence[str], exit_code: Optional[int],
+               cells: Sequence[Cell]) -> str:
+        """One run in one short transaction; its run id."""
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
+                for _ in range(8):  # inside the write lock: no other writer takes it between
+                    run_id = new_run_id(started)
+                    if not self.db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
+                        break
                 cur = self.db.execute(
                     "INSERT INTO runs (run_id, started, kind, version, commit_id, hosts, exit_code) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -517,7 +522,7 @@ class Store:
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
-            return row
+            return run_id
         except sqlite3.Error as exc:
             raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
 
@@ -643,9 +648,8 @@ class Recorder:
                started: Optional[float] = None) -> Optional[str]:
         if self.store is None:
             return None
-        run_id = new_run_id(started)
         try:
-            self.store.record(run_id, time.time() if started is None else started, kind, hosts, exit_code, cells)
+            run_id = self.store.record(time.time() if started is None else started, kind, hosts, exit_code, cells)
         except HistoryError as exc:
             self.warn(str(exc))
             return None
