@@ -369,7 +369,8 @@ def test_a_corrupt_or_unwritable_store_never_fails_the_gate(tmp_path):
     corrupt = tmp_path / "corrupt.db"
     garbage = b"this is no database " + os.urandom(4096)
     corrupt.write_bytes(garbage)
-    for where, wanted in ((corrupt, "file is not a database"), (Path("/dev/null/history.db"), "/dev/null is not a directory")):
+    unwritable = Path("/dev/null/history.db")
+    for where, wanted in ((corrupt, "file is not a database"), (unwritable, "/dev/null is not a directory")):
         proc = node_check("--history", str(where))
         assert proc.returncode == 0 and proc.stdout.startswith("preflight: ok (2 checks"), proc.stdout + proc.stderr
         warned = history_warnings(proc.stderr)
@@ -420,7 +421,7 @@ def test_the_default_store_and_turning_it_off(tmp_path):
 def test_node_check_warns_against_its_own_past(tmp_path):
     """The node's own figures, no peers: a node-check's outcomes judged and changed in place."""
     db = tmp_path / "h.db"
-    for i in range(5):
+    for _ in range(5):
         outcomes = [("nvme", Outcome(Status.PASS, "ok", metrics={"paths": [{"path": "/x", "write_Bps": 2e9}]}))]
         history.record_outcomes("node01", outcomes, {}, db, lambda: 0)
     slow = Outcome(Status.PASS, "ok", metrics={"paths": [{"path": "/x", "write_Bps": 1e9}]})
