@@ -1,0 +1,447 @@
+"""The rehearsal's host side: the tiny training script every rank runs, and the launch supervisor on the launch host.
+
+``preflight rehearse`` (preflight/rehearse.py) writes this file's source to the launch directory of every host and
+runs DeepSpeed's launcher with it exactly as the job's script, e.g. (the launcher appends ``--local_rank=N``)::
+
+    deepspeed --hostfile hostfile --launcher pdsh preflight_rehearse.py --deepspeed_config /shared/ds.json \
+        --preflight-run preflight-rehearse-0123456789ab --steps 2 --model-params 1000000 --init-timeout 60 ...
+
+Each rank prints one line per phase on its stdout, which pdsh carries back to the launch host (as "node02: ...")
+and the coordinator's SSH channel to the coordinator::
+
+    @@PF-REHEARSE {"run": "preflight-rehearse-0123...", "event": "init", "rank": 1, "local_rank": 0, "host": "node02",
+                   "t": 14.2, "s": 0.41, "backend": "gloo"}
+
+Events: start (the environment and the address gloo will advertise), imported, init_begin, init (the time of
+deepspeed.init_distributed, i.e. init_process_group), ops (DeepSpeed ops loaded or JIT-built, with their time),
+initialize (deepspeed.initialize), step (each optimizer step), done (peak memory), error (phase, exception,
+traceback). A rank ends itself ``--lifetime`` seconds after it started, whatever else fails.
+
+As ``--supervise`` it runs the launcher on the launch host instead: its stdin is the rehearsal's lifeline, and when
+that closes before the launcher ends (the coordinator stopped it, was interrupted or killed) it kills the launcher
+and every process of the run on every host (pdsh, then pkill by the run's token).
+
+Standard library only at import, Python 3.9: torch and deepspeed are imported by the rank, and timed.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence
+
+TAG = "@@PF-REHEARSE"
+# One event is one write(2) of at most PIPE_BUF bytes: the ranks of a host share the launcher's stdout pipe, and
+# a write up to PIPE_BUF is never interleaved with another's. A longer event (a deep traceback) loses the middle
+# of its traceback, keeping the start and the end (where the cause is).
+MAX_EVENT_BYTES = 4000
+LOOPBACK_FALLBACK = "127.0.0.1"  # what gloo advertises when the hostname resolves to no local address
+SIOCGIFADDR = 0x8915
+
+
+# --------------------------------------------------------------------------------------------- events
+
+def _write_line(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(1, view)
+        except InterruptedError:
+            continue
+        except OSError:  # nobody reads our stdout any more (the launcher is gone): nothing to report to
+            return
+        view = view[n:]
+
+
+def event_line(payload: Dict[str, Any], limit: int = MAX_EVENT_BYTES) -> bytes:
+    """The event as one line of at most ``limit`` bytes: a long traceback keeps its first and last lines."""
+    line = (TAG + " " + json.dumps(payload, default=str) + "\n").encode()
+    trace = payload.get("traceback")
+    while len(line) > limit and isinstance(trace, str) and len(trace) > 200:
+        keep = max(100, len(trace) - (len(line) - limit) - 40)
+        trace = trace[:keep // 3] + "\n[...]\n" + trace[-(keep - keep // 3):]
+        payload = dict(payload, traceback=trace)
+        line = (TAG + " " + json.dumps(payload, default=str) + "\n").encode()
+    if len(line) > limit:  # a huge message: cut the fields, not the line
+        payload = {k: (v[:300] if isinstance(v, str) else v) for k, v in payload.items() if k != "traceback"}
+        line = (TAG + " " + json.dumps(payload, default=str)[:limit - len(TAG) - 3] + "\n").encode()
+    return line
+
+
+class Reporter:
+    """Writes this process's events; every event carries the run, the rank's identity and its time since start."""
+
+    def __init__(self, run: str, ident: Dict[str, Any]) -> None:
+        self.run = run
+        self.ident = ident
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        payload: Dict[str, Any] = {"run": self.run, "event": event}
+        payload.update(self.ident)
+        payload["t"] = round(time.monotonic() - self.started, 3)
+        payload.update(fields)
+        with self.lock:
+            _write_line(event_line(payload))
+
+
+# ------------------------------------------------------------------------------------ what gloo advertises
+
+def interface_address(name: str) -> Optional[str]:
+    """The IPv4 address of interface ``name`` (SIOCGIFADDR), None when it has none or does not exist."""
+    import fcntl
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def bindable(address: str, family: int) -> bool:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def gloo_address(env: Dict[str, str], hostname: str) -> Dict[str, Any]:
+    """The address this rank's gloo device will advertise to the others, found as torch does it.
+
+    GLOO_SOCKET_IFNAME: its first interface's address. Without it, torch's ProcessGroupGloo::createDefaultDevice
+    uses the hostname when it resolves to an address this host can bind (getaddrinfo, first bindable: gloo's own
+    lookup), else the loopback address. A loopback address (a Debian-style ``127.0.1.1 HOSTNAME`` line in
+    /etc/hosts, or the fallback) cannot be reached from another host: connectFullMesh fails there."""
+    ifname = env.get("GLOO_SOCKET_IFNAME", "")
+    if ifname:
+        first = ifname.split(",")[0]
+        address = interface_address(first)
+        return {"address": address, "source": "GLOO_SOCKET_IFNAME=%s" % ifname,
+                "loopback": bool(address and address.startswith("127.")) or first == "lo"}
+    try:
+        infos = socket.getaddrinfo(hostname, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except OSError as exc:
+        infos = []
+        why = "the hostname %s does not resolve (%s)" % (hostname, exc)
+    else:
+        why = "the hostname %s resolves to no address of this host" % hostname
+    resolved = [str(info[4][0]) for info in infos]
+    for family, _, _, _, sockaddr in infos:
+        if bindable(str(sockaddr[0]), family):
+            address = str(sockaddr[0])
+            return {"address": address, "source": "hostname %s resolves to %s" % (hostname, address),
+                    "resolved": resolved, "loopback": address.startswith("127.") or address == "::1"}
+    return {"address": LOOPBACK_FALLBACK, "source": why + ": gloo falls back to the loopback address",
+            "resolved": resolved, "loopback": True}
+
+
+# ---------------------------------------------------------------------------------------------- the rank
+
+def _rank_identity() -> Dict[str, Any]:
+    def number(name: str) -> Optional[int]:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            return None
+    return {"rank": number("RANK"), "local_rank": number("LOCAL_RANK"), "world_size": number("WORLD_SIZE"),
+            "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _watchdog(rep: Reporter, lifetime: float) -> None:
+    """End this rank ``lifetime`` seconds after its start, whatever it is waiting on: nothing of the rehearsal
+    outlives its deadline, even when every clean-up from outside failed."""
+    def expire() -> None:
+        time.sleep(lifetime)
+        rep.emit("deadline", lifetime=lifetime)
+        os._exit(124)
+    threading.Thread(target=expire, daemon=True).start()
+
+
+def layer_width(params: float, layers: int) -> int:
+    """The width of ``layers`` square Linear layers holding about ``params`` parameters, a multiple of 8."""
+    width = int(round((max(params, 64.0 * layers) / layers) ** 0.5 / 8.0)) * 8
+    return max(8, width)
+
+
+class OpLog:
+    """DeepSpeed's op loads seen by this rank (name, JIT or pre-built, seconds), each announced as it begins: a rank
+    stuck in a JIT build (minutes of compiling, a compiler waiting on a lock) is named with the op it builds."""
+
+    def __init__(self, rep: Reporter) -> None:
+        self.rep = rep
+        self.ops: List[Dict[str, Any]] = []
+        self.current: Optional[str] = None
+
+    def install(self) -> None:
+        try:
+            from deepspeed.ops.op_builder.builder import OpBuilder
+        except Exception:  # another DeepSpeed layout: the rehearsal runs without the op log
+            return
+        log = self
+        load, jit_load = OpBuilder.load, OpBuilder.jit_load
+
+        def timed_load(builder: Any, *a: Any, **kw: Any) -> Any:
+            name = getattr(builder, "NAME", type(builder).__name__)
+            entry: Dict[str, Any] = {"name": name, "jit": False, "s": None}
+            log.ops.append(entry)
+            log.current, started = name, time.monotonic()
+            log.rep.emit("op_begin", op=name)
+            try:
+                return load(builder, *a, **kw)
+            finally:
+                entry["s"] = round(time.monotonic() - started, 3)
+                log.current = None
+                log.rep.emit("op_end", **entry)
+
+        def timed_jit(builder: Any, *a: Any, **kw: Any) -> Any:
+            # DeepSpeed loads a pre-built op by import and anything else through jit_load, which compiles it or
+            # finds it in the torch extensions cache (seconds tell which).
+            for entry in reversed(log.ops):
+                if entry["name"] == getattr(builder, "NAME", None):
+                    entry["jit"] = True
+                    break
+            return jit_load(builder, *a, **kw)
+
+        OpBuilder.load = timed_load
+        OpBuilder.jit_load = timed_jit
+
+
+def _dtype(torch: Any, config: Dict[str, Any]) -> Any:
+    for key, dtype in (("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16)):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled") is True:
+            return dtype
+    return torch.float32
+
+
+def _peak_memory(torch: Any, accelerator: Any) -> Dict[str, Any]:
+    import resource
+    out: Dict[str, Any] = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}
+    try:
+        if accelerator is not None and accelerator.device_name() != "cpu":
+            out["peak_device_mib"] = round(accelerator.max_memory_allocated() / 2.0 ** 20, 1)
+    except Exception:
+        pass
+    return out
+
+
+def rank_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="preflight_rehearse.py")
+    parser.add_argument("--local_rank", type=int, default=-1)  # DeepSpeed's launcher appends it
+    parser.add_argument("--deepspeed_config", required=True)
+    parser.add_argument("--preflight-run", required=True)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--model-params", type=float, default=1e6)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--init-timeout", type=float, default=60.0)
+    parser.add_argument("--lifetime", type=float, default=600.0)
+    args, _unknown = parser.parse_known_args(list(argv))
+    rep = Reporter(args.preflight_run, _rank_identity())
+    _watchdog(rep, args.lifetime)
+    env = dict(os.environ)
+    watched = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+               "NCCL_IB_HCA", "NCCL_DEBUG", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
+    rep.emit("start", python=sys.executable, version=sys.version.split()[0], cwd=os.getcwd(),
+             env={k: env[k] for k in watched if k in env})
+    # torch's inductor cache (/tmp/torchinductor_USER, made at import) goes into the launch directory, which the
+    # rehearsal removes: nothing of it stays on the host. The job's own environment is left as it is otherwise.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchinductor"))
+    phase, ops = "import", OpLog(rep)
+    torch: Any = None
+    accelerator: Any = None
+    try:
+        started = time.monotonic()
+        torch = importlib.import_module("torch")
+        deepspeed: Any = importlib.import_module("deepspeed")
+        accelerator = importlib.import_module("deepspeed.accelerator").get_accelerator()
+        backend = accelerator.communication_backend_name()
+        imported = {"s": round(time.monotonic() - started, 3), "torch": torch.__version__,
+                    "deepspeed": deepspeed.__version__, "accelerator": accelerator.device_name(), "backend": backend}
+        rep.emit("imported", **imported)
+        ops.install()
+        phase = "config"
+        with open(args.deepspeed_config) as fh:
+            config = json.load(fh)
+        phase = "init"
+        advertised = gloo_address(env, socket.gethostname()) if backend == "gloo" else None
+        rep.emit("init_begin", backend=backend, advertise=advertised, init_timeout=args.init_timeout)
+        import datetime
+        started = time.monotonic()
+        deepspeed.init_distributed(dist_backend=backend,
+                                   timeout=datetime.timedelta(seconds=args.init_timeout))
+        rep.emit("init", s=round(time.monotonic() - started, 3), backend=backend,
+                 world_size=torch.distributed.get_world_size())
+        phase = "initialize"
+        width = layer_width(args.model_params, args.layers)
+        layers: List[Any] = []
+        for _ in range(args.layers):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1])
+        params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them away
+        extra: Dict[str, Any] = {}
+        if "optimizer" not in config:  # the job brings its own optimizer: a plain AdamW stands in for it
+            extra["optimizer"] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        started = time.monotonic()
+        engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(), **extra)
+        micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+        rep.emit("initialize", s=round(time.monotonic() - started, 3), zero_stage=engine.zero_optimization_stage(),
+                 micro_batch=micro, gradient_accumulation=gas, train_batch=engine.train_batch_size(),
+                 width=width, layers=args.layers, params=params)
+        phase = "step"
+        dtype = _dtype(torch, config)
+        device = engine.device
+        for index in range(args.steps):
+            started = time.monotonic()
+            for _ in range(gas):
+                x = torch.randn(micro, width, dtype=dtype, device=device)
+                loss = engine(x).float().pow(2).mean()
+                engine.backward(loss)
+                engine.step()
+            rep.emit("step", index=index, s=round(time.monotonic() - started, 4), loss=float(loss.item()))
+        phase = "done"
+        rep.emit("done", ops=ops.ops, **_peak_memory(torch, accelerator))
+        code = 0
+    except BaseException as exc:  # every failure is this rank's report; SystemExit and Ctrl-C included
+        detail: Dict[str, Any] = {"phase": phase, "type": type(exc).__name__, "message": str(exc)[:1500],
+                                  "traceback": traceback.format_exc()}
+        if ops.current:
+            detail["op"] = ops.current
+        if ops.ops:
+            detail["ops"] = ops.ops
+        if torch is not None:
+            detail.update(_peak_memory(torch, accelerator))
+        rep.emit("error", **detail)
+        code = 1
+    # No interpreter shutdown: gloo's and DeepSpeed's threads could hold it, and a rank must end when it is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------- the supervisor
+
+def env_files(cwd: str) -> List[Dict[str, Any]]:
+    """The .deepspeed_env files DeepSpeed's runner reads (deepspeed/launcher/runner.py: DS_ENV_FILE, default
+    ".deepspeed_env", in ~ then in the current directory), with their keys and the lines its
+    ``key, val = line.split('=', 1)`` would raise on."""
+    name = os.environ.get("DS_ENV_FILE", ".deepspeed_env")
+    found: List[Dict[str, Any]] = []
+    for folder in (os.path.expanduser("~"), cwd):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as fh:
+                lines = fh.readlines()
+        except OSError as exc:
+            found.append({"path": path, "error": str(exc)})
+            continue
+        keys = [line.split("=", 1)[0].strip() for line in lines if "=" in line]
+        bad = [i for i, line in enumerate(lines, 1) if "=" not in line]
+        found.append({"path": path, "keys": keys, "bad_lines": bad})
+    return found
+
+
+def _which(name: str) -> Optional[str]:
+    import shutil
+    return shutil.which(name)
+
+
+def reap_everywhere(hosts: Sequence[str], pattern: str, timeout: float) -> Dict[str, Any]:
+    """Kill the run's processes on every host (pdsh, as the launcher reached them) and here: pkill -KILL -f of the
+    run's token, whose first letter is bracketed so that it never matches the shell that runs it."""
+    out: Dict[str, Any] = {}
+    if hosts and _which("pdsh"):
+        try:
+            proc = subprocess.run(["pdsh", "-S", "-w", ",".join(hosts), "pkill -KILL -f '%s'" % pattern],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=timeout, env=dict(os.environ, PDSH_RCMD_TYPE="ssh"))
+            out["pdsh_rc"] = proc.returncode
+        except (OSError, subprocess.SubprocessError) as exc:
+            out["pdsh_error"] = str(exc)
+    try:
+        subprocess.run(["pkill", "-KILL", "-f", pattern], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def supervise_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="preflight_rehearse.py --supervise")
+    parser.add_argument("--supervise", action="store_true")
+    parser.add_argument("--preflight-run", required=True)
+    parser.add_argument("--hosts", default="")
+    parser.add_argument("--pattern", required=True)
+    parser.add_argument("launcher", nargs=argparse.REMAINDER)
+    args = parser.parse_args(list(argv))
+    launcher = list(args.launcher)
+    if launcher[:1] == ["--"]:  # argparse keeps the separator in a REMAINDER on some versions
+        launcher = launcher[1:]
+    ident: Dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "role": "launcher"}
+    rep = Reporter(args.preflight_run, ident)
+    hosts = [h for h in args.hosts.split(",") if h]
+    cwd = os.getcwd()
+    rep.emit("launcher", argv=launcher, cwd=cwd, env_files=env_files(cwd), pdsh=_which("pdsh"),
+             launcher_path=_which(launcher[0]) if launcher else None)
+    gone = threading.Event()
+
+    def lifeline() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        gone.set()
+
+    threading.Thread(target=lifeline, daemon=True).start()
+    try:
+        # Its own session: the launcher, pdsh and the ssh clients go with one killpg. stderr joins stdout, so the
+        # coordinator reads the lines in the order they were written.
+        proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    except OSError as exc:
+        rep.emit("launcher_exit", rc=127, error="%s: %s" % (launcher[0] if launcher else "", exc.strerror))
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: gone.set())
+    while proc.poll() is None and not gone.is_set():
+        gone.wait(0.2)
+    if proc.poll() is None:  # the coordinator let go of us first: nothing of the run may stay
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        reaped = reap_everywhere(hosts, args.pattern, 30.0)
+        proc.wait()
+        rep.emit("launcher_exit", rc=proc.returncode, stopped=True, reaped=reaped)
+        return 0
+    rep.emit("launcher_exit", rc=proc.returncode)
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    if "--supervise" in argv[:1]:
+        return supervise_main(argv)
+    return rank_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
