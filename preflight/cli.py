@@ -111,7 +111,8 @@ def build_parser() -> _Parser:
     parser = _Parser(
         prog="preflight", description="Check a GPU cluster before a DeepSpeed/PyTorch job is submitted.")
     parser.add_argument("-V", "--version", action="version", version=VERSION_LINE)
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,config,hostfile,node-check,history,diff,version}")
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{run,rehearse,list,config,hostfile,node-check,history,diff,version}")
 
     commands = {"list": sub.add_parser("list", help="list every check with one line of description")}
     commands["list"].add_argument("--thresholds", action="store_true",
@@ -207,6 +208,7 @@ def build_parser() -> _Parser:
     _add_slurm_options(run)
     commands["node-check"] = _add_node_check_parser(sub)
     _add_history_commands(sub, commands)
+    commands["rehearse"] = _add_rehearse_parser(sub)
     parser.set_defaults(_commands=commands)
     return parser
 
@@ -568,8 +570,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cmd_node_check(args)
     if args.command in ("history", "diff"):
         return cmd_history(args)
+    if args.command == "rehearse":
+        from preflight import rehearse
+        return rehearse.main(args)
     parser.print_help()
     return EXIT_USAGE
+
+
+# ----------------------------------------------------------------------------------------------- rehearse
+
+def _add_rehearse_parser(sub) -> Any:
+    """``preflight rehearse``: its options live beside the code (preflight/rehearse.py), with the CLI's types."""
+    from preflight import rehearse
+    parser = sub.add_parser("rehearse", help="run the job's real launch (deepspeed --launcher pdsh) with a tiny model "
+                            "for 2 steps: every rank's init and step times, every failure on its host and rank "
+                            "(docs/rehearse.md)")
+    # No --env-file: a rehearsal recommends nothing, and an empty file would replace the .deepspeed_env it reads.
+    outputs = [o for o in render.file_outputs() if o.name != "env_file"]
+    rehearse.add_arguments(parser, outputs, _positive_int, _seconds, _count, _port)
+    return parser
 
 
 # --------------------------------------------------------------------------------------------------- slurm
