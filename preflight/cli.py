@@ -199,6 +199,12 @@ def build_parser() -> _Parser:
     g = run.add_argument_group("output")
     for output in render.file_outputs():  # --json, --junit-xml, ...: preflight/render/__init__.py's RENDERERS
         g.add_argument(output.flag, metavar=output.metavar, help=output.help)
+    g.add_argument("--write-hostfile", metavar="FILE",
+                   help="write a DeepSpeed hostfile of the healthy hosts (input's slots; a failed GPU stays in it as "
+                        "an -e HOST:SLOT the first line names), replaced atomically (docs/healthy-hostfile.md)")
+    g.add_argument("--min-hosts", type=_min_hosts, default=None, metavar="N",
+                   help="exit 0 when at least N hosts (or a fraction of them, e.g. 0.9) are healthy and nothing "
+                        "failed cluster-wide: the gate passes with the healthy subset")
     g.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     g.add_argument("-q", "--quiet", action="store_true",
                    help="print only the verdict (READY / NOT READY: ...) and the summary line")
@@ -375,6 +381,9 @@ def build_options(args: argparse.Namespace):
     outputs = render.file_outputs()
     for output in outputs:
         _check_output_path(output.flag, getattr(args, output.dest))
+    if getattr(args, "write_hostfile", None) == render.STDOUT:
+        raise UsageError("--write-hostfile -: give a file name (stdout holds the terminal report)")
+    _check_output_path("--write-hostfile", getattr(args, "write_hostfile", None))
     if [getattr(args, output.dest) for output in outputs].count(render.STDOUT) > 1:
         raise UsageError(f"only one of {'/'.join(o.flag for o in outputs)} can be '-' (stdout)")
     thresholds = load_thresholds(args.config)
@@ -463,6 +472,7 @@ def cmd_list(out) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.text import Text
 
+    from preflight import launchable
     from preflight.render import terminal as rep
     from preflight.runner import Runner
 
@@ -506,12 +516,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Piped output (CI logs, files) gets a wide fixed width unless COLUMNS says otherwise.
         tty = sys.stdout.isatty() or "COLUMNS" in os.environ
         stream, width = sys.stdout, None if tty else 240
+    if args.write_hostfile:  # the healthy hosts (preflight/launchable.py), named in the verdict's launch command
+        try:
+            render.write_atomic(args.write_hostfile, lambda fh: launchable.write(result, fh))
+        except OSError as exc:
+            err.print(Text(rep.plain(f"preflight: error: cannot write {args.write_hostfile}: {exc.strerror}")))
+            return EXIT_USAGE
+    context = launchable.Context(args.hostfile or "", args.write_hostfile or "", _in_slurm(args),
+                                 args.min_hosts or "")
     try:
-        render.get("terminal").load()(result, stream, render.Settings(args.verbose, args.quiet, width))
+        render.get("terminal").load()(result, stream, render.Settings(args.verbose, args.quiet, width, context))
         stream.flush()
     except BrokenPipeError:
         _drop_stdout()
-    return result.exit_code
+    return launchable.exit_code(result, args.min_hosts or "")
+
+
+def _in_slurm(args: argparse.Namespace) -> bool:
+    from preflight import slurm
+    return bool(args.slurm or slurm.in_allocation(os.environ))
+
+
+def _min_hosts(text: str) -> str:
+    from preflight import launchable
+    return launchable.parse_min_hosts(text)
 
 
 def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
