@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, TextIO, Tuple
 from preflight.causes import BAD, causes, nodeset
 from preflight.hostside.outcome import Status
 from preflight.results import CLUSTER, Report
+from preflight.text import plain
 
 GPU_METRIC = "failed_gpus"
 
@@ -181,20 +182,23 @@ def ready_command(report: Report, context: Context) -> str:
     return " or ".join(commands)
 
 
-def verdict_suffix(report: Report, context: Optional[Context]) -> str:
-    """What the verdict line gains: the ready command, and with --min-hosts whether the subset passes."""
+def verdict_line(report: Report, context: Optional[Context], line: str) -> str:
+    """The verdict line (``line``, already plain) with the launch still possible: ``NOT READY: ...; launch now:
+    deepspeed --hostfile healthy.txt ...``; with --min-hosts met it reads ``READY on 4 of 6 hosts (--min-hosts 4),
+    without 2 hosts that need fixing (...); launch now: ...``."""
     if context is None:
-        return ""
+        return line
     launch = launchable(report)
     command = ready_command(report, context)
-    text = ""
     if context.min_hosts and report.exit_code:
-        want = needed(context.min_hosts, launch.total)
         if subset_passes(report, context.min_hosts):
-            text = f"; READY on {len(launch.hosts)} of {launch.total} hosts (--min-hosts {context.min_hosts})"
-        else:
-            text = (f"; {len(launch.hosts)} of {launch.total} hosts healthy, fewer than --min-hosts "
-                    f"{context.min_hosts} ({want})" if not launch.cluster_wide else "")
+            rest = line[len("NOT READY: "):] if line.startswith("NOT READY: ") else line
+            rest = rest.replace(" need fixing", " that need fixing").replace(" needs fixing", " that needs fixing")
+            line = (f"READY on {len(launch.hosts)} of {launch.total} hosts (--min-hosts {context.min_hosts}), "
+                    f"without {rest}")
+        elif not launch.cluster_wide:
+            line += (f"; {len(launch.hosts)} of {launch.total} hosts healthy, fewer than --min-hosts "
+                     f"{context.min_hosts} ({needed(context.min_hosts, launch.total)})")
     if command:
-        text += f"; launch now: {command}"
-    return text
+        line += f"; launch now: {plain(command)}"
+    return line

@@ -313,7 +313,7 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
     line, style = verdict(report, found), verdict_style(report)
     if launch is not None:  # the run's context (preflight/launchable.py): the launch still possible, --min-hosts
         from preflight import launchable
-        line += plain(launchable.verdict_suffix(report, launch))
+        line = launchable.verdict_line(report, launch, line)
         if launchable.subset_passes(report, launch.min_hosts):
             style = "bold yellow"
     console.print(Text(line, style=style), soft_wrap=True)
