@@ -327,3 +327,15 @@ def test_kernel_log_reader_on_this_machine():
         assert isinstance(facts["xid_lines"], list) and facts["xid_lines_total"] == len(facts["xid_lines"])
     text, why = g._read_kmsg(time.monotonic() + 5)
     assert (text is None) == (why is not None)
+
+
+def test_failed_gpus_names_the_gpus_whose_own_findings_fail_and_not_a_host_wide_fault(healthy, thresholds):
+    """What the healthy hostfile's -e host:slot needs (preflight/launchable.py): the failing GPUs' indices."""
+    second = copy.deepcopy(_gpu(healthy))
+    second["index"] = 1
+    healthy["gpus"].append(second)
+    healthy["gpus"][1]["ecc_uncorrected_volatile"] = 3
+    out = g.evaluate(healthy, thresholds)
+    assert out.status == Status.FAIL and out.metrics["failed_gpus"] == [1]
+    healthy["xid_lines"] = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."]
+    assert "failed_gpus" not in g.evaluate(healthy, thresholds).metrics  # host-wide: the host goes, not a slot

@@ -674,8 +674,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         findings.append(Finding(Status.FAIL if expected else Status.WARN,
                                 "the NVIDIA driver %s is loaded but reports 0 GPUs" % facts.get("driver"),
                                 "check `nvidia-smi -L`, `lspci | grep -i nvidia` and `dmesg | grep -i nvrm`"))
+    failed_gpus: List[int] = []
     for gpu in gpus:
-        findings.extend(_gpu_findings(gpu, thresholds))
+        own = _gpu_findings(gpu, thresholds)
+        if any(f.status in (Status.FAIL, Status.ERROR) for f in own) and isinstance(gpu.get("index"), int):
+            failed_gpus.append(gpu["index"])
+        findings.extend(own)
+    per_gpu = len(findings)
 
     if facts.get("kernel_log_error"):
         xid_note = "Xid scan skipped: kernel log not readable (%s; run preflight as root or set " \
@@ -684,6 +689,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         findings.extend(_xid_findings(facts, thresholds))
         xid_note = "no Xid errors in %s" % (facts.get("kernel_log_source") or "the kernel log")
     metrics["xid_lines_total"] = facts.get("xid_lines_total", 0)
+    # Which GPUs failed, when the host's failures are theirs alone: the launch can go on without just those slots
+    # (DeepSpeed's -e host:slot; preflight/launchable.py). An Xid or a host-wide finding keeps it unset.
+    host_wide = [f for f in findings[per_gpu:] if f.status in (Status.FAIL, Status.ERROR)]
+    if failed_gpus and not host_wide and gpus:
+        metrics["failed_gpus"] = sorted(failed_gpus)
 
     names = sorted(set(g.get("name") or "?" for g in gpus))
     ok = "%d GPU(s) healthy (%s, driver %s via %s); %s" % (len(gpus), ", ".join(names), facts.get("driver"),
