@@ -38,7 +38,8 @@ from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.transport import SSHOptions, Transport, TransportError
 
 CHECK = "launch"  # the check name of the rehearsal's results (one per host, and the cluster row)
-TOKEN_PREFIX = "preflight-rehearse-"
+TOKEN_PREFIX = host_side.TOKEN_PREFIX
+pattern_of = host_side.pattern_of
 SCRIPT = "preflight_rehearse.py"
 HOSTFILE = "hostfile"
 DEFAULT_ENV_NAME = ".deepspeed_env"
@@ -97,11 +98,6 @@ def expected_ranks(hosts: Sequence[HostSpec]) -> List[Slot]:
 def script_source() -> str:
     """The host-side script: rehearsal.py's own source, written to every host's launch directory."""
     return inspect.getsource(host_side)
-
-
-def pattern_of(token: str) -> str:
-    """pkill -f's pattern for the run: its first letter bracketed, so that it never matches the shell running it."""
-    return "[%s]%s" % (token[0], token[1:])
 
 
 # ------------------------------------------------------------------------------------------ what comes back
@@ -634,9 +630,11 @@ class Rehearsal:
                  make_transport: Optional[Callable[[str], Transport]] = None) -> None:
         self.o = options
         self.progress = progress
-        self.token = TOKEN_PREFIX + uuid.uuid4().hex[:12]
+        hexid = uuid.uuid4().hex[:12]
+        self.token = TOKEN_PREFIX + hexid
         self.dir = os.path.join(options.workdir, self.token)
         self.pattern = pattern_of(self.token)
+        self.mark = host_side.SUPERVISOR_PREFIX + hexid  # the supervisor's argv: its own reap spares it
         self._make = make_transport or self._transport
         self.transports: Dict[str, Transport] = {}
         self.errors: Dict[str, Tuple[str, str]] = {}  # host -> (message, fix): could not prepare it
@@ -660,6 +658,16 @@ class Rehearsal:
             return self.o.hosts[0].name
         return self.o.launch_from
 
+    def launch_spec(self) -> Dict[str, Any]:
+        """launch.json: what the supervisor runs, and what it reaps when its lifeline closes."""
+        return {"argv": self.launcher_argv(), "token": self.token, "hosts": [h.name for h in self.o.hosts],
+                "lifetime": self.lifetime + 60.0}
+
+    @property
+    def lifetime(self) -> float:
+        """How long a rank lives at most: past the coordinator's deadline, it ends itself."""
+        return max(30.0, self.o.timeout + 30.0)
+
     def launcher_argv(self) -> List[str]:
         """``deepspeed --hostfile H [-i/-e] [--master_addr/--master_port] --launcher pdsh SCRIPT --deepspeed_config
         C`` and the rehearsal's own arguments after it."""
@@ -674,11 +682,10 @@ class Rehearsal:
             argv += ["--master_port", str(self.o.master_port)]
         if self.o.launcher_ssh_port:
             argv += ["--ssh_port", str(self.o.launcher_ssh_port)]
-        lifetime = max(30.0, self.o.timeout + 30.0)
         return argv + ["--launcher", "pdsh", SCRIPT, "--deepspeed_config", self.o.deepspeed_config,
                        "--preflight-run", self.token, "--steps", str(self.o.steps),
                        "--model-params", "%g" % self.o.model_params, "--init-timeout", "%g" % self.o.init_timeout,
-                       "--lifetime", "%g" % lifetime]
+                       "--lifetime", "%g" % self.lifetime]
 
     # -- phases
     def connect(self) -> None:
@@ -724,6 +731,7 @@ class Rehearsal:
             files = [(SCRIPT, script)]
             if name == self.launch_host:
                 files.append((HOSTFILE, hostfile_text.encode()))
+                files.append((host_side.LAUNCH_FILE, json.dumps(self.launch_spec()).encode()))
                 if env_text is not None:
                     files.append((os.environ.get("DS_ENV_FILE", DEFAULT_ENV_NAME), env_text.encode()))
             for path, data in files:
@@ -743,12 +751,13 @@ class Rehearsal:
         """Start the supervisor on the launch host and watch the events until the end: (why it stopped, facts of
         the launch). Ctrl-C stops it the same way (and is re-raised by run())."""
         transport = self.transports[self.launch_host]
-        argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", self.dir, self.o.python,
-                os.path.join(self.dir, SCRIPT), "--supervise", "--preflight-run", self.token,
-                "--hosts", ",".join(h.name for h in self.o.hosts), "--pattern", self.pattern, "--"]
+        # Relative to the launch directory, and the launcher's argv in launch.json: the supervisor's argv holds
+        # no token, so that its own reap of the token on this host (pdsh reaches it too) spares it.
+        argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", self.dir, self.o.python, SCRIPT,
+                "--supervise", self.mark]
         launcher = self.launcher_argv()
         launched: Dict[str, Any] = {"command": " ".join(shlex.quote(a) for a in launcher), "host": self.launch_host}
-        cmd = transport.start(argv + launcher, keep_stdin_open=True)
+        cmd = transport.start(argv, keep_stdin_open=True)
         cmd.stream_to(log.feed)
         started = time.monotonic()
         deadline = started + self.o.timeout
@@ -810,6 +819,7 @@ class Rehearsal:
                 return out
             kill = transport.run(["pkill", "-KILL", "-f", self.pattern], REAP_S)
             out["killed"] = kill.rc == 0
+            transport.run(["pkill", "-KILL", "-f", pattern_of(self.mark)], REAP_S)
             # The token is never written out in the command, or pkill -f of another host's reap would match it.
             transport.run(["sh", "-c", 'rm -rf -- "$1/%s$2"' % TOKEN_PREFIX, "sh", self.o.workdir,
                            self.token[len(TOKEN_PREFIX):]], REAP_S)

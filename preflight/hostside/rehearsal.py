@@ -364,20 +364,40 @@ def _which(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
-def reap_everywhere(hosts: Sequence[str], pattern: str, timeout: float) -> Dict[str, Any]:
-    """Kill the run's processes on every host (pdsh, as the launcher reached them) and here: pkill -KILL -f of the
-    run's token, whose first letter is bracketed so that it never matches the shell that runs it."""
+TOKEN_PREFIX = "preflight-rehearse-"  # the run's token: TOKEN_PREFIX + 12 hex digits, in every rank's argv
+SUPERVISOR_PREFIX = "preflight-supervise-"  # the supervisor's own mark: its reap by the run's token spares it
+LAUNCH_FILE = "launch.json"  # in the launch directory: what the supervisor runs (its argv holds no token)
+
+
+def pattern_of(token: str) -> str:
+    """pkill -f's pattern for a token: its first letter bracketed, so that it never matches the shell running it."""
+    return "[%s]%s" % (token[0], token[1:])
+
+
+def unmatched(path: str, token: str) -> str:
+    """``path`` for a shell line, quoted so that the line never holds ``token`` literally (pkill -f of the token
+    on the same host must not match the shell that runs the line); the shell joins the pieces back."""
+    at = path.index(token)
+    cut = at + len(token) // 2
+    return "'%s''%s'" % (path[:cut].replace("'", "'\\''"), path[cut:].replace("'", "'\\''"))
+
+
+def reap_everywhere(hosts: Sequence[str], token: str, directory: str, timeout: float) -> Dict[str, Any]:
+    """Kill the run's processes and remove its launch directory on every host (pdsh, as the launcher reached them)
+    and here: pkill -KILL -f of the run's token, then rm -rf of the directory."""
     out: Dict[str, Any] = {}
+    pattern = pattern_of(token)
+    line = "pkill -KILL -f '%s'; rm -rf -- %s" % (pattern, unmatched(directory, token))
     if hosts and _which("pdsh"):
         try:
-            proc = subprocess.run(["pdsh", "-S", "-w", ",".join(hosts), "pkill -KILL -f '%s'" % pattern],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=timeout, env=dict(os.environ, PDSH_RCMD_TYPE="ssh"))
+            proc = subprocess.run(["pdsh", "-S", "-w", ",".join(hosts), line], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=dict(os.environ, PDSH_RCMD_TYPE="ssh"))
             out["pdsh_rc"] = proc.returncode
         except (OSError, subprocess.SubprocessError) as exc:
             out["pdsh_error"] = str(exc)
     try:
-        subprocess.run(["pkill", "-KILL", "-f", pattern], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        subprocess.run(["sh", "-c", line], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=10)
     except (OSError, subprocess.SubprocessError):
         pass
@@ -385,19 +405,15 @@ def reap_everywhere(hosts: Sequence[str], pattern: str, timeout: float) -> Dict[
 
 
 def supervise_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="preflight_rehearse.py --supervise")
-    parser.add_argument("--supervise", action="store_true")
-    parser.add_argument("--preflight-run", required=True)
-    parser.add_argument("--hosts", default="")
-    parser.add_argument("--pattern", required=True)
-    parser.add_argument("launcher", nargs=argparse.REMAINDER)
-    args = parser.parse_args(list(argv))
-    launcher = list(args.launcher)
-    if launcher[:1] == ["--"]:  # argparse keeps the separator in a REMAINDER on some versions
-        launcher = launcher[1:]
+    """Run the launcher of the launch directory's launch.json, as the job's own shell would; stdout carries its
+    output and our events. When stdin closes (the coordinator is done, was interrupted or killed) or the lifetime
+    passes: kill the launcher's session and reap the run everywhere, then exit."""
+    with open(LAUNCH_FILE) as fh:
+        spec = json.load(fh)
+    launcher = [str(a) for a in spec["argv"]]
+    token, hosts = str(spec["token"]), [str(h) for h in spec.get("hosts", [])]
     ident: Dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "role": "launcher"}
-    rep = Reporter(args.preflight_run, ident)
-    hosts = [h for h in args.hosts.split(",") if h]
+    rep = Reporter(token, ident)
     cwd = os.getcwd()
     rep.emit("launcher", argv=launcher, cwd=cwd, env_files=env_files(cwd), pdsh=_which("pdsh"),
              launcher_path=_which(launcher[0]) if launcher else None)
@@ -412,6 +428,10 @@ def supervise_main(argv: Sequence[str]) -> int:
         gone.set()
 
     threading.Thread(target=lifeline, daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: gone.set())
+    deadline = time.monotonic() + float(spec.get("lifetime", 600))
+    proc: Optional[subprocess.Popen] = None
     try:
         # Its own session: the launcher, pdsh and the ssh clients go with one killpg. stderr joins stdout, so the
         # coordinator reads the lines in the order they were written.
@@ -419,26 +439,28 @@ def supervise_main(argv: Sequence[str]) -> int:
                                 start_new_session=True)
     except OSError as exc:
         rep.emit("launcher_exit", rc=127, error="%s: %s" % (launcher[0] if launcher else "", exc.strerror))
-        return 127
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: gone.set())
-    while proc.poll() is None and not gone.is_set():
+    while proc is not None and proc.poll() is None and not gone.is_set() and time.monotonic() < deadline:
         gone.wait(0.2)
-    if proc.poll() is None:  # the coordinator let go of us first: nothing of the run may stay
+    if proc is not None and proc.poll() is not None:
+        rep.emit("launcher_exit", rc=proc.returncode)
+    # Until the coordinator lets go (it has read everything), or the lifetime: then nothing of the run may stay.
+    while not gone.is_set() and time.monotonic() < deadline:
+        gone.wait(0.5)
+    stopped = proc is not None and proc.poll() is None
+    if stopped and proc is not None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        reaped = reap_everywhere(hosts, args.pattern, 30.0)
+    reaped = reap_everywhere(hosts, token, cwd, 30.0)
+    if proc is not None:
         proc.wait()
-        rep.emit("launcher_exit", rc=proc.returncode, stopped=True, reaped=reaped)
-        return 0
-    rep.emit("launcher_exit", rc=proc.returncode)
+    rep.emit("reaped", stopped=stopped, rc=proc.returncode if proc is not None else None, **reaped)
     return 0
 
 
 def main(argv: Sequence[str]) -> int:
-    if "--supervise" in argv[:1]:
+    if argv[:1] == ["--supervise"]:
         return supervise_main(argv)
     return rank_main(argv)
 
