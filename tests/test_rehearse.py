@@ -349,3 +349,28 @@ def test_an_interrupted_or_killed_coordinator_leaves_nothing_behind(debian_clust
         time.sleep(1)
     print("\n%s: nothing left %.1f s after the signal" % (signal.Signals(sig).name, time.monotonic() - stopped))
     assert leftovers(cluster) == {}
+
+
+def test_launch_from_this_machine(debian_cluster, tmp_path):
+    """--launch-from local: DeepSpeed's launcher runs here, and pdsh and its own `ssh FIRST hostname -I` use this
+    machine's ssh (here a wrapper giving it the cluster's ssh config, as a user's ~/.ssh/config would)."""
+    cluster = debian_cluster
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "ssh"
+    wrapper.write_text('#!/bin/sh\nexec %s -F %s "$@"\n' % (shutil.which("ssh"), cluster.ssh_config))
+    wrapper.chmod(0o755)
+    (tmp_path / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\n")
+    report = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "preflight", "rehearse", "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+            "--deepspeed-config", str(cluster.dir / "ds_zero2.json"), "--ssh-config", str(cluster.ssh_config),
+            "--ssh-key", str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--deepspeed",
+            str(LAUNCHER), "--python", sys.executable, "--launch-from", "local", "--json", str(report)]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+                          env=_env(PATH="%s:%s" % (bindir, os.environ["PATH"])))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = {r["host"]: r for r in json.loads(report.read_text())["results"]}
+    assert all(cells[h]["status"] == "pass" for h in ("node01", "node02", "node03", "*")), cells
+    assert "from this machine" in cells["*"]["message"]
+    assert not any(p.name.startswith("preflight-rehearse-") for p in Path("/tmp").iterdir())
+    assert_nothing_left(cluster)
