@@ -29,7 +29,7 @@ def test_walk_finds_every_subcommand():
     names = [name for name, _ in parsers(cli.build_parser())]
     assert names == ["preflight"] + [f"preflight {c}" for c in
                                      ("list", "config", "hostfile", "version", "run", "node-check", "history",
-                                      "diff")], names
+                                      "diff", "rehearse")], names
 
 
 def test_every_option_of_every_parser_has_help():
