@@ -1,0 +1,114 @@
+"""What `preflight rehearse` costs over the bare launch it rehearses, on 3 namespace hosts.
+
+Interleaved on one cluster, --reps times each (ZeRO-2 and AdamW, one rank per host, torch CPU over gloo):
+
+- bare: `ssh node01 'cd DIR && deepspeed --hostfile hostfile --launcher pdsh preflight_rehearse.py
+  --deepspeed_config C ...'` from this machine, the script already in DIR on every host (as a user who copied it);
+  timed from the ssh's start to its exit;
+- rehearse: `python -m preflight rehearse --hostfile H --deepspeed-config C` from this machine, timed from its
+  start to its exit: connecting, writing the script, the same launch, stopping and the clean-up on every host.
+
+Prints a table and writes bench/results/rehearse-overhead.json. Run as root from the repository root:
+    python3 bench/rehearse_overhead.py --reps 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from preflight.hostside import rehearsal  # noqa: E402
+from tests.netcluster import NetCluster  # noqa: E402
+
+LAUNCHER = Path(sys.executable).parent / "deepspeed"
+CONFIG = {"train_batch_size": 6, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": 2}}
+
+
+def ssh(cluster: NetCluster, host: str, command: str, stdin: str = "",
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(cluster.ssh_config), host, command], input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def bare(cluster: NetCluster, config: Path, rep: int) -> float:
+    token = "bench-bare-%d-%d" % (os.getpid(), rep)
+    folder = "/tmp/" + token
+    script = Path(rehearsal.__file__).read_text()
+    for h in cluster.hosts:  # the user's copy of the script, before the clock starts
+        ssh(cluster, h.name, "mkdir -p %s && cat > %s/preflight_rehearse.py" % (folder, folder), script, 60)
+    ssh(cluster, "node01", "cat > %s/hostfile" % folder, "".join("%s slots=1\n" % h.name for h in cluster.hosts), 60)
+    command = "cd %s && %s --hostfile hostfile --launcher pdsh preflight_rehearse.py --deepspeed_config %s " \
+              "--preflight-run %s" % (folder, shlex.quote(str(LAUNCHER)), config, token)
+    started = time.monotonic()
+    proc = ssh(cluster, "node01", command)
+    elapsed = time.monotonic() - started
+    done = proc.stdout.count('"event": "done"')
+    for h in cluster.hosts:
+        ssh(cluster, h.name, "rm -rf %s" % folder, timeout=60)
+    if proc.returncode != 0 or done != len(cluster.hosts):
+        raise SystemExit("bare launch failed (rc %d, %d ranks done): %s" % (proc.returncode, done,
+                                                                             proc.stdout[-2000:] + proc.stderr[-2000:]))
+    return elapsed
+
+
+def rehearse(cluster: NetCluster, config: Path, workdir: Path) -> float:
+    argv = [sys.executable, "-m", "preflight", "rehearse", "--hostfile", str(cluster.hostfile(workdir / "hostfile")),
+            "--deepspeed-config", str(config), "--ssh-config", str(cluster.ssh_config), "--ssh-key",
+            str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--deepspeed", str(LAUNCHER),
+            "--python", sys.executable, "-q"]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    elapsed = time.monotonic() - started
+    if proc.returncode != 0:
+        raise SystemExit("rehearse failed: %s" % (proc.stdout[-2000:] + proc.stderr[-2000:]))
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rehearse-overhead.json"))
+    args = parser.parse_args()
+    workdir = Path("/run") / ("bench-rehearse-%d" % os.getpid())
+    workdir.mkdir()
+    times = {"bare": [], "rehearse": []}
+    try:
+        with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
+            config = cluster.dir / "ds_zero2.json"
+            config.write_text(json.dumps(CONFIG))
+            bare(cluster, config, -1)  # warm-up: page cache, the ops' cache in each host's home overlay
+            for rep in range(args.reps):
+                times["bare"].append(bare(cluster, config, rep))
+                times["rehearse"].append(rehearse(cluster, config, workdir))
+                print("rep %d: bare %.1f s, rehearse %.1f s" % (rep, times["bare"][-1], times["rehearse"][-1]),
+                      flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", str(workdir)])
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    ratio = medians["rehearse"] / medians["bare"]
+    load = os.getloadavg()
+    print("%-9s %s  median" % ("", "  ".join("rep%d" % i for i in range(args.reps))))
+    for name, values in times.items():
+        print("%-9s %s  %.1f s" % (name, "  ".join("%4.1f" % v for v in values), medians[name]))
+    print("rehearse / bare: %.2f (load average %.1f)" % (ratio, load[0]))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    Path(args.out).write_text(json.dumps({"commit": commit, "reps": args.reps, "hosts": 3, "config": CONFIG,
+                                          "seconds": times, "median_s": medians, "ratio": round(ratio, 3),
+                                          "loadavg": load}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
