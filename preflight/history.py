@@ -50,8 +50,11 @@ KEEP_MESSAGE = ("warn", "fail", "error")  # what `history` and `diff` print: why
 # What names an entry of a list of dicts in its flattened key, first found wins: a link by its ends, a path, a
 # network, a GPU by index, an all-reduce size by its bytes. Else its position.
 IDENTITY_KEYS = ("path", "network", "index", "bytes", "name", "device")
-# Top-level metric keys that are not the check's own figures: the history's own verdicts and the findings' texts.
-NOT_RECORDED = ("baseline", "findings")
+# Top-level metric keys that are not the check's own figures: the history's own verdicts and series, the findings.
+NOT_RECORDED = ("baseline", "trend", "findings")
+# metrics.trend keeps at most this many past values per figure, however many runs a baseline takes (the report's
+# sparkline; a bounded payload).
+TREND_POINTS = 50
 
 # A run of a (host, check) counts toward its baseline when its cell neither failed nor errored, and none of its
 # figures was named against its own past. Not "only when it passed": where a check WARNs on the same figure (nvme
@@ -307,6 +310,22 @@ def judge(value: float, past: Sequence[float], better: str, settings: Settings) 
     if deficit < settings.min_deficit or worse > -settings.z_threshold or not significant(worse, settings.max_p):
         return None
     return med, z, p_value(z)
+
+
+def trend(key: str, value: float, past: Sequence[float], better: str, flagged: bool,
+          settings: Settings) -> Optional[Dict[str, Any]]:
+    """The report's sparkline for one figure with a baseline: the past values (oldest first, at most TREND_POINTS),
+    this run's value, the median and the band median +/- z_threshold robust sigmas (sigma as ``judge`` takes it);
+    None below min_runs."""
+    if len(past) < settings.min_runs:
+        return None
+    med, sigma, _ = robust_z(past, value, settings.noise_floor)
+    sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
+    def num(x: float) -> float:
+        return float("%.6g" % x)
+    return {"key": key, "value": num(value), "series": [num(x) for x in past[-TREND_POINTS:]], "median": num(med),
+            "low": num(med - settings.z_threshold * sigma), "high": num(med + settings.z_threshold * sigma),
+            "better": better, "flagged": flagged}
 
 
 def apply_drops(cell: Cell, drops: Sequence[Drop], settings: Settings) -> None:
@@ -633,13 +652,21 @@ class Recorder:
                 self.close()
                 return found
             drops = []
+            trends = []
             for key, value in cell.figures:
                 better = directions.get(key)
                 verdict = judge(value, past.get(key, []), better, self.settings) if better else None
                 if verdict:
                     med, z, p = verdict
                     drops.append(Drop(cell.host, cell.check, key, str(better), value, med, len(past[key]), z, p))
+                line = trend(key, value, past.get(key, []), str(better), bool(verdict), self.settings) \
+                    if better else None
+                if line:
+                    trends.append(line)
             apply_drops(cell, drops, self.settings)
+            metrics = getattr(cell.target, "metrics", None)
+            if trends and isinstance(metrics, dict):  # metrics.trend: every compared figure, flagged or not
+                metrics["trend"] = trends
             cell.drops = len(drops)
             found.extend(drops)
         return found

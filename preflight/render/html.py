@@ -5,12 +5,14 @@ Reads only the Report's structured results, like every renderer. A check adds a 
 inline CSS and inline SVG, no JavaScript and no external assets: clusters are often offline. Produces e.g.::
 
     <!doctype html>...<section id="summary">...<table id="matrix">...<section id="details">...
-    <section id="environment">...<section id="check-NAME" data-check="NAME"><h2>TITLE</h2>(the check's)</section>
+    <section id="environment">...<section id="trends">(with history)...
+    <section id="check-NAME" data-check="NAME"><h2>TITLE</h2>(the check's)</section>
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Dict, List, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from preflight import __version__
 from preflight import checks as registry
@@ -77,6 +79,11 @@ details > summary { cursor: pointer; }
 .flagged { flex: 1 1 300px; }
 .flagged ul { padding-left: 18px; margin: 0; }
 .flagged li { margin-bottom: 6px; }
+#trends td { padding: 2px 10px 2px 0; vertical-align: middle; }
+svg.spark rect.band { fill: #dbeafe; }
+svg.spark polyline { fill: none; stroke: #2563eb; stroke-width: 1.5; }
+svg.spark circle.now { fill: #2563eb; }
+svg.spark circle.now.flagged { fill: #dc2626; }
 """
 
 
@@ -117,7 +124,7 @@ def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
             f'preflight {esc(__version__)}</div>'
             f'<div class="verdict st-{"pass" if ok else "fail"}">exit code {report.exit_code}: {verdict}</div>'
             f'<div class="counts">{badges}</div><p>{esc(summary_line(report))}</p>'
-            f'<nav>{_contents(sections)}</nav></section>')
+            f'<nav>{_contents(sections, bool(_trend_rows(report)))}</nav></section>')
 
 
 def _matrix(report: Report, ids: Dict[int, str]) -> str:
@@ -217,6 +224,74 @@ def _environment(report: Report) -> str:
     return f'<section id="environment"><h2>Recommended environment</h2>{env}{notes}</section>'
 
 
+# --------------------------------------------------------------------------------------- trends (history)
+
+SPARK_W, SPARK_H, SPARK_PAD = 160, 32, 4
+
+
+def _finite(x: Any) -> Optional[float]:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _trend_rows(report: Report) -> List[Tuple[Result, Dict[str, Any]]]:
+    """(result, entry) of each figure the history compared (metrics.trend, preflight/history.py); malformed or
+    non-numeric entries are left out (a report read back from a file is untrusted)."""
+    rows = []
+    for r in report.results:
+        entries = r.metrics.get("trend") if isinstance(r.metrics, dict) else None
+        for e in entries if isinstance(entries, list) else []:
+            if not isinstance(e, dict) or not isinstance(e.get("series"), list):
+                continue
+            nums = [e.get(k) for k in ("value", "median", "low", "high")]
+            if all(_finite(x) is not None for x in nums) and all(_finite(x) is not None for x in e["series"]):
+                rows.append((r, e))
+    return rows
+
+
+def _sparkline(e: Dict[str, Any]) -> str:
+    """The past runs then this one as a polyline, the baseline band (median +/- the WARN's z) as a shaded rect,
+    this run's point marked (red when the history named it)."""
+    values = [float(x) for x in e["series"]] + [float(e["value"])]
+    low, high = float(e["low"]), float(e["high"])
+    lo, hi = min(values + [low]), max(values + [high])
+    span = (hi - lo) or (abs(hi) or 1.0)
+
+    def y(v: float) -> float:
+        return SPARK_PAD + (hi - v) / span * (SPARK_H - 2 * SPARK_PAD)
+
+    step = (SPARK_W - 2 * SPARK_PAD) / max(len(values) - 1, 1)
+    points = " ".join("%.1f,%.1f" % (SPARK_PAD + i * step, y(v)) for i, v in enumerate(values))
+    x_now, y_now = SPARK_PAD + (len(values) - 1) * step, y(values[-1])
+    flagged = " flagged" if e.get("flagged") is True else ""
+    return (f'<svg class="spark" width="{SPARK_W}" height="{SPARK_H}" viewBox="0 0 {SPARK_W} {SPARK_H}" '
+            f'role="img"><rect class="band" x="0" y="{y(high):.1f}" width="{SPARK_W}" '
+            f'height="{max(y(low) - y(high), 0.5):.1f}"><title>baseline band {low:.4g} to {high:.4g}</title></rect>'
+            f'<polyline points="{points}"/><circle class="now{flagged}" cx="{x_now:.1f}" cy="{y_now:.1f}" r="2.5">'
+            f'<title>this run {values[-1]:.4g}</title></circle></svg>')
+
+
+def _trends(report: Report) -> str:
+    """One sparkline per (host, check, figure) the history compared with the host's own past; none without
+    history (or before a host has a baseline's worth of runs)."""
+    rows = _trend_rows(report)
+    if not rows:
+        return ""
+    body = []
+    for r, e in rows:
+        cls = ' class="flagged"' if e.get("flagged") is True else ""
+        body.append(f'<tr data-host="{esc(r.host)}" data-check="{esc(r.check)}"{cls}>'
+                    f'<td>{esc(display_host(r.host))}</td><td>{esc(r.check)}</td>'
+                    f'<td><code>{esc(str(e.get("key", "")))}</code></td><td>{_sparkline(e)}</td>'
+                    f'<td>{float(e["value"]):.4g} (median {float(e["median"]):.4g} of {len(e["series"])} runs)</td>'
+                    f'</tr>')
+    return (f'<section id="trends"><h2>Trends</h2><table><tbody>{"".join(body)}</tbody></table>'
+            f'<p class="caption">Each host against its own last runs: the line is the past runs then this one (the '
+            f'dot; red: named below its own baseline), the band its median \u00b1 the robust spread a WARN takes.'
+            f'</p></section>')
+
+
 # --------------------------------------------------------------------------------------- the checks' sections
 
 def _sections() -> List[CheckSpec]:
@@ -224,8 +299,9 @@ def _sections() -> List[CheckSpec]:
     return [spec for spec in registry.all_specs() if spec.html is not None]
 
 
-def _contents(sections: Sequence[CheckSpec]) -> str:
-    links = list(PAGE_SECTIONS) + [(f"check-{spec.name}", spec.html.title) for spec in sections if spec.html]
+def _contents(sections: Sequence[CheckSpec], trends: bool = False) -> str:
+    links = list(PAGE_SECTIONS) + ([("trends", "trends")] if trends else [])
+    links += [(f"check-{spec.name}", spec.html.title) for spec in sections if spec.html]
     return " &middot; ".join(f'<a href="#{esc(target)}">{esc(name)}</a>' for target, name in links)
 
 
@@ -246,7 +322,8 @@ def to_html(report: Report) -> str:
     title = f"preflight: {counts['fail']} failed, {counts['error']} errors, {counts['warn']} warned " \
             f"({report.started_at})"
     sections = _sections()
-    parts = [_summary(report, sections), _matrix(report, ids), _details(report, ids), _environment(report)]
+    parts = [_summary(report, sections), _matrix(report, ids), _details(report, ids), _environment(report),
+             _trends(report)]
     parts += [_check_section(spec, report) for spec in sections]
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
