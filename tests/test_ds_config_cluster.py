@@ -54,11 +54,13 @@ def test_nvme_path_missing_on_one_host_fails_on_that_host(cluster3, tmp_path, sh
             cluster3.exec(host, ["rm", "-rf", path])
 
 
-def test_valid_config_without_gpus_skips_memory_findings_with_the_reason(cluster3, tmp_path):
+def test_valid_config_without_gpus_skips_memory_findings_with_the_reason(cluster3, tmp_path, shared_dir):
     out = tmp_path / "r.json"
+    # Where every host sees it: the ranks open the config's path, and a checkout under /tmp is the coordinator's alone.
+    config = shared_dir / "real_hf_zero2_auto.json"
+    shutil.copy(CONFIGS / "real_hf_zero2_auto.json", config)
     proc = preflight(cluster3, "--hostfile", cluster3.hostfile(tmp_path / "hf", slots=1), "--deepspeed-config",
-                     CONFIGS / "real_hf_zero2_auto.json", "--model-params", "1e8", "--checks", "gpu,ds_config",
-                     "--json", out)
+                     config, "--model-params", "1e8", "--checks", "gpu,ds_config", "--json", out)
     res = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
     star = res[("*", "ds_config")]
     # A WARN may be real here (this machine's memlock limit is small for pinned offload); never a FAIL.
