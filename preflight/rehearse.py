@@ -275,6 +275,7 @@ class Context:
     elapsed: float
     loopback: List[RankView]  # ranks that advertised a loopback address to a multi-host gloo world
     first_error: Optional[RankView]
+    views: List[RankView] = field(default_factory=list)
 
 
 def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
@@ -314,6 +315,13 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
             return ("rendezvous", "%s failed at init: %s (the loopback address %s that %s on %s advertised)" % (
                 _rank_name(view), _last_line(message)[:300], _advertised(other), _rank_name(other),
                 other.slot.host), IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
+        peers = _peers_named(message, ctx)
+        if peers:
+            owners = sorted({v.slot.host for v in _peer_views(message, ctx)})
+            return ("rendezvous", "%s (%s)" % (text, peers),
+                    "the rank on %s could not connect to %s: allow inbound TCP from the other hosts to %s (gloo and "
+                    "NCCL listen on ephemeral ports, 1024-65535, besides the master port); `preflight run --checks "
+                    "ports` names the blocked pairs" % (view.slot.host, ", ".join(owners), ", ".join(owners)))
         return ("rendezvous", text, _rendezvous_fix(view, ctx))
     if phase == "initialize":
         if "batch" in message.lower():
@@ -323,6 +331,33 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
         return ("config", text, "deepspeed.initialize refused %s with this world: fix the key it names "
                 "(`preflight run --deepspeed-config %s` checks it against the cluster)" % (config, config))
     return ("raised", text, "see the traceback in the JSON report (launch metrics) or with -v")
+
+
+def _owners(address: str, ctx: Context) -> List[RankView]:
+    """The ranks that advertised ``address`` (their init_begin event), at most 4: more is not a name."""
+    owners = [v for v in ctx.views
+              if ((v.seen.get("init_begin") or {}).get("advertise") or {}).get("address") == address]
+    return owners if len(owners) <= 4 else []
+
+
+def _addresses(message: str) -> List[str]:
+    return list(dict.fromkeys(re.findall(r"remote=\[([^\]]+)\]", message)))
+
+
+def _peer_views(message: str, ctx: Context) -> List[RankView]:
+    return [v for address in _addresses(message) for v in _owners(address, ctx)]
+
+
+def _peers_named(message: str, ctx: Context) -> str:
+    """The ranks behind the addresses a gloo error names (``remote=[198.18.0.3]:41234``), by the address each
+    advertised: 'remote 198.18.0.3 is rank 2 (local 0) on node03'."""
+    found = []
+    for address in _addresses(message):
+        owners = _owners(address, ctx)
+        if owners:
+            found.append("remote %s is %s" % (address, ", ".join("%s on %s" % (_rank_name(v), v.slot.host)
+                                                                 for v in owners)))
+    return "; ".join(found)
 
 
 def _world(ctx: Context) -> int:
@@ -471,12 +506,19 @@ class Outcomes:
                     and "init" not in v.seen and any("init" not in w.seen for w in self.views)]
         errors = sorted((v for v in self.views if "error" in v.seen), key=lambda v: v.seen["error"].get("arrived", 0))
         return Context(self.o, self.launch_host, self.stop_reason, self.elapsed, loopback,
-                       errors[0] if errors else None)
+                       errors[0] if errors else None, self.views)
 
     def launcher_failure(self) -> Optional[Tuple[str, str, str]]:
         """(kind, line, fix) when the launcher failed before any rank started, else None."""
         if any(v.started for v in self.views):
             return None
+        if not self.launcher and self.launched.get("rc") not in (None, 0):
+            # Not even the supervisor said a word: its interpreter (--python) or the launch directory is missing.
+            # Its output came through the log (the channel streams both of its streams there).
+            said = "\n".join(list(self.log.launcher) + [str(self.launched.get("stderr") or "")])
+            line = _last_line(said) or "exit code %s" % self.launched.get("rc")
+            return ("no supervisor", line[:400], "pass --python with an interpreter that exists on {launch} "
+                    "(it runs the rehearsal's supervisor, standard library only)")
         exit_event = self._launcher_event("launcher_exit")
         lines = list(self.log.launcher)
         if exit_event.get("error"):
@@ -609,8 +651,8 @@ class Outcomes:
             names = ", ".join("%s on %s (%s)" % (_rank_name(v), v.slot.host, _advertised(v)) for v in ctx.loopback)
             return ("gloo ranks advertised a loopback address: %s" % names,
                     IFNAME_FIX.format(hostfile=self.o.hostfile, host=ctx.loopback[0].slot.host), "loopback")
-        order = ["config missing", "no pdsh", "env file", "never started", "python", "ssh", "op build", "OOM",
-                 "config", "rendezvous", "hung at init"]
+        order = ["config missing", "no pdsh", "no supervisor", "env file", "never started", "python", "ssh",
+                 "op build", "OOM", "config", "rendezvous", "hung at init"]
         def rank_of(item: Tuple[str, Outcome]) -> int:
             cause = str(item[1].metrics.get("cause", ""))
             return order.index(cause) if cause in order else len(order)
@@ -789,6 +831,13 @@ class Rehearsal:
                 errors = [v.seen["error"].get("arrived", 0) for v in views if "error" in v.seen]
                 if errors and now - log.arrived - min(errors) > GRACE_S:
                     reason = "stopped %s after the first rank raised" % _secs(GRACE_S)
+                    break
+                # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
+                # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes).
+                in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
+                           if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
+                if in_init and now - log.arrived - min(in_init) > self.o.init_timeout + GRACE_S:
+                    reason = "init did not finish within --init-timeout %s" % _secs(self.o.init_timeout)
                     break
                 if now > deadline:
                     reason = "--timeout %s passed" % _secs(self.o.timeout)
@@ -1042,7 +1091,10 @@ def main(args: argparse.Namespace) -> int:
             len(expected_ranks(options.hosts)), len(options.hosts), where, env), soft_wrap=True, highlight=False,
             markup=False)
     rehearsal = Rehearsal(options, rep.TerminalProgress(err, quiet=args.quiet))
-    report = rehearsal.run(env_text, hostfile_text)
+    try:
+        report = rehearsal.run(env_text, hostfile_text)
+    except KeyboardInterrupt:  # a second Ctrl-C during the clean-up: the supervisor's lifeline closes with us
+        rehearsal.interrupted = True
     if rehearsal.interrupted:
         err.print("preflight: interrupted; stopped the launch and cleaned up on the hosts")
         return 130

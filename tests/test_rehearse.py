@@ -93,6 +93,7 @@ def test_a_launcher_without_pdsh_fails_on_the_launch_host_before_any_rank():
     # DeepSpeed 0.19.8's runner on a launch host without pdsh (runner.py: runner.backend_exists()).
     hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
     log = _log("t", ["node01", "node02"], [
+        '@@PF-REHEARSE {"run": "t", "event": "launcher", "role": "launcher", "argv": ["deepspeed"]}',
         "Traceback (most recent call last):",
         "RuntimeError: launcher 'pdsh' not installed.",
         '@@PF-REHEARSE {"run": "t", "event": "launcher_exit", "role": "launcher", "rc": 1}'])
@@ -133,6 +134,36 @@ def test_a_config_missing_on_one_host_is_named_there():
         in rows["node02"].message
     assert "copy /shared/ds.json to the same path on node02" in rows["node02"].fix
     assert rows["node02"].metrics["cause"] == "config missing"
+
+
+def test_a_supervisor_that_never_ran_names_python(tmp_path):
+    hosts = [HostSpec("node01", 1, 0, [0])]
+    log = _log("t", ["node01"], ["sh: 1: exec: /opt/py/bin/python3: not found"])  # sh's stderr, streamed
+    out = Outcomes(_options(hosts), "node01", log, "the launcher exited", 1.0, {"rc": 127})
+    row = out.host_rows()["node01"]
+    assert row.status == Status.FAIL and "(no supervisor): sh: 1: exec: /opt/py/bin/python3: not found" in row.message
+    assert row.fix.startswith("pass --python with an interpreter that exists on node01")
+
+
+def test_every_output_renders_a_rehearsal(tmp_path):
+    """The rehearsal's check ('launch') is not in the registry: every renderer still writes its report."""
+    from preflight import render
+    from preflight.results import CLUSTER, Report, Result
+    hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
+    log = _log("t", ["node01", "node02"], [
+        '@@PF-REHEARSE {"run": "t", "event": "launcher", "role": "launcher", "argv": ["deepspeed"]}',
+        "RuntimeError: launcher 'pdsh' not installed."])
+    out = Outcomes(_options(hosts), "node01", log, "the launcher exited", 5.0, {"rc": 1})
+    rows = out.host_rows()
+    results = [Result.from_outcome(h, "launch", o) for h, o in rows.items()]
+    results.append(Result.from_outcome(CLUSTER, "launch", out.cluster_row(rows)))
+    report = Report("2026-01-01T00:00:00+00:00", 5.0, [], results, ["launch"])
+    assert report.exit_code == 1
+    for output in render.RENDERERS:
+        path = tmp_path / ("out-" + output.name)
+        output.to_path(report, str(path))
+        assert path.stat().st_size > 0 or output.name == "env_file", output.name
+    assert "install pdsh on node01" in (tmp_path / "out-json").read_text()
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
