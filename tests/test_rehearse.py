@@ -403,5 +403,6 @@ def test_launch_from_this_machine(debian_cluster, tmp_path):
     cells = {r["host"]: r for r in json.loads(report.read_text())["results"]}
     assert all(cells[h]["status"] == "pass" for h in ("node01", "node02", "node03", "*")), cells
     assert "from this machine" in cells["*"]["message"]
-    assert not any(p.name.startswith("preflight-rehearse-") for p in Path("/tmp").iterdir())
+    token = cells["*"]["metrics"]["command"].split("--preflight-run ")[1].split()[0]
+    assert token.startswith("preflight-rehearse-") and not (Path("/tmp") / token).exists()  # this machine's too
     assert_nothing_left(cluster)
