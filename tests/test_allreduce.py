@@ -844,3 +844,17 @@ def test_runs_over_the_network_iperf3_chose(netcluster_factory, tmp_path):
     assert m["interfaces"] == {h.name: "eth1" for h in cluster.hosts}
     assert m["master_addr"] == cluster.hosts[0].addresses[1]
     assert m["sizes"][-1]["busbw_GBps"] == pytest.approx(RATE_MBIT / 1000 / 8, rel=0.15)
+
+
+def test_a_large_deficit_that_noise_explains_is_not_named():
+    """issue 26: the fractions need significance too. Pairs so noisy that a 60% host is within the spread name nobody;
+    with the statistics off (max_p = 1) the fraction alone decides, as before."""
+    import random
+    rng = random.Random(5)  # a draw where the fraction alone also names a healthy host (node04, p = 0.19)
+    noisy = copy.deepcopy(_slowed(ROUNDS["clean"], "node03", 0.6))
+    for p in noisy["pairs"]:
+        p["iter_s"] = [t / rng.uniform(0.3, 1.0) for t in p["iter_s"]]
+    off = stragglers.find(noisy, dict(CFG, max_p=1.0))
+    assert off["node04"]["by"] == "fraction" and off["node04"]["p"] >= 0.05  # the old rule: a WARN on weak evidence
+    named = stragglers.find(noisy, CFG)
+    assert list(named) == ["node03"] and named["node03"]["p"] < float(CFG["max_p"])

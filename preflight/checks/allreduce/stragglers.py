@@ -28,7 +28,7 @@ import statistics
 from typing import Any, Dict, List, Optional
 
 from ...hostside.fmt import gbps, human_bytes
-from ...hostside.robust import MEDIAN_SE, p_text, p_value, rel_noise, robust_z
+from ...hostside.robust import MEDIAN_SE, p_text, p_value, rel_noise, robust_z, significant
 
 
 def pair_rates(facts: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -95,6 +95,7 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
     if len(rates) < 3:
         return named
     z_limit, floor = float(cfg["z_threshold"]), float(cfg["min_deficit"])
+    max_p = float(cfg["max_p"])
     warn_below, fail_below = float(cfg["straggler_fraction"]), float(cfg["straggler_fail_fraction"])
     # The typical pair's own noise (median over the hosts, so that one noisy pair does not set it for all).
     typical = statistics.median(r["noise"] for r in rates.values())
@@ -104,6 +105,8 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
         rel_floor = max(float(cfg["noise_floor"]), math.hypot(r["noise"], typical))
         med, sigma, z = robust_z(peers, r["busbw_GBps"], rel_floor)
         ratio = r["busbw_GBps"] / med if med > 0 else 1.0
+        if not significant(z, max_p):
+            continue  # however large the deficit looks, noise explains it (p >= max_p): no finding on weak evidence
         if ratio < fail_below:
             status, by = "fail", "fail_fraction"
         elif ratio < warn_below:
