@@ -21,7 +21,11 @@ PROGRAM = re.compile(r"^[a-z][a-z0-9_.+-]*$")
 # Words after which getopt (or iproute2's keyword parser) takes the next word as a value whatever it starts with:
 # options that take an argument (ssh -o/-p/-l/-i, iperf3 -c/-B/-p/-t/-P, cc -o) and `ip ... to|dev|name`.
 # A flag like ssh's -x takes none: a value after it is a positional and needs `--`.
-VALUE_WORDS = {"-o", "-p", "-l", "-i", "-c", "-B", "-t", "-P", "-J", "--connect-timeout", "-F", "to", "dev", "name"}
+VALUE_WORDS = {"-o", "-p", "-l", "-i", "-c", "-B", "-t", "-P", "-J", "--connect-timeout", "-F", "to", "dev", "name",
+               # pdsh's host list, and the deepspeed launcher's options with a value (preflight rehearse)
+               "-w", "--hostfile", "--master_addr", "--master_port", "--ssh_port", "--deepspeed_config",
+               # and the rehearsal script's own options
+               "--preflight-run", "--steps", "--model-params", "--init-timeout", "--lifetime"}
 
 
 def _names(node: ast.AST) -> str:
@@ -59,6 +63,8 @@ def unsafe_argvs():
             if not (isinstance(first, ast.Constant) and isinstance(first.value, str)
                     and (PROGRAM.match(first.value) or first.value.startswith("-"))):
                 continue
+            if [e.value for e in node.elts[:2] if isinstance(e, ast.Constant)] == ["sh", "-c"]:
+                continue  # after `sh -c SCRIPT`, every word is a positional parameter ($0, $1, ...), never an option
             after_dashdash = False
             for i, elt in enumerate(node.elts):
                 if isinstance(elt, ast.Constant):
@@ -66,6 +72,8 @@ def unsafe_argvs():
                     continue
                 if isinstance(elt, ast.Starred) or not HOSTISH.search(_names(elt)) or after_dashdash or _glued(elt):
                     continue
+                if isinstance(elt, ast.Name) and elt.id.isupper():
+                    continue  # a constant of the code (SCRIPT = "rehearse_train.py"), not a value from a host
                 prev = node.elts[i - 1] if i else None
                 if isinstance(prev, ast.Constant) and prev.value in VALUE_WORDS:
                     continue  # an option's own argument
