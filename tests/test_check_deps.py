@@ -20,6 +20,7 @@ import pytest
 import preflight
 from preflight import checks as registry
 from preflight.hostside import seams
+from tests.test_layout import _resolve_from  # one resolver of relative imports for both walkers
 
 PACKAGE = Path(preflight.__file__).resolve().parent
 CHECKS_DIR = PACKAGE / "checks"
@@ -31,16 +32,6 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
-    """The module an ImportFrom reads from, its relative level resolved against ``module``."""
-    if not node.level:
-        return node.module or ""
-    base = module.split(".")
-    drop = node.level - 1 if is_package else node.level
-    base = base[:len(base) - drop] if drop else base
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def imported_names(source: str, module: str, is_package: bool = False) -> List[Tuple[int, str]]:
     """(line, dotted name) of everything a module imports: ``X`` for ``import X``, ``X.a`` for ``from X import a``
     (``a`` may be a submodule, as in ``from . import interfaces``, or a name such as ``ORDER``)."""
@@ -49,7 +40,7 @@ def imported_names(source: str, module: str, is_package: bool = False) -> List[T
         if isinstance(node, ast.Import):
             out.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node, module, is_package)
+            base = _resolve_from(node, module, is_package)
             out.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
     return out
 
