@@ -71,14 +71,6 @@ def _is_network(text: Any) -> bool:
         return False
 
 
-def _is_address(text: Any) -> bool:
-    try:
-        ipaddress.ip_address(str(text))
-        return True
-    except ValueError:
-        return False
-
-
 def nccl_version(text: Any) -> NcclVersion:
     """(major, minor) of an NCCL version such as '2.28.9'; None if it is not one."""
     try:
@@ -165,7 +157,7 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
             on_chosen = ipaddress.ip_address(str(master_address)) in ipaddress.ip_network(chosen["network"])
         except (ValueError, TypeError, KeyError):
             on_chosen = None  # a name, not an address: unknown
-        if addr and on_chosen is False and _is_address(addr):
+        if addr and on_chosen is False and validate.ip_address(addr):
             steps.append("the hostfile names resolve to another network (%s is %s) than the fastest one: launch "
                          "with deepspeed --master_addr=%s so that the rendezvous uses %s too"
                          % (master, master_address, addr, chosen["network"]))
