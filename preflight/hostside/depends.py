@@ -18,5 +18,5 @@ def collect_facts(name: str, ctx: HostContext) -> Dict[str, Any]:
 
     spec = registry.spec(name)
     if spec.collect is None:
-        raise ValueError("check %r has no host-side collect (scope %r)" % (name, spec.scope))
+        raise ValueError(f"check {name!r} has no host-side collect (scope {spec.scope!r})")
     return spec.collect(HostContext(params={}, deadline=ctx.deadline))

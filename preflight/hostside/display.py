@@ -39,9 +39,9 @@ def esc(value: Any) -> str:
 def badge(status: Union[Status, str], text: Optional[str] = None) -> str:
     """A status badge; ``status`` is a Status or its JSON value (``"fail"``, as a result dict holds it)."""
     status = Status(status)
-    return '<span class="badge st-%s">%s</span>' % (status.value, esc(text or CELL[status]))
+    return f'<span class="badge st-{status.value}">{esc(text or CELL[status])}</span>'
 
 
 def absent(why: str) -> str:
     """What a section shows instead of its data when there is none, and why."""
-    return '<p class="absent">%s</p>' % esc(why)
+    return f'<p class="absent">{esc(why)}</p>'

@@ -28,7 +28,7 @@ def nvml_session() -> Iterator[Any]:
     try:
         import pynvml  # nvidia-ml-py
     except Exception as exc:  # noqa: BLE001 - a missing/broken module is a fact
-        raise NVMLUnavailable("cannot import pynvml (nvidia-ml-py): %s" % exc) from None
+        raise NVMLUnavailable(f"cannot import pynvml (nvidia-ml-py): {exc}") from None
     module = getattr(pynvml, "__version__", "unknown")
     try:
         pynvml.nvmlInit()
@@ -60,20 +60,20 @@ def gpu_evidence(torch_cuda: Optional[str] = None) -> List[str]:
     reasons: List[str] = []
     nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
     if nodes:
-        reasons.append("%s exists" % nodes[0])
+        reasons.append(f"{nodes[0]} exists")
     lspci = sh(["lspci", "-mm", "-n"], timeout=5.0)
     if lspci.ok:
         for line in lspci.out.splitlines():
             parts = [x.strip('"') for x in line.split('"') if x.strip()]
             # slot "class" "vendor" "device" ...: class 0300 VGA, 0302 3D controller; vendor 10de NVIDIA
             if len(parts) >= 3 and parts[1].startswith("03") and parts[2].lower() == "10de":
-                reasons.append("lspci shows an NVIDIA display/3D controller at %s" % parts[0])
+                reasons.append(f"lspci shows an NVIDIA display/3D controller at {parts[0]}")
                 break
     if torch_cuda is None:
         torch = sys.modules.get("torch")  # imported by the python/driver_cuda checks in this agent, if at all
         torch_cuda = getattr(getattr(torch, "version", None), "cuda", None) if torch else None
     if torch_cuda:
-        reasons.append("the job's torch is a CUDA %s build" % torch_cuda)
+        reasons.append(f"the job's torch is a CUDA {torch_cuda} build")
     return reasons
 
 

@@ -104,8 +104,8 @@ def limits(thresholds: Mapping[str, Any], name: str) -> Dict[str, Any]:
     """
     section = thresholds.get(name)
     if not isinstance(section, dict):
-        raise ThresholdsError("thresholds have no [%s] section (the TOML beside each check is the source of every "
-                              "threshold)" % name)
+        raise ThresholdsError(f"thresholds have no [{name}] section (the TOML beside each check is the source of every "
+                              "threshold)")
     return section
 
 

@@ -113,9 +113,9 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
         proc = spawn(argv, env=env, cwd=cwd,
                      stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL)
     except FileNotFoundError:
-        return Cmd(127, "", "%s: command not found" % argv[0], 0.0)
+        return Cmd(127, "", f"{argv[0]}: command not found", 0.0)
     except PermissionError as exc:
-        return Cmd(126, "", "%s: %s" % (argv[0], exc), 0.0)
+        return Cmd(126, "", f"{argv[0]}: {exc}", 0.0)
     try:
         out, err = proc.communicate(input_text.encode() if input_text is not None else None, timeout=timeout)
         rc = proc.returncode
@@ -123,7 +123,7 @@ def sh(argv: Sequence[str], timeout: float = 10.0, env: Optional[Dict[str, str]]
         stop(proc, grace=0)
         out, err = proc.communicate()
         rc = 124
-        err = err + ("\n%s: timed out after %.0fs" % (argv[0], timeout)).encode()
+        err = err + f"\n{argv[0]}: timed out after {timeout:.0f}s".encode()
     finally:
         if proc.poll() is None:  # an exception (agent deadline, SIGTERM) interrupted communicate()
             stop(proc, grace=0)

@@ -40,7 +40,7 @@ def _unlink(path: str) -> bool:
 def _check(path: str) -> str:
     path = str(path)
     if not os.path.basename(path).startswith(PREFIX) or "\0" in path:
-        raise ValueError("a temporary file's name must start with %r: %r" % (PREFIX, path))
+        raise ValueError(f"a temporary file's name must start with {PREFIX!r}: {path!r}")
     return path
 
 

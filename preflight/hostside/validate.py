@@ -95,7 +95,7 @@ def quote(value: Any, limit: int = QUOTE_MAX) -> str:
     text (never interpreted), and capped so a huge value cannot flood the report."""
     text = value if isinstance(value, str) else repr(value)
     shown = repr(text[:limit])
-    return shown + ("...(%d chars)" % len(text) if len(text) > limit else "")
+    return shown + (f"...({len(text)} chars)" if len(text) > limit else "")
 
 
 def bad_interface_names(facts: Any) -> List[Tuple[str, Any]]:
@@ -108,7 +108,7 @@ def bad_interface_names(facts: Any) -> List[Tuple[str, Any]]:
             bad.append(("interface name", itf.get("name")))
         master = itf.get("bridge_master")
         if master is not None and not ifname(master):
-            bad.append(("bridge master of %s" % quote(itf.get("name")), master))
+            bad.append((f"bridge master of {quote(itf.get('name'))}", master))
     for p in _dicts(facts.get("ib")):
         if not hca_name(p.get("device")):
             bad.append(("IB device name", p.get("device")))

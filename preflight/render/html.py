@@ -262,7 +262,7 @@ def _sparkline(e: Dict[str, Any]) -> str:
         return SPARK_PAD + (hi - v) / span * (SPARK_H - 2 * SPARK_PAD)
 
     step = (SPARK_W - 2 * SPARK_PAD) / max(len(values) - 1, 1)
-    points = " ".join("%.1f,%.1f" % (SPARK_PAD + i * step, y(v)) for i, v in enumerate(values))
+    points = " ".join(f"{SPARK_PAD + i * step:.1f},{y(v):.1f}" for i, v in enumerate(values))
     x_now, y_now = SPARK_PAD + (len(values) - 1) * step, y(values[-1])
     flagged = " flagged" if e.get("flagged") is True else ""
     return (f'<svg class="spark" width="{SPARK_W}" height="{SPARK_H}" viewBox="0 0 {SPARK_W} {SPARK_H}" '

@@ -36,8 +36,8 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
             continue
         for key, name in (("busbw_GBps", "busbw"), ("algbw_GBps", "algbw")):
             if isinstance(m.get(key), (int, float)):
-                out.append(PromSample("preflight_allreduce_%s_gigabytes_per_second" % name, "all-reduce %s at the "
-                                      "largest message size of the sweep" % name, "gauge", {}, float(m[key])))
+                out.append(PromSample(f"preflight_allreduce_{name}_gigabytes_per_second", f"all-reduce {name} at the "
+                                      "largest message size of the sweep", "gauge", {}, float(m[key])))
         for host, rate in sorted(((m.get("stragglers") or {}).get("hosts") or {}).items()):
             if isinstance((rate or {}).get("busbw_GBps"), (int, float)):
                 out.append(PromSample("preflight_allreduce_pair_busbw_gigabytes_per_second", "all-reduce busbw of "

@@ -142,15 +142,14 @@ class _Job:
         if payload.get("ok") and isinstance(payload.get("value"), dict):
             entry.update(payload["value"])
         elif self.result_line:
-            entry.update(kind="other", error="rank agent failed: %s" % payload.get("error"))
+            entry.update(kind="other", error=f"rank agent failed: {payload.get('error')}")
         if self.killed and not entry.get("ok"):
             hung = self.killed.startswith("hung")
             entry.update(kind="hung" if hung else "stopped", error=self.killed, phase=self.phase,
                          phase_s=round(self.killed_after, 1))
         elif not entry.get("ok") and "error" not in entry:
             entry.update(kind="other", phase=self.phase,
-                         error="rank exited with code %s without a result in phase %s" % (self.proc.returncode,
-                                                                                         self.phase))
+                         error=f"rank exited with code {self.proc.returncode} without a result in phase {self.phase}")
         tail = self.err.decode(errors="replace").strip().splitlines()
         # torch's C++ frames are noise; the lines before them say what happened.
         tail = [ln for ln in tail if not ln.startswith(("frame #", "Exception raised from", "<omitting"))]
@@ -246,7 +245,7 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
                 if j.proc.poll() is None:
                     if now - j.phase_since > _allowance(j.phase, params["rank_params"]):
                         j.killed_after = now - j.phase_since
-                        j.killed = "hung in phase %s for %.0fs and was killed" % (j.phase, j.killed_after)
+                        j.killed = f"hung in phase {j.phase} for {j.killed_after:.0f}s and was killed"
                         _terminate([j], 1.0)
                         failed_at = failed_at or now
                 elif j.failed():
