@@ -8,6 +8,15 @@ Reads /sys/class/net/IF/{operstate,speed,mtu,type,flags}, ``ip -j addr`` / ``ip 
     /sys/class/infiniband/mlx5_0/ports/1/rate        400 Gb/sec (4X NDR)
     ip -j route get 192.0.2.1  ->  [{"dst":"192.0.2.1","dev":"eth0","prefsrc":"192.0.2.2","flags":[],...}]
     /proc/net/route            ->  eth0  000200C0  00000000  0001 ... 00FFFFFF ...
+    /proc/modules              ->  nvidia_peermem 16384 0 - Live 0x0000000000000000 (O)
+    /proc/driver/nvidia/version -> NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  ...
+
+GPUDirect RDMA: on a GPU host (the nvidia kernel module loaded) with an active IB/RoCE port, NCCL uses GPUDirect RDMA
+only when a peer-memory module is loaded (NCCL's src/transport/net_ib/gdr.cc tests /sys/module/nvidia_peermem/version
+and /sys/kernel/mm/memory_peers/nv_mem{,_nc}/version) or through DMA-BUF (NCCL >= 2.13, NVIDIA's open kernel module, a
+kernel >= 5.12). Neither is a WARN: every inter-node transfer is staged through host memory. The fix is NCCL's own
+(docs/userguide/source/troubleshooting/gpu_troubleshooting.rst, "GPU-to-NIC communication": the module "must be
+loaded on each node boot with: sudo modprobe nvidia-peermem").
 
 Thresholds: [interfaces] in interfaces.toml beside this module.
 """
@@ -24,7 +33,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside import validate
-from ..hostside.netinfo import trusted_interfaces
+from ..hostside.netinfo import DMABUF_KERNEL, gdr_path, trusted_interfaces
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.proc import read_text, sh
@@ -38,6 +47,13 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 IFF_LOOPBACK = 0x8
 ARPHRD_LOOPBACK = 772
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+# The files NCCL itself tests for a loaded peer-memory module (src/transport/net_ib/gdr.cc, ibGdrSupportInitOnce).
+PEERMEM_PATHS = ("/sys/module/nvidia_peermem/version", "/sys/kernel/mm/memory_peers/nv_mem/version",
+                 "/sys/kernel/mm/memory_peers/nv_mem_nc/version")
+NVIDIA_VERSION = "/proc/driver/nvidia/version"
+# Loads the module now and at every boot (systemd-modules-load reads /etc/modules-load.d/*.conf).
+PEERMEM_FIX = ("sudo modprobe nvidia_peermem && echo nvidia_peermem | sudo tee /etc/modules-load.d/nvidia-peermem.conf"
+               "  # nvidia_peermem ships with the NVIDIA driver (R470+); MLNX_OFED/DOCA-OFED must be installed first")
 
 
 # --- pure parsers ----------------------------------------------------------------------------
@@ -59,6 +75,16 @@ def parse_ib_rate(text: Optional[str]) -> Optional[float]:
 def parse_modules(text: str) -> List[str]:
     """Module names of /proc/modules (first field)."""
     return [ln.split()[0] for ln in (text or "").splitlines() if ln.strip()]
+
+
+def parse_open_module(text: Optional[str]) -> Optional[bool]:
+    """/proc/driver/nvidia/version -> True for NVIDIA's open kernel module ('NVIDIA UNIX Open Kernel Module for
+    x86_64 580.159.04'), False for the proprietary one ('NVIDIA UNIX x86_64 Kernel Module 535.183.01'), None without
+    the file."""
+    if text is None:
+        return None
+    first = (text.strip().splitlines() or [""])[0]
+    return "Open Kernel Module" in first
 
 
 def parse_proc_net_dev(text: str) -> List[str]:
@@ -366,6 +392,7 @@ def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[
 def collect(ctx: HostContext) -> Dict[str, Any]:
     params = ctx.params or {}
     facts: Dict[str, Any] = {"interfaces": [], "ib": [], "peermem": False, "peermem_module": None,
+                             "gpu_driver_loaded": False, "nvidia_open_module": None, "kernel": os.uname().release,
                              "route_to_master": None, "master": None, "route_error": None, "sources": [],
                              "errors": []}
     sysnet = read_sys_net()
@@ -397,6 +424,14 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         if m in mods or os.path.isdir(os.path.join("/sys/module", m)):
             facts["peermem"], facts["peermem_module"] = True, m
             break
+    else:
+        found = next((p for p in PEERMEM_PATHS if os.path.exists(p)), None)
+        if found:  # MLNX_OFED's nv_peer_mem registers there (nv_mem), under another module name
+            facts["peermem"] = True
+            facts["peermem_module"] = "nvidia_peermem" if "nvidia_peermem" in found else "nv_peer_mem"
+    nvidia_version = read_text(NVIDIA_VERSION)
+    facts["gpu_driver_loaded"] = "nvidia" in mods or nvidia_version is not None
+    facts["nvidia_open_module"] = parse_open_module(nvidia_version)
 
     master = params.get("master")
     if master:
@@ -467,12 +502,43 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         parts.append("no IB/RoCE devices")
     parts.append("%s loaded" % facts.get("peermem_module") if facts.get("peermem")
                  else "nvidia_peermem not loaded")
+    gdr = gdr_path(raw)
+    findings.extend(_gdr_findings(gdr, raw, active))
+    if gdr == "dmabuf":
+        parts.append(f"GPUDirect RDMA through DMA-BUF (open kernel module, kernel {_shown_kernel(raw.get('kernel'))}; "
+                     f"needs NCCL >= 2.13, see the versions check)")
     if route:
         parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
                                                              route.get("dev"), route.get("src")))
     metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
                                         "master")}
+    metrics["gdr"] = gdr
     return combine(findings, "; ".join(parts), metrics)
+
+
+def _shown_kernel(release: Any) -> str:
+    """The host-reported kernel release as a message may show it (quoted when it is not a plain release string)."""
+    text = str(release)
+    return text if re.fullmatch(r"[A-Za-z0-9_.+~-]{1,64}", text) else validate.quote(release)
+
+
+def _gdr_findings(gdr: Optional[str], facts: Dict[str, Any], active: List[Dict[str, Any]]) -> List[Finding]:
+    """A WARN on a GPU host with an active IB/RoCE port and no way to GPUDirect RDMA: no peer-memory module, and
+    DMA-BUF ruled out (proprietary kernel module, or a kernel older than 5.12)."""
+    if gdr != "none":
+        return []
+    kernel = _shown_kernel(facts.get("kernel"))
+    if facts.get("nvidia_open_module") is True:
+        why = f"kernel {kernel} is older than {'.'.join(map(str, DMABUF_KERNEL))}"
+    elif facts.get("nvidia_open_module") is False:
+        why = "the NVIDIA driver is the proprietary kernel module"
+    else:
+        why = "/proc/driver/nvidia/version is unreadable, so the open kernel module is not known to be loaded"
+    ports = ", ".join(_port(p) for p in active)
+    return [Finding(Status.WARN, f"GPU host with {len(active)} active IB/RoCE port{'s'[:len(active) != 1]} ({ports}) "
+                                 f"but neither nvidia_peermem nor nv_peer_mem is loaded (expected one loaded): NCCL "
+                                 f"cannot use GPUDirect RDMA and stages every inter-node transfer through host "
+                                 f"memory; DMA-BUF is no alternative here ({why})", PEERMEM_FIX)]
 
 
 def _ib_port_findings(ib: List[Dict[str, Any]], active: List[Dict[str, Any]], frac: float) -> List[Finding]:

@@ -5,14 +5,17 @@ Pure, standard library only (Python 3.9). Input: one host's interfaces facts, e.
     {"interfaces": [{"name": "eth0", "kind": "physical", "operstate": "up", "ipv4": ["10.0.0.2/24"],
                      "speed_mbps": 100000, "bridge_master": null}, ...],
      "ib": [{"device": "mlx5_0", "port": 1, "active": true, "link_layer": "Ethernet", "gids": [...]}],
-     "route_to_master": {"dev": "eth0", "src": "10.0.0.2", ...}, "peermem": true}
+     "route_to_master": {"dev": "eth0", "src": "10.0.0.2", ...}, "peermem": true,
+     "gpu_driver_loaded": true, "nvidia_open_module": true, "kernel": "6.8.0-52-generic"}
 
-Shared by the interfaces check (its judgement), ports and iperf3 (the candidate networks between hosts) and
-iperf3's contribution to the recommended environment; none of them imports another check for it.
+Shared by the interfaces check (its judgement), ports and iperf3 (the candidate networks between hosts),
+iperf3's contribution to the recommended environment, and versions (``gdr_path``: how GPUDirect RDMA would work on a
+host, for the NCCL version it needs); none of them imports another check for it.
 """
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import validate
@@ -94,3 +97,36 @@ def trusted_interfaces(facts: Any) -> Dict[str, Any]:
     if not isinstance(facts.get("master"), dict):
         view["master"] = None
     return view
+
+
+# Linux gained RDMA memory registration from a dma-buf (ib_umem_dmabuf, ibv_reg_dmabuf_mr) in 5.12; NCCL's DMA-BUF
+# path for GPUDirect RDMA (NCCL >= 2.13) needs it, with NVIDIA's open kernel module (NCCL's gpu_troubleshooting.rst:
+# "GDRDMA can also be enabled by using the DMA-BUF feature of recent Linux kernels combined with the open source
+# Nvidia GPU driver ... the nvidia-peermem module will not be necessary").
+DMABUF_KERNEL = (5, 12)
+
+
+def kernel_version(release: Any) -> Optional[Tuple[int, int]]:
+    """(major, minor) of a kernel release such as '6.8.0-52-generic'; None if it is not one."""
+    m = re.match(r"^(\d+)\.(\d+)", str(release or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def gdr_path(facts: Any) -> Optional[str]:
+    """How NCCL would do GPUDirect RDMA on one host, from its interfaces facts: "peermem" (nvidia_peermem or
+    nv_peer_mem loaded, NCCL's net_ib/gdr.cc test), "dmabuf" (no peer-memory module, but NVIDIA's open kernel module
+    on a kernel >= 5.12), "none" (neither: NCCL stages every inter-node transfer through host memory), or None where
+    it does not apply (no NVIDIA driver loaded, no active IB/RoCE port) or the facts do not say (recorded before
+    preflight collected gpu_driver_loaded)."""
+    facts = facts if isinstance(facts, dict) else {}
+    if facts.get("gpu_driver_loaded") is not True:
+        return None
+    ib = facts.get("ib") if isinstance(facts.get("ib"), list) else []
+    if not any(isinstance(p, dict) and p.get("active") is True for p in ib):
+        return None
+    if facts.get("peermem") is True:
+        return "peermem"
+    kernel = kernel_version(facts.get("kernel"))
+    if facts.get("nvidia_open_module") is True and kernel is not None and kernel >= DMABUF_KERNEL:
+        return "dmabuf"
+    return "none"
