@@ -162,6 +162,9 @@ def build_parser() -> _Parser:
                         "port (default: the one DeepSpeed's launcher picks, the first of `hostname -I` on the first "
                         "host)")
     g.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed config to validate against the cluster")
+    g.add_argument("--rehearse", action="store_true", default=None,
+                   help="also rehearse the job's launch (the launch check, with --deepspeed-config): DeepSpeed's "
+                        "launcher over pdsh starts a tiny model with the config on every slot (docs/rehearse.md)")
     g.add_argument("--model-params", type=_count, metavar="N",
                    help="model parameter count (e.g. 7e9) for the ZeRO memory estimate")
     g.add_argument("--largest-layer-params", type=_count, metavar="N",
@@ -417,7 +420,9 @@ def build_options(args: argparse.Namespace):
         model_params=args.model_params, largest_layer_params=args.largest_layer_params,
         model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
         checkpoint_dir=args.checkpoint_dir, launcher_ssh_port=args.launcher_ssh_port or args.ssh_port,
-        master_addr=args.master_addr)
+        master_addr=args.master_addr, rehearse=args.rehearse, hostfile=args.hostfile)
+    if args.rehearse and not args.deepspeed_config:
+        raise UsageError("--rehearse needs --deepspeed-config FILE: the launch is rehearsed with the job's config")
     from_options = params_from_options(check_options)
     checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
     host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}

@@ -17,719 +17,58 @@ host), and the launch directories are removed.
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime as _dt
-import inspect
 import json
 import os
-import re
 import shlex
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from preflight.hostfile import HostSpec
-from preflight.hostside import rehearsal as host_side
-from preflight.hostside.outcome import Outcome, Status
+from preflight.checks.launch.drive import LaunchRun, script_source
+from preflight.checks.launch.judge import (CHECK, ENV_FILE_NAME, GRACE_S, HOSTFILE, IFNAME_FIX, LAUNCHER_FAILED,
+                                           LOCAL, MAX_EVENTS, MAX_LINE, MAX_LINES, NEVER_STARTED, REAP_S, SCRIPT,
+                                           STOP_S, TOKEN_PREFIX, Context, EventLog, LaunchPlan, Outcomes, RankView,
+                                           Slot, classify_error, expected_ranks, pattern_of, rank_views, verdict_of)
+from preflight.hostside.outcome import Status
 from preflight.hostside.proc import parallel_map
 from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.transport import SSHOptions, Transport, TransportError
 
-CHECK = "launch"  # the check name of the rehearsal's results (one per host, and the cluster row)
-TOKEN_PREFIX = host_side.TOKEN_PREFIX
-pattern_of = host_side.pattern_of
-SCRIPT = "preflight_rehearse.py"
-HOSTFILE = "hostfile"
-DEFAULT_ENV_NAME = ".deepspeed_env"
-GRACE_S = 10.0  # after a rank raised, how long the others have to report theirs before the rehearsal stops
-STOP_S = 40.0  # the launch host's supervisor: its pdsh reap (30 s) and a margin
-REAP_S = 15.0  # one host's clean-up command
-MAX_LINES = 200  # kept per host (and for the launcher) of the output that is not an event
-MAX_EVENTS = 20000
-MAX_LINE = 4096
+DEFAULT_ENV_NAME = ENV_FILE_NAME
+# The verdicts and the run itself live in preflight/checks/launch/ (the ``launch`` check of ``preflight run`` uses
+# them too); these names stay importable from here.
+__all__ = ["CHECK", "DEFAULT_ENV_NAME", "GRACE_S", "HOSTFILE", "IFNAME_FIX", "LAUNCHER_FAILED", "LOCAL", "MAX_EVENTS",
+           "MAX_LINE", "MAX_LINES", "NEVER_STARTED", "REAP_S", "SCRIPT", "STOP_S", "TOKEN_PREFIX", "Context",
+           "EventLog", "Outcomes", "RankView", "RehearseOptions", "Rehearsal", "Slot", "classify_error",
+           "expected_ranks", "main", "pattern_of", "rank_views", "script_source", "verdict_of"]
 
 
 @dataclass
-class RehearseOptions:
-    """What ``preflight rehearse`` was asked: the hosts after -i/-e, and how to launch."""
+class RehearseOptions(LaunchPlan):
+    """What ``preflight rehearse`` was asked: the launch (``LaunchPlan``), and how preflight reaches the hosts."""
 
-    hostfile: str
-    hosts: List[HostSpec]
-    deepspeed_config: str  # the path every rank opens (absolute)
-    include: str = ""
-    exclude: str = ""
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    launcher_ssh_port: Optional[int] = None
-    launch_from: str = "first"  # "first", "local" (this machine) or a host of the hostfile
-    deepspeed: str = "deepspeed"  # the launcher command on the launch host
-    python: str = "python3"  # the launch host's interpreter for the supervisor
-    steps: int = 2
-    model_params: float = 1e6
-    init_timeout: float = 60.0
-    timeout: float = 300.0
-    workdir: str = "/tmp"  # the launch directory's parent on every host
-    env_file: Optional[str] = None  # ./.deepspeed_env of the directory preflight runs in, if there is one
     ssh: SSHOptions = field(default_factory=SSHOptions)
     transport: str = "ssh"
-    parallel: int = 32
-    strict: bool = False
 
 
-@dataclass
-class Slot:
-    rank: int
-    host: str  # the hostfile's name
-    local_rank: int
-
-
-def expected_ranks(hosts: Sequence[HostSpec]) -> List[Slot]:
-    """DeepSpeed's rank layout (deepspeed/launcher/launch.py): global ranks in hostfile order, each host's slots in
-    the order of its selected slots, local ranks counting from 0 on each host."""
-    slots: List[Slot] = []
-    for host in hosts:
-        for local in range(len(host.gpus) if host.gpus else host.slots):
-            slots.append(Slot(len(slots), host.name, local))
-    return slots
-
-
-def script_source() -> str:
-    """The host-side script: rehearsal.py's own source, written to every host's launch directory."""
-    return inspect.getsource(host_side)
-
-
-# ------------------------------------------------------------------------------------------ what comes back
-
-class EventLog:
-    """The launch host's output as it arrives: the rehearsal's events, and the other lines by host (pdsh's
-    ``node02: ...`` prefix, or its own ``pdsh@node01: node02: ...``), or the launcher's own."""
-
-    def __init__(self, token: str, hosts: Sequence[str]) -> None:
-        self.token = token
-        self.hosts = set(hosts)
-        self.cond = threading.Condition()
-        self.events: List[Dict[str, Any]] = []
-        self.lines: Dict[str, Deque[str]] = {h: collections.deque(maxlen=MAX_LINES) for h in hosts}
-        self.launcher: Deque[str] = collections.deque(maxlen=MAX_LINES)
-        self._partial = {False: b"", True: b""}
-        self.arrived = time.monotonic()
-
-    def feed(self, data: bytes, is_err: bool = False) -> None:
-        with self.cond:
-            buf = self._partial[is_err] + data
-            *complete, rest = buf.split(b"\n")
-            self._partial[is_err] = rest[-MAX_LINE:]
-            for raw in complete:
-                self._line(raw[:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r"))
-            self.cond.notify_all()
-
-    def finish(self) -> None:
-        with self.cond:
-            for is_err in (False, True):
-                if self._partial[is_err]:
-                    self._line(self._partial[is_err].decode("utf-8", errors="replace"))
-                    self._partial[is_err] = b""
-            self.cond.notify_all()
-
-    def _line(self, line: str) -> None:
-        at = line.find(host_side.TAG + " ")
-        if at >= 0:
-            try:
-                payload = json.loads(line[at + len(host_side.TAG) + 1:])
-            except ValueError:
-                payload = None
-            if isinstance(payload, dict) and payload.get("run") == self.token:
-                if len(self.events) < MAX_EVENTS:
-                    payload["arrived"] = round(time.monotonic() - self.arrived, 3)
-                    self.events.append(payload)
-                return
-        pdsh = re.match(r"^pdsh@[^:\s]+: ([^:\s]+): (.*)$", line)
-        if pdsh and pdsh.group(1) in self.hosts:
-            self.lines[pdsh.group(1)].append("pdsh: " + pdsh.group(2))
-            return
-        own = re.match(r"^([^:\s]+): (.*)$", line)
-        if own and own.group(1) in self.hosts:
-            self.lines[own.group(1)].append(own.group(2))
-            return
-        if line.strip():
-            self.launcher.append(line)
-
-    def snapshot(self) -> List[Dict[str, Any]]:
-        with self.cond:
-            return list(self.events)
-
-
-@dataclass
-class RankView:
-    """One rank as its events tell it."""
-
-    slot: Slot
-    seen: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # the last event of each kind
-    steps: List[Dict[str, Any]] = field(default_factory=list)
-    op_running: Optional[str] = None
-    op_since: Optional[float] = None
-
-    def add(self, event: Dict[str, Any]) -> None:
-        kind = str(event.get("event"))
-        self.seen[kind] = event
-        if kind == "step":
-            self.steps.append(event)
-        elif kind == "op_begin":
-            self.op_running, self.op_since = str(event.get("op")), event.get("t")
-        elif kind == "op_end":
-            self.op_running = None
-
-    @property
-    def started(self) -> bool:
-        return "start" in self.seen
-
-    @property
-    def ended(self) -> bool:
-        return any(k in self.seen for k in ("done", "error", "deadline"))
-
-    @property
-    def phase(self) -> str:
-        """Where the rank is (or stopped): the last phase it began."""
-        for kind, phase in (("done", "done"), ("error", "error"), ("step", "step"), ("initialize", "step"),
-                            ("init", "initialize"), ("init_begin", "init"), ("imported", "config"),
-                            ("start", "import")):
-            if kind in self.seen:
-                return phase
-        return "never started"
-
-    def timings(self) -> Dict[str, Any]:
-        seen = self.seen
-        out: Dict[str, Any] = {"rank": self.slot.rank, "local_rank": self.slot.local_rank, "host": self.slot.host,
-                               "state": self.phase}
-        if "start" in seen:
-            out["hostname"] = seen["start"].get("host")
-        for kind, key in (("imported", "import_s"), ("init", "init_s"), ("initialize", "initialize_s")):
-            if kind in seen and seen[kind].get("s") is not None:
-                out[key] = seen[kind]["s"]
-        if self.steps:
-            out["step_s"] = [s.get("s") for s in self.steps]
-        last = seen.get("done") or seen.get("error")
-        if last:
-            for key in ("peak_rss_mib", "peak_device_mib", "ops"):
-                if key in last:
-                    out[key] = last[key]
-        if "initialize" in seen:
-            for key in ("zero_stage", "micro_batch", "gradient_accumulation", "train_batch", "params"):
-                out[key] = seen["initialize"].get(key)
-        if "init_begin" in seen:
-            out["backend"] = seen["init_begin"].get("backend")
-            if seen["init_begin"].get("advertise"):
-                out["advertise"] = seen["init_begin"]["advertise"]
-        return out
-
-
-def rank_views(slots: Sequence[Slot], events: Sequence[Dict[str, Any]]) -> Tuple[List[RankView], List[Dict[str, Any]]]:
-    """(a view per expected rank, the launch host's supervisor events)."""
-    views = [RankView(s) for s in slots]
-    by_rank = {s.rank: v for s, v in zip(slots, views)}
-    launcher = []
-    for event in events:
-        if event.get("role") == "launcher":
-            launcher.append(event)
-            continue
-        rank = event.get("rank")
-        if isinstance(rank, int) and rank in by_rank:
-            by_rank[rank].add(event)
-    return views, launcher
-
-
-# ------------------------------------------------------------------------------------------------ analysis
-
-def _secs(value: Any) -> str:
-    try:
-        return "%.3g s" % float(value)
-    except (TypeError, ValueError):
-        return "?"
-
-
-def _rank_name(view: RankView) -> str:
-    return "rank %d (local %d)" % (view.slot.rank, view.slot.local_rank)
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-IFNAME_FIX = ("set GLOO_SOCKET_IFNAME (gloo) and NCCL_SOCKET_IFNAME (NCCL) to the cluster interface in "
-              "./.deepspeed_env, which DeepSpeed's launcher exports to every rank: `preflight run --hostfile "
-              "{hostfile} --env-file .deepspeed_env` writes both from the hosts' measured network; or make "
-              "{host}'s hostname resolve to its cluster address (a Debian-style '127.0.1.1 {host}' line in /etc/hosts "
-              "is the usual cause)")
-
-
-@dataclass
-class Context:
-    """What a rank's verdict needs beyond its own events."""
-
-    options: RehearseOptions
-    launch_host: str
-    stop_reason: str
-    elapsed: float
-    loopback: List[RankView]  # ranks that advertised a loopback address to a multi-host gloo world
-    first_error: Optional[RankView]
-    views: List[RankView] = field(default_factory=list)
-
-
-def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
-    """(kind, message, fix) of a rank that raised: config, op build, OOM, rendezvous, ..."""
-    err = view.seen["error"]
-    phase, kind_name = str(err.get("phase", "")), str(err.get("type", "Exception"))
-    message = str(err.get("message", ""))
-    text = "%s raised %s in %s: %s" % (_rank_name(view), kind_name, phase, _last_line(message)[:400] or kind_name)
-    host = view.slot.host
-    config = ctx.options.deepspeed_config
-    if err.get("op"):
-        return ("op build", "%s raised while loading DeepSpeed op %s: %s: %s" % (
-            _rank_name(view), err["op"], kind_name, _last_line(message)[:400]),
-            "the op is JIT-built at the first use: install its build tools on %s (a C++ compiler, ninja; nvcc "
-            "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 pip install "
-            "deepspeed); `ds_report` on %s lists the ops" % (host, host))
-    if kind_name in ("OutOfMemoryError", "MemoryError") or "out of memory" in message.lower():
-        return ("OOM", text, "the rehearsal's model is small (--rehearse-model-params): memory is short on %s "
-                "before the real model loads; lower train_micro_batch_size_per_gpu, or use ZeRO-3 / offload; "
-                "`preflight run --model-params N` estimates the full model" % host)
-    if phase == "config":
-        if kind_name == "FileNotFoundError":
-            return ("config missing", "%s cannot open the DeepSpeed config %s on %s: %s" % (
-                _rank_name(view), config, host, _last_line(message)),
-                "the launcher passes the path, and every rank opens it on its own host: copy %s to the same path "
-                "on %s (or put it on a shared filesystem)" % (config, host))
-        return ("config", text, "the config %s on %s is not the JSON this machine read: copy the same file to "
-                "every host" % (config, host))
-    if phase == "import":
-        return ("import", text, "install torch and DeepSpeed in the interpreter the launcher starts on %s (the "
-                "launch host's sys.executable, at the same path on every host)" % host)
-    if phase == "init":
-        if view in ctx.loopback:
-            return _loopback(view, ctx)
-        if ctx.loopback:
-            other = ctx.loopback[0]
-            return ("rendezvous", "%s failed at init: %s (the loopback address %s that %s on %s advertised)" % (
-                _rank_name(view), _last_line(message)[:300], _advertised(other), _rank_name(other),
-                other.slot.host), IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
-        peers = _peers_named(message, ctx)
-        if peers:
-            owners = sorted({v.slot.host for v in _peer_views(message, ctx)})
-            return ("rendezvous", "%s (%s)" % (text, peers),
-                    "the rank on %s could not connect to %s: allow inbound TCP from the other hosts to %s (gloo and "
-                    "NCCL listen on ephemeral ports, 1024-65535, besides the master port); `preflight run --checks "
-                    "ports` names the blocked pairs" % (view.slot.host, ", ".join(owners), ", ".join(owners)))
-        return ("rendezvous", text, _rendezvous_fix(view, ctx))
-    if phase == "initialize":
-        if "batch" in message.lower():
-            return ("config", text, "train_batch_size must equal train_micro_batch_size_per_gpu x "
-                    "gradient_accumulation_steps x the data-parallel size (%d ranks here); fix %s" % (
-                        _world(ctx), config))
-        return ("config", text, "deepspeed.initialize refused %s with this world: fix the key it names "
-                "(`preflight run --deepspeed-config %s` checks it against the cluster)" % (config, config))
-    return ("raised", text, "see the traceback in the JSON report (launch metrics) or with -v")
-
-
-def _owners(address: str, ctx: Context) -> List[RankView]:
-    """The ranks that advertised ``address`` (their init_begin event), at most 4: more is not a name."""
-    owners = [v for v in ctx.views
-              if ((v.seen.get("init_begin") or {}).get("advertise") or {}).get("address") == address]
-    return owners if len(owners) <= 4 else []
-
-
-def _addresses(message: str) -> List[str]:
-    return list(dict.fromkeys(re.findall(r"remote=\[([^\]]+)\]", message)))
-
-
-def _peer_views(message: str, ctx: Context) -> List[RankView]:
-    return [v for address in _addresses(message) for v in _owners(address, ctx)]
-
-
-def _peers_named(message: str, ctx: Context) -> str:
-    """The ranks behind the addresses a gloo error names (``remote=[198.18.0.3]:41234``), by the address each
-    advertised: 'remote 198.18.0.3 is rank 2 (local 0) on node03'."""
-    found = []
-    for address in _addresses(message):
-        owners = _owners(address, ctx)
-        if owners:
-            found.append("remote %s is %s" % (address, ", ".join("%s on %s" % (_rank_name(v), v.slot.host)
-                                                                 for v in owners)))
-    return "; ".join(found)
-
-
-def _world(ctx: Context) -> int:
-    return len(expected_ranks(ctx.options.hosts))
-
-
-def _advertised(view: RankView) -> str:
-    advertise = (view.seen.get("init_begin") or {}).get("advertise") or {}
-    return str(advertise.get("address") or "a loopback address")
-
-
-def _loopback(view: RankView, ctx: Context) -> Tuple[str, str, str]:
-    advertise = (view.seen.get("init_begin") or {}).get("advertise") or {}
-    return ("loopback", "%s advertised the loopback address %s to the other ranks (%s; GLOO_SOCKET_IFNAME is not "
-            "set): gloo's connectFullMesh cannot reach it from another host" % (
-                _rank_name(view), advertise.get("address"), advertise.get("source", "")),
-            IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=view.slot.host))
-
-
-def _rendezvous_fix(view: RankView, ctx: Context) -> str:
-    env = (view.seen.get("start") or {}).get("env") or {}
-    addr, port = env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?")
-    return ("every rank meets at MASTER_ADDR:MASTER_PORT (%s:%s) and then connects to every other rank: allow TCP "
-            "%s and the ranks' ports between the hosts (firewall), and launch with --master_addr set to an address "
-            "every host reaches if %s is not one (`preflight run --checks ports,interfaces` names the blocked "
-            "host)" % (addr, port, port, addr))
-
-
-def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
-    """(status, message, fix, kind) of one rank."""
-    if "done" in view.seen:
-        t = view.timings()
-        steps = "/".join(_secs(s).replace(" s", "") for s in t.get("step_s", [])) + " s"
-        peak = (", peak %.0f MiB" % t["peak_rss_mib"]) if t.get("peak_rss_mib") else ""
-        return (Status.PASS, "%s: init %s, initialize %s, steps %s%s" % (
-            _rank_name(view), _secs(t.get("init_s")), _secs(t.get("initialize_s")), steps, peak), "", "ok")
-    if "error" in view.seen:
-        kind, message, fix = classify_error(view, ctx)
-        return Status.FAIL, message, fix, kind
-    if "deadline" in view.seen:
-        return (Status.FAIL, "%s ended itself at its lifetime (%s) in %s" % (
-            _rank_name(view), _secs(view.seen["deadline"].get("lifetime")), view.phase),
-            "raise --timeout, or see why the rank was slow", "deadline")
-    if not view.started:
-        return Status.FAIL, "%s never started" % _rank_name(view), "", "never started"
-    where = view.phase
-    arrivals = [float(e["arrived"]) for e in view.seen.values() if isinstance(e.get("arrived"), (int, float))]
-    since = max(arrivals) if arrivals else None  # when it began what it was still doing
-    waited = ("%s" % _secs(ctx.elapsed - since)) if isinstance(since, (int, float)) else "a while"
-    if view.op_running:
-        return (Status.FAIL, "%s was still loading DeepSpeed op %s (JIT build) when the rehearsal stopped (%s)" % (
-            _rank_name(view), view.op_running, ctx.stop_reason),
-            "pre-build the op (DS_BUILD_OPS=1 pip install deepspeed), or warm the torch extensions cache "
-            "(~/.cache/torch_extensions) on every host; a cold JIT build delays every job start", "op build")
-    if where == "init":
-        if view in ctx.loopback:
-            _, message, fix = _loopback(view, ctx)
-            return (Status.FAIL, "%s; it was still in init_process_group after %s" % (message, waited), fix,
-                    "loopback")
-        if ctx.loopback:
-            other = ctx.loopback[0]
-            return (Status.FAIL, "%s was still in init_process_group after %s, waiting on the loopback address %s "
-                    "that %s on %s advertised" % (_rank_name(view), waited, _advertised(other), _rank_name(other),
-                                                  other.slot.host),
-                    IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host), "rendezvous")
-        return (Status.FAIL, "%s hung in init_process_group for %s (%s)" % (_rank_name(view), waited, ctx.stop_reason),
-                _rendezvous_fix(view, ctx), "hung at init")
-    return (Status.FAIL, "%s was still in %s after %s when the rehearsal stopped (%s)" % (
-        _rank_name(view), where, waited, ctx.stop_reason),
-        "a rank waits for the others in every collective: see the other hosts' results", "hung")
-
-
-# Why a host's ranks never started, from pdsh's lines for that host (first match wins).
-NEVER_STARTED: List[Tuple[str, str, str]] = [
-    (r"No module named '?(deepspeed|torch)", "python",
-     "install torch and DeepSpeed in {python} on {host}: DeepSpeed starts every host with the launch host's "
-     "interpreter"),
-    (r"(python[\w.]*|\S*/python\S*)\W.*(not found|No such file or directory)", "python",
-     "DeepSpeed starts every host with the launch host's interpreter ({python}): install the same environment at "
-     "the same path on {host}, or use a shared one"),
-    (r"\bcd\b.*(No such file|can't cd)", "cwd",
-     "DeepSpeed cds into the launch directory on every host: it must exist on {host} at the same path"),
-    (r"Permission denied|Host key verification failed|Could not resolve hostname|connect to host|Connection "
-     r"(refused|timed out|closed)|No route to host|ssh exited with exit code 255", "ssh",
-     "pdsh reaches {host} with plain ssh from {launch}: make `ssh {host} hostname` work there without a prompt "
-     "(`preflight run --checks launcher_ssh` names the cause)"),
-]
-
-# Why the launcher itself failed before any rank started, from its own output on the launch host.
-LAUNCHER_FAILED: List[Tuple[str, str, str]] = [
-    (r"launcher 'pdsh' not installed", "no pdsh",
-     "install pdsh on {launch} (apt install pdsh, dnf install pdsh), or launch with another --launcher (openmpi, "
-     "mvapich, slurm, ...) and check that one instead"),
-    (r"not enough values to unpack \(expected 2", "env file",
-     "DeepSpeed's runner reads KEY=VALUE lines from .deepspeed_env and raises on any other line (a blank line too): "
-     "fix {env_lines}"),
-    (r"was not reachable via ssh", "ssh",
-     "DeepSpeed first runs `ssh {first} hostname` on {launch}: make passwordless ssh work there"),
-    (r"Unable to detect suitable master address|hostname -I", "master address",
-     "pass --master-addr with the first host's cluster address"),
-    (r"Hostfile contains|Hostfile is empty|Unable to find hostfile", "hostfile",
-     "DeepSpeed reads 'HOST slots=N' lines only (no ranges or other text): `preflight hostfile --expand "
-     "{hostfile}` writes one it reads"),
-    (r"No module named '?deepspeed", "no deepspeed",
-     "install DeepSpeed on {launch}, or pass --deepspeed with the launcher's path"),
-    (r"(not found|No such file or directory)", "no launcher",
-     "install DeepSpeed on {launch}, or pass --deepspeed with the launcher command (e.g. /opt/venv/bin/deepspeed)"),
-]
-
-
-def _match(table: List[Tuple[str, str, str]], lines: Sequence[str]) -> Optional[Tuple[str, str, str]]:
-    for pattern, kind, fix in table:
-        for line in lines:
-            if re.search(pattern, line):
-                return kind, line.strip()[:400], fix
-    return None
-
-
-class Outcomes:
-    """The rehearsal's results: a ``launch`` row per host and the cluster row."""
-
-    def __init__(self, options: RehearseOptions, launch_host: str, log: EventLog, stop_reason: str,
-                 elapsed: float, launched: Dict[str, Any]) -> None:
-        self.o = options
-        self.launch_host = launch_host
-        self.log = log
-        self.stop_reason = stop_reason
-        self.elapsed = elapsed
-        self.launched = launched
-        self.slots = expected_ranks(options.hosts)
-        self.views, self.launcher = rank_views(self.slots, log.snapshot())
-
-    def _launcher_event(self, kind: str) -> Dict[str, Any]:
-        return next((e for e in reversed(self.launcher) if e.get("event") == kind), {})
-
-    def env_lines(self) -> str:
-        files = self._launcher_event("launcher").get("env_files") or []
-        bad = ["%s line %s" % (f.get("path"), ", ".join(str(n) for n in f["bad_lines"])) for f in files
-               if f.get("bad_lines")]
-        return "; ".join(bad) or "the .deepspeed_env files it read"
-
-    def context(self) -> Context:
-        multi_host = len({s.host for s in self.slots}) > 1
-        loopback = [v for v in self.views if multi_host and (v.seen.get("init_begin") or {}).get("backend") == "gloo"
-                    and ((v.seen["init_begin"].get("advertise") or {}).get("loopback"))
-                    and "init" not in v.seen and any("init" not in w.seen for w in self.views)]
-        errors = sorted((v for v in self.views if "error" in v.seen), key=lambda v: v.seen["error"].get("arrived", 0))
-        return Context(self.o, self.launch_host, self.stop_reason, self.elapsed, loopback,
-                       errors[0] if errors else None, self.views)
-
-    def launcher_failure(self) -> Optional[Tuple[str, str, str]]:
-        """(kind, line, fix) when the launcher failed before any rank started, else None."""
-        if any(v.started for v in self.views):
-            return None
-        if not self.launcher and self.launched.get("rc") not in (None, 0):
-            # Not even the supervisor said a word: its interpreter (--python) or the launch directory is missing.
-            # Its output came through the log (the channel streams both of its streams there).
-            said = "\n".join(list(self.log.launcher) + [str(self.launched.get("stderr") or "")])
-            line = _last_line(said) or "exit code %s" % self.launched.get("rc")
-            return ("no supervisor", line[:400], "pass --python with an interpreter that exists on {launch} "
-                    "(it runs the rehearsal's supervisor, standard library only)")
-        exit_event = self._launcher_event("launcher_exit")
-        lines = list(self.log.launcher)
-        if exit_event.get("error"):
-            lines.insert(0, str(exit_event["error"]))
-        if not self.launcher and self.launched.get("stderr"):
-            lines += str(self.launched["stderr"]).splitlines()
-        found = _match(LAUNCHER_FAILED, lines)
-        if found:
-            return found
-        if exit_event or self.launched.get("rc") not in (None, 0):
-            tail = _last_line("\n".join(lines)) or "no output"
-            return "launcher", tail[:400], "run the launch by hand on %s and read its output" % self.launch_host
-        return None
-
-    def host_rows(self) -> Dict[str, Outcome]:
-        ctx = self.context()
-        failed_launch = self.launcher_failure()
-        rows: Dict[str, Outcome] = {}
-        for host in self.o.hosts:
-            mine = [v for v in self.views if v.slot.host == host.name]
-            metrics: Dict[str, Any] = {"ranks": [v.timings() for v in mine],
-                                       "output": list(self.log.lines.get(host.name, []))[-20:]}
-            errors = [v.seen["error"] for v in mine if "error" in v.seen]
-            if errors:
-                metrics["traceback"] = "\n\n".join(str(e.get("traceback", "")) for e in errors)[-8000:]
-            if failed_launch is not None:
-                kind, line, fix = failed_launch
-                fix = fix.format(launch=self.launch_host, hostfile=self.o.hostfile, env_lines=self.env_lines(),
-                                 first=self.o.hosts[0].name)
-                if host.name == self.launch_host:
-                    rows[host.name] = Outcome(Status.FAIL, "DeepSpeed's launcher on %s failed before any rank "
-                                              "started (%s): %s" % (self.launch_host, kind, line), fix,
-                                              dict(metrics, cause=kind))
-                else:
-                    rows[host.name] = Outcome(Status.FAIL, "its %d rank(s) never started: the launcher on %s failed "
-                                              "(%s)" % (len(mine), self.launch_host, kind), fix,
-                                              dict(metrics, cause=kind))
-                continue
-            verdicts = [verdict_of(v, ctx) for v in mine]
-            if all(v[0] == Status.PASS for v in verdicts):
-                rows[host.name] = Outcome(Status.PASS, "; ".join(v[1] for v in verdicts), metrics=metrics)
-                continue
-            if any(kind == "never started" for _, _, _, kind in verdicts):
-                cause = _match(NEVER_STARTED, list(self.log.lines.get(host.name, [])))
-                never = [v for v, (_, _, _, k) in zip(mine, verdicts) if k == "never started"]
-                names = ", ".join(str(v.slot.rank) for v in never)
-                if cause:
-                    kind, line, fix = cause
-                    text = "rank(s) %s never started (%s): %s" % (names, kind, line)
-                    fix = fix.format(host=host.name, launch=self.launch_host, python=self._python())
-                else:
-                    text = "rank(s) %s never started; pdsh said nothing about %s (%s)" % (
-                        names, host.name, self.stop_reason)
-                    fix = "run the launch by hand on %s and read %s's lines" % (self.launch_host, host.name)
-                verdicts = [(Status.FAIL, text, fix, "never started")] + \
-                    [v for v in verdicts if v[3] != "never started"]
-            bad = [v for v in verdicts if v[0] != Status.PASS]
-            # The root cause first: a loopback advertisement or a raise before a rank that only waited.
-            order = {"loopback": 0, "config missing": 1, "never started": 1, "op build": 1, "OOM": 1, "config": 1}
-            bad.sort(key=lambda v: order.get(v[3], 2))
-            metrics["cause"] = bad[0][3]
-            rows[host.name] = Outcome(Status.FAIL, "; ".join(v[1] for v in bad), bad[0][2], metrics)
-        return rows
-
-    def env_text(self, files: Sequence[Dict[str, Any]]) -> str:
-        """The .deepspeed_env files the launcher read, with their keys; the launch directory's copy under the name
-        of the file it was copied from."""
-        def name(path: str) -> str:
-            if self.o.env_file and os.path.basename(os.path.dirname(path)).startswith(TOKEN_PREFIX):
-                return self.o.env_file
-            return path
-        return ", ".join("%s (%s)" % (name(str(f.get("path"))), ", ".join(f.get("keys") or []) or "empty")
-                         for f in files) or "no .deepspeed_env"
-
-    def _python(self) -> str:
-        argv = self._launcher_event("launcher").get("argv") or []
-        return "the launch host's interpreter" if not argv else "the interpreter of %s" % argv[0]
-
-    def cluster_row(self, rows: Dict[str, Outcome]) -> Outcome:
-        ctx = self.context()
-        done = [v for v in self.views if "done" in v.seen]
-        command = self.launched.get("command", "")
-        metrics: Dict[str, Any] = {
-            "launch_host": self.launch_host, "command": command, "world_size": len(self.slots),
-            "hosts": len(self.o.hosts), "stopped": self.stop_reason, "elapsed_s": round(self.elapsed, 3),
-            "env_files": self._launcher_event("launcher").get("env_files") or [],
-            "launcher_rc": self._launcher_event("launcher_exit").get("rc"),
-            "launcher_output": list(self.log.launcher)[-30:]}
-        start = next((v.seen["start"] for v in self.views if "start" in v.seen), {})
-        master = (start.get("env") or {}) if isinstance(start, dict) else {}
-        if master.get("MASTER_ADDR"):
-            metrics["master"] = "%s:%s" % (master.get("MASTER_ADDR"), master.get("MASTER_PORT", ""))
-        for key in ("import_s", "init_s", "initialize_s"):
-            values = [float(v.timings()[key]) for v in self.views if v.timings().get(key) is not None]
-            if values:
-                metrics["max_" + key] = max(values)
-        steps = [s for v in self.views for s in (v.timings().get("step_s") or []) if isinstance(s, (int, float))]
-        if steps:
-            metrics["max_step_s"] = max(steps)
-        last = max((v.seen["done"].get("arrived", 0) for v in done), default=None)
-        if last is not None:
-            metrics["launch_to_last_step_s"] = last
-        first = next((v for v in done), None)
-        shape = ""
-        if first is not None:
-            t = first.timings()
-            shape = "ZeRO-%s, micro batch %s x %s accumulation x %d ranks = %s; " % (
-                t.get("zero_stage"), t.get("micro_batch"), t.get("gradient_accumulation"), len(self.slots),
-                t.get("train_batch"))
-        env = self.env_text(metrics["env_files"])
-        if len(done) == len(self.slots) and all(o.status == Status.PASS for o in rows.values()):
-            def slowest(key: str) -> str:
-                values = [(v.timings().get(key) or 0, v.slot.rank) for v in self.views]
-                value, rank = max(values)
-                return "%s (rank %d)" % (_secs(value), rank)
-            message = ("%d ranks on %d hosts started by `deepspeed --launcher pdsh` from %s (%s; master %s): "
-                       "%sslowest init %s, initialize %s, step %s; %s from launch to the last step" % (
-                           len(self.slots), len(self.o.hosts), self.launch_host, env, metrics.get("master", "?"),
-                           shape, slowest("init_s"),
-                           slowest("initialize_s"), _secs(metrics.get("max_step_s")),
-                           _secs(metrics.get("launch_to_last_step_s"))))
-            return Outcome(Status.PASS, message, metrics=metrics)
-        failing = {h: o for h, o in rows.items() if o.status != Status.PASS}
-        root = self._root_cause(ctx, failing)
-        message = "the launch failed (%s; %s): %s" % (self.stop_reason, env, root[0])
-        return Outcome(Status.FAIL, message, root[1], dict(metrics, cause=root[2]))
-
-    def _root_cause(self, ctx: Context, failing: Dict[str, Outcome]) -> Tuple[str, str, str]:
-        if ctx.loopback:
-            names = ", ".join("%s on %s (%s)" % (_rank_name(v), v.slot.host, _advertised(v)) for v in ctx.loopback)
-            return ("gloo ranks advertised a loopback address: %s" % names,
-                    IFNAME_FIX.format(hostfile=self.o.hostfile, host=ctx.loopback[0].slot.host), "loopback")
-        order = ["config missing", "no pdsh", "no supervisor", "env file", "never started", "python", "ssh",
-                 "op build", "OOM", "config", "rendezvous", "hung at init"]
-        def rank_of(item: Tuple[str, Outcome]) -> int:
-            cause = str(item[1].metrics.get("cause", ""))
-            return order.index(cause) if cause in order else len(order)
-        ranked = sorted(failing.items(), key=rank_of)
-        if not ranked:
-            return "not every rank finished", "", "incomplete"
-        host, outcome = ranked[0]
-        return "%s: %s" % (host, outcome.message), outcome.fix, str(outcome.metrics.get("cause", ""))
-
-
-# ---------------------------------------------------------------------------------------------- the run
-
-class Rehearsal:
-    """One rehearsal: prepare every host, launch, watch, stop, clean up, and judge."""
+class Rehearsal(LaunchRun):
+    """``preflight rehearse``'s run: its own connections to every host (and to this machine with --launch-from
+    local), the launch (``LaunchRun``), and the report."""
 
     def __init__(self, options: RehearseOptions, progress: Any = None,
                  make_transport: Optional[Callable[[str], Transport]] = None) -> None:
-        self.o = options
-        self.progress = progress
-        hexid = uuid.uuid4().hex[:12]
-        self.token = TOKEN_PREFIX + hexid
-        self.dir = os.path.join(options.workdir, self.token)
-        self.pattern = pattern_of(self.token)
-        self.mark = host_side.SUPERVISOR_PREFIX + hexid  # the supervisor's argv: its own reap spares it
+        super().__init__(options, None, progress)
+        self.options = options
         self._make = make_transport or self._transport
-        self.transports: Dict[str, Transport] = {}
-        self.errors: Dict[str, Tuple[str, str]] = {}  # host -> (message, fix): could not prepare it
-        self.unreachable: List[str] = []
-        self.cleanup: Dict[str, Dict[str, Any]] = {}
-        self.interrupted = False
+        self.transports: Dict[str, Transport] = {}  # type: ignore[assignment]  # a Transport is a HostShell
 
     def _transport(self, name: str) -> Transport:
         from preflight import transport as transports
         if name == LOCAL:
-            return transports.create("local", name, self.o.ssh)
-        return transports.create(self.o.transport, name, self.o.ssh)
+            return transports.create("local", name, self.options.ssh)
+        return transports.create(self.options.transport, name, self.options.ssh)
 
-    def _note(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.note(text)
-
-    @property
-    def launch_host(self) -> str:
-        if self.o.launch_from == "first":
-            return self.o.hosts[0].name
-        return self.o.launch_from
-
-    def launch_spec(self) -> Dict[str, Any]:
-        """launch.json: what the supervisor runs, and what it reaps when its lifeline closes."""
-        return {"argv": self.launcher_argv(), "token": self.token, "hosts": [h.name for h in self.o.hosts],
-                "lifetime": self.lifetime + 60.0}
-
-    @property
-    def lifetime(self) -> float:
-        """How long a rank lives at most: past the coordinator's deadline, it ends itself."""
-        return max(30.0, self.o.timeout + 30.0)
-
-    def launcher_argv(self) -> List[str]:
-        """``deepspeed --hostfile H [-i/-e] [--master_addr/--master_port] --launcher pdsh SCRIPT --deepspeed_config
-        C`` and the rehearsal's own arguments after it."""
-        argv = shlex.split(self.o.deepspeed) + ["--hostfile", os.path.join(self.dir, HOSTFILE)]
-        if self.o.include:
-            argv += ["--include", self.o.include]
-        if self.o.exclude:
-            argv += ["--exclude", self.o.exclude]
-        if self.o.master_addr:
-            argv += ["--master_addr", self.o.master_addr]
-        if self.o.master_port:
-            argv += ["--master_port", str(self.o.master_port)]
-        if self.o.launcher_ssh_port:
-            argv += ["--ssh_port", str(self.o.launcher_ssh_port)]
-        return argv + ["--launcher", "pdsh", SCRIPT, "--deepspeed_config", self.o.deepspeed_config,
-                       "--preflight-run", self.token, "--steps", str(self.o.steps),
-                       "--model-params", "%g" % self.o.model_params, "--init-timeout", "%g" % self.o.init_timeout,
-                       "--lifetime", "%g" % self.lifetime]
-
-    # -- phases
     def connect(self) -> None:
         names = [h.name for h in self.o.hosts]
         if self.launch_host == LOCAL:
@@ -749,140 +88,13 @@ class Rehearsal:
             if self.progress is not None:
                 self.progress.advance(name)
 
-        budget = max([self.o.ssh.connect_timeout * 3 + 10] + [0.0])
+        budget = max([self.options.ssh.connect_timeout * 3 + 10] + [0.0])
         for name, done in zip(names, parallel_map(one, names, max(1, self.o.parallel), budget)):
             if isinstance(done, BaseException) and name not in self.errors:
                 self.errors[name] = ("connecting did not finish: %s" % done, "check the host")
 
-    def prepare(self, env_text: Optional[str], hostfile_text: str) -> None:
-        """The launch directory on every host with the script; on the launch host also the hostfile and the
-        working directory's .deepspeed_env (under the name the launcher reads)."""
-        script = script_source().encode()
-        hosts = [n for n in self.transports if n not in self.errors]
-        if self.progress is not None:
-            self.progress.phase("writing the script", len(hosts))
-
-        def write(name: str, path: str, data: bytes) -> Optional[str]:
-            res = self.transports[name].run(
-                ["sh", "-c", 'umask 077 && mkdir -p "$1" && cat > "$1/$2"', "sh", self.dir, path], 30, stdin=data)
-            if res.rc != 0:
-                return (res.stderr.strip() or res.error or "rc %d" % res.rc)[:300]
-            return None
-
-        def one(name: str) -> None:
-            files = [(SCRIPT, script)]
-            if name == self.launch_host:
-                files.append((HOSTFILE, hostfile_text.encode()))
-                files.append((host_side.LAUNCH_FILE, json.dumps(self.launch_spec()).encode()))
-                if env_text is not None:
-                    files.append((os.environ.get("DS_ENV_FILE", DEFAULT_ENV_NAME), env_text.encode()))
-            for path, data in files:
-                problem = write(name, path, data)
-                if problem:
-                    self.errors[name] = ("could not write %s/%s: %s" % (self.dir, path, problem),
-                                         "make %s writable on the host, or pass --workdir" % self.o.workdir)
-                    break
-            if self.progress is not None:
-                self.progress.advance(name)
-
-        for name, done in zip(hosts, parallel_map(one, hosts, max(1, self.o.parallel), 120.0)):
-            if isinstance(done, BaseException) and name not in self.errors:
-                self.errors[name] = ("writing the script did not finish: %s" % done, "check the host")
-
-    def launch_and_watch(self, log: EventLog) -> Tuple[str, Dict[str, Any]]:
-        """Start the supervisor on the launch host and watch the events until the end: (why it stopped, facts of
-        the launch). Ctrl-C stops it the same way (and is re-raised by run())."""
-        transport = self.transports[self.launch_host]
-        # Relative to the launch directory, and the launcher's argv in launch.json: the supervisor's argv holds
-        # no token, so that its own reap of the token on this host (pdsh reaches it too) spares it.
-        argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", self.dir, self.o.python, SCRIPT,
-                "--supervise", self.mark]
-        launcher = self.launcher_argv()
-        launched: Dict[str, Any] = {"command": " ".join(shlex.quote(a) for a in launcher), "host": self.launch_host}
-        cmd = transport.start(argv, keep_stdin_open=True)
-        cmd.stream_to(log.feed)
-        started = time.monotonic()
-        deadline = started + self.o.timeout
-        total = len(expected_ranks(self.o.hosts))
-        if self.progress is not None:
-            self.progress.phase("rehearsing from %s" % self.launch_host, total)
-        reason = ""
-        finished_at: Optional[float] = None
-        counted = 0
-        try:
-            while True:
-                with log.cond:
-                    log.cond.wait(0.25)
-                views, launcher_events = rank_views(expected_ranks(self.o.hosts), log.snapshot())
-                now = time.monotonic()
-                ended = [v for v in views if v.ended]
-                while counted < len([v for v in ended if "done" in v.seen]):
-                    counted += 1
-                    if self.progress is not None:
-                        self.progress.advance("rank", "done")
-                if any(e.get("event") == "launcher_exit" for e in launcher_events) or cmd.done:
-                    reason = "the launcher exited"
-                    break
-                if len(ended) == total:
-                    finished_at = finished_at or now
-                    if now - finished_at > min(GRACE_S, 5.0):  # its exit code, if it comes soon
-                        reason = "every rank ended"
-                        break
-                errors = [v.seen["error"].get("arrived", 0) for v in views if "error" in v.seen]
-                if errors and now - log.arrived - min(errors) > GRACE_S:
-                    reason = "stopped %s after the first rank raised" % _secs(GRACE_S)
-                    break
-                # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
-                # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes).
-                in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
-                           if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
-                if in_init and now - log.arrived - min(in_init) > self.o.init_timeout + GRACE_S:
-                    reason = "init did not finish within --init-timeout %s" % _secs(self.o.init_timeout)
-                    break
-                if now > deadline:
-                    reason = "--timeout %s passed" % _secs(self.o.timeout)
-                    break
-        except KeyboardInterrupt:
-            reason = "interrupted (Ctrl-C)"
-            self.interrupted = True
-        launched["elapsed"] = time.monotonic() - log.arrived  # the events' clock
-        self._note("stopping the launch on %s" % self.launch_host)
-        cmd.close_stdin(wait=False)  # the supervisor's lifeline: it kills the launcher and reaps over pdsh
-        if not cmd.join(STOP_S):
-            cmd.kill()
-        res = cmd.wait(5)
-        log.finish()
-        launched.update(rc=res.rc, stderr=res.stderr[-2000:])
-        return reason, launched
-
     def reap(self) -> None:
-        """Kill whatever of the run is left on every host (pkill by the run's token) and remove the launch
-        directories; what survives is recorded per host."""
-        names = list(self.transports)
-        self._note("cleaning up on %d host(s)" % len(names))
-
-        def one(name: str) -> Dict[str, Any]:
-            transport = self.transports[name]
-            out: Dict[str, Any] = {}
-            if name in self.unreachable:
-                return out
-            kill = transport.run(["pkill", "-KILL", "-f", self.pattern], REAP_S)
-            out["killed"] = kill.rc == 0
-            transport.run(["pkill", "-KILL", "-f", pattern_of(self.mark)], REAP_S)
-            # The token is never written out in the command, or pkill -f of another host's reap would match it.
-            transport.run(["sh", "-c", 'rm -rf -- "$1/%s$2"' % TOKEN_PREFIX, "sh", self.o.workdir,
-                           self.token[len(TOKEN_PREFIX):]], REAP_S)
-            left = transport.run(["pgrep", "-a", "-f", self.pattern], REAP_S)
-            if left.rc == 0 and left.stdout.strip():
-                time.sleep(1.0)
-                transport.run(["pkill", "-KILL", "-f", self.pattern], REAP_S)
-                left = transport.run(["pgrep", "-a", "-f", self.pattern], REAP_S)
-                if left.rc == 0 and left.stdout.strip():
-                    out["left"] = left.stdout.strip().splitlines()[:10]
-            return out
-
-        for name, done in zip(names, parallel_map(one, names, max(1, self.o.parallel), REAP_S * 4 + 10)):
-            self.cleanup[name] = done if isinstance(done, dict) else {"error": str(done)}
+        super().reap()
         for transport in self.transports.values():
             try:
                 transport.close()
@@ -892,64 +104,32 @@ class Rehearsal:
     def run(self, env_text: Optional[str], hostfile_text: str) -> Report:
         started_at = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
         t0 = time.monotonic()
-        results: List[Result] = []
+        rows: Dict[str, Any] = {}
         try:
-            self.connect()
-            self.prepare(env_text, hostfile_text)
-            if self.errors:
-                results = self._not_launched()
+            try:
+                self.connect()
+            except KeyboardInterrupt:
+                self.interrupted = True
+                self.reap()
             else:
-                log = EventLog(self.token, [h.name for h in self.o.hosts])
-                reason, launched = self.launch_and_watch(log)
-                judged = Outcomes(self.o, self.launch_host, log, reason, launched.get("elapsed", 0.0), launched)
-                rows = judged.host_rows()
-                results = [Result.from_outcome(h, CHECK, o) for h, o in rows.items()]
-                results.append(Result.from_outcome(CLUSTER, CHECK, judged.cluster_row(rows),
-                                                   launched.get("elapsed", 0.0)))
-        except KeyboardInterrupt:
-            self.interrupted = True
+                rows = self.rehearse(env_text, hostfile_text)
         finally:
-            self.reap()
             if self.progress is not None:
                 self.progress.done()
-        self._add_leftovers(results)
+        results = [Result.from_outcome(h, CHECK, o, o.metrics.get("elapsed_s", 0.0) if h == CLUSTER else 0.0)
+                   for h, o in rows.items() if h != CLUSTER]
+        if CLUSTER in rows:
+            o = rows[CLUSTER]
+            results.append(Result.from_outcome(CLUSTER, CHECK, o, float(o.metrics.get("elapsed_s") or 0.0)))
+        for host, left in self.survivors().items():
+            # A process of the run that survived the clean-up is an ERROR of its host: nothing may be left behind.
+            name = LOCAL if host == CLUSTER else host
+            results.append(Result(host, CHECK + "_cleanup", Status.ERROR,
+                                  "processes of the rehearsal survived pkill -KILL on %s: %s" % (name, left),
+                                  "kill them by hand (pkill -KILL -f %s)" % self.pattern))
         hosts = [HostRecord(h.name, getattr(self.transports.get(h.name), "address", h.name), h.slots,
                             h.name not in self.errors) for h in self.o.hosts]
         return Report(started_at, time.monotonic() - t0, hosts, results, [CHECK], strict=self.o.strict)
-
-    def _not_launched(self) -> List[Result]:
-        results = []
-        first = sorted(self.errors)[0]
-        for h in self.o.hosts:
-            if h.name in self.errors:
-                message, fix = self.errors[h.name]
-                results.append(Result(h.name, CHECK, Status.ERROR, message, fix))
-            else:
-                results.append(Result(h.name, CHECK, Status.ERROR, "not rehearsed: %s could not be prepared" % first,
-                                      "see %s's result" % first))
-        if LOCAL in self.errors:
-            message, fix = self.errors[LOCAL]
-            results.append(Result(CLUSTER, CHECK, Status.ERROR, "this machine: %s" % message, fix))
-        else:
-            results.append(Result(CLUSTER, CHECK, Status.ERROR, "not launched: %s could not be prepared" % first,
-                                  "see %s's result" % first))
-        return results
-
-    def _add_leftovers(self, results: List[Result]) -> None:
-        """A process of the run that survived the clean-up is an ERROR of its host: the rehearsal must leave
-        nothing behind."""
-        for name, done in self.cleanup.items():
-            for r in results:
-                if r.host == (CLUSTER if name == LOCAL else name):
-                    r.metrics["cleanup"] = done
-            if done.get("left"):
-                results.append(Result(CLUSTER if name == LOCAL else name, CHECK + "_cleanup", Status.ERROR,
-                                      "processes of the rehearsal survived pkill -KILL on %s: %s" % (
-                                          name, "; ".join(done["left"])[:400]),
-                                      "kill them by hand (pkill -KILL -f %s)" % self.pattern))
-
-
-LOCAL = "this machine"  # the launch host's name when launching from here (--launch-from local)
 
 
 # ------------------------------------------------------------------------------------------------- the CLI

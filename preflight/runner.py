@@ -130,6 +130,11 @@ class Cluster:
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:
         return self._nodes[host].agent.start(func, params, timeout)
 
+    def shell(self, host: str) -> Transport:
+        """The host's connection itself (seams.HostShell), for a program a check runs under its own supervision
+        (the launch check's DeepSpeed launcher): each command is a channel of its own beside the agent's."""
+        return self._nodes[host].transport
+
 
 def _select_modules(names: Sequence[str]) -> List[ModuleType]:
     return [registry.load(n) for n in names]

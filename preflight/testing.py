@@ -222,6 +222,7 @@ class FakeCluster:
     local: bool = False
     progress: Any = field(default_factory=FakeProgress)
     calls: List[Call] = field(default_factory=list)
+    shells: Dict[str, Any] = field(default_factory=dict)  # host -> its HostShell (a FakeTransport), for shell()
     all_hosts: List[Any] = field(init=False)
     hosts: List[Any] = field(init=False)
     master: Any = field(init=False)
@@ -266,6 +267,10 @@ class FakeCluster:
             return service
         return FakeService.running(func, params, timeout, host)
 
+
+    def shell(self, host: str) -> Any:
+        """The host's command line (``seams.HostShell``): ``shells[host]``, e.g. a ``FakeTransport``."""
+        return self.shells[host]
 
 # ---------------------------------------------------------------------------------------------- transport
 

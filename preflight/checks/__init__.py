@@ -34,6 +34,7 @@ ORDER = [
     "allreduce",
     "checkpoint",
     "ds_config",
+    "launch",  # opt-in, last: the real launch of the job's config (--rehearse), after every cheaper check
 ]
 
 

@@ -76,6 +76,21 @@ class ServiceHandle(Protocol):
     def kill(self) -> None: ...
 
 
+class HostShell(Protocol):
+    """The coordinator's own command line to a host (its transport), for a check that runs a program there under
+    its own supervision rather than as a function of the agent (the ``launch`` check: DeepSpeed's launcher).
+
+    run(argv, timeout, stdin) -> a result with rc, stdout, stderr, error; start(argv, stdin, keep_stdin_open) -> a
+    running command (stream_to, close_stdin, join, kill, wait, done) whose stdin stays open as its lifeline."""
+
+    address: str
+
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes = b"") -> Any: ...
+
+    def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
+              max_output: Optional[int] = None) -> Any: ...
+
+
 @dataclass
 class CheckOptions:
     """The run's options that cluster checks read, as ``cluster.options`` (the CLI's flags of the same names).
@@ -86,7 +101,8 @@ class CheckOptions:
     pipeline degree; min_busbw: the all-reduce bus bandwidth floor (GB/s); python: the hosts' interpreter;
     checkpoint_dir: the job's checkpoint directory; launcher_ssh_port: the port DeepSpeed's launcher will ssh to
     (--launcher-ssh-port, else --ssh-port; DeepSpeed's --ssh_port); master_addr: the job's --master_addr (without
-    it DeepSpeed's launcher takes the first address of the first host's `hostname -I`). None: not given.
+    it DeepSpeed's launcher takes the first address of the first host's `hostname -I`); rehearse: --rehearse (True
+    selects the ``launch`` check); hostfile: the --hostfile path (the fixes name it). None: not given.
     """
 
     transport: str = "ssh"
@@ -100,6 +116,8 @@ class CheckOptions:
     checkpoint_dir: Optional[str] = None
     launcher_ssh_port: Optional[int] = None
     master_addr: Optional[str] = None
+    rehearse: Optional[bool] = None
+    hostfile: Optional[str] = None
 
 
 @runtime_checkable
@@ -110,7 +128,8 @@ class ClusterView(Protocol):
     facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the run options the checks
     read (CheckOptions: master_port, deepspeed_config, ...); thresholds: the merged config (read it with
     ``limits``); parallel: the fan-out limit. ``call``/``call_all``/``start`` run a host-side function
-    ``"module.func"`` of this package through the agent on a host.
+    ``"module.func"`` of this package through the agent on a host; ``shell`` is the coordinator's own command line
+    to a host (``HostShell``), for a program run under the check's own supervision (the ``launch`` check).
     """
 
     hosts: List[Any]
@@ -131,6 +150,8 @@ class ClusterView(Protocol):
     def call_all(self, func: str, params_by_host: Dict[str, Dict[str, Any]], timeout: float) -> Dict[str, Any]: ...
 
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any: ...
+
+    def shell(self, host: str) -> HostShell: ...
 
 
 Thresholds = Dict[str, Dict[str, Any]]
