@@ -188,6 +188,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2 and "--launch-from node09: not 'first', 'local' or a host" in proc.stderr
 
 
+def test_the_launch_check_is_opt_in_and_selected_by_rehearse(tmp_path):
+    from preflight import cli
+    from preflight.checks import launch
+    from preflight.hostside.seams import CheckOptions
+    assert "launch" not in cli.select_checks(None, None, CheckOptions(deepspeed_config="c.json"))
+    assert "launch" in cli.select_checks(None, None, CheckOptions(deepspeed_config="c.json", rehearse=True))
+    assert cli.select_checks("launch", None, CheckOptions()) == ["launch"]
+    proc = subprocess.run([sys.executable, "-m", "preflight", "run", "--rehearse"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=_env())
+    assert proc.returncode == 2 and "--rehearse needs --deepspeed-config" in proc.stderr, proc.stderr
+    # Where it cannot launch it says why; a process that survived the clean-up is an ERROR of its host.
+    assert launch.evaluate({"skipped": "no config"}, {})["*"].status == Status.SKIP
+    rows = {"node01": {"status": "pass", "message": "rank 0 (local 0): init 1 s", "fix": "", "metrics": {}}}
+    out = launch.evaluate({"rows": rows, "survivors": {"node01": "123 python3 x"}, "token": "preflight-rehearse-1"}, {})
+    assert out["node01"].status == Status.ERROR and "survived pkill -KILL on node01: 123 python3 x" in out["node01"].message
+    assert "pkill -KILL -f preflight-rehearse-1" in out["node01"].fix
+    # The run's -i/-e selection reaches the launcher as DeepSpeed's --include.
+    hosts = [HostSpec("a", 2, 0, [0, 1]), HostSpec("b", 1, 1, [3])]
+    assert launch.hostfile_text(hosts) == "a slots=2\nb slots=4\n" and launch.include_of(hosts) == "a:0,1@b:3"
+    assert launch.include_of([HostSpec("a", 2, 0, [0, 1])]) == ""
+
+
 # ----------------------------------------------------------------------------------- on namespace hosts
 
 def _env(**extra):
@@ -405,4 +427,37 @@ def test_launch_from_this_machine(debian_cluster, tmp_path):
     assert "from this machine" in cells["*"]["message"]
     token = cells["*"]["metrics"]["command"].split("--preflight-run ")[1].split()[0]
     assert token.startswith("preflight-rehearse-") and not (Path("/tmp") / token).exists()  # this machine's too
+    assert_nothing_left(cluster)
+
+
+def test_preflight_run_rehearses_the_launch_as_its_launch_check(debian_cluster, tmp_path):
+    """The same launch as the `launch` check of `preflight run` (--checks launch), over the run's own connections:
+    DeepSpeed's runner in --python's interpreter, from node01, with ./.deepspeed_env; a row per host and the cluster's,
+    and nothing left on any host."""
+    cluster = debian_cluster
+    (tmp_path / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\n")
+    report = tmp_path / "run.json"
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--checks", "launch",
+            "--deepspeed-config", str(cluster.dir / "ds_zero2.json"), "--json", str(report)]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+                          env=_env())
+    elapsed = time.monotonic() - started
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = {(r["host"], r["check"]): r for r in json.loads(report.read_text())["results"]}
+    for host in ("node01", "node02", "node03"):
+        cell = cells[(host, "launch")]
+        assert cell["status"] == "pass", cell
+        (rank,) = cell["metrics"]["ranks"]
+        assert rank["hostname"] == host and rank["state"] == "done" and len(rank["step_s"]) == 2
+        assert rank["zero_stage"] == 2 and rank["train_batch"] == 6
+        assert cell["metrics"]["cleanup"]  # reaped on every host
+    whole = cells[("*", "launch")]
+    assert whole["status"] == "pass" and "3 ranks on 3 hosts" in whole["message"] and "from node01" in whole["message"]
+    assert "-m deepspeed.launcher.runner" in whole["metrics"]["command"]
+    assert str(tmp_path / ".deepspeed_env") in whole["message"]
+    print("\npreflight run --checks launch: exit %d in %.1f s: %s" % (proc.returncode, elapsed, whole["message"]))
     assert_nothing_left(cluster)
