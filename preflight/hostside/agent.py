@@ -121,7 +121,7 @@ _write_lock = threading.Lock()
 
 
 def _emit(tag: str, payload: Dict[str, Any]) -> None:
-    line = "%s %s\n" % (tag, json.dumps(payload, default=str))
+    line = f"{tag} {json.dumps(payload, default=str)}\n"
     with _write_lock:
         sys.stdout.write(line)
         sys.stdout.flush()
@@ -138,7 +138,7 @@ def _on_signal(signum: int, frame: Any) -> None:
         return  # already unwinding: a second signal must not interrupt the cleanup in finally blocks
     _aborting[0] = True
     if _abort_reason[0] == "deadline":
-        _abort_reason[0] = "signal %d" % signum
+        _abort_reason[0] = f"signal {signum}"
     raise Abort(_abort_reason[0])
 
 
@@ -244,9 +244,9 @@ def _collect(names: Sequence[str], params: Dict[str, Any], per_check: float) -> 
         except Abort as exc:
             if str(exc) != "deadline":
                 raise
-            out[name] = {"error": "timed out after %.0fs on the host" % per_check}
+            out[name] = {"error": f"timed out after {per_check:.0f}s on the host"}
         except Exception as exc:  # a check's bug or a missing tool: that check's ERROR, not the agent's
-            out[name] = {"error": "%s: %s" % (type(exc).__name__, exc),
+            out[name] = {"error": f"{type(exc).__name__}: {exc}",
                          "traceback": traceback.format_exc(limit=6)}
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -311,7 +311,7 @@ def _ancestors(pid: int) -> set:
     chain = set()
     while pid > 1 and pid not in chain:
         chain.add(pid)
-        stat = procs.read_text("/proc/%d/stat" % pid, "") or ""
+        stat = procs.read_text(f"/proc/{pid}/stat", "") or ""
         try:
             pid = int(stat.rsplit(")", 1)[1].split()[1])
         except (IndexError, ValueError):
@@ -359,8 +359,8 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
             continue
         try:
             # Agents carry the token in argv; their children inherit it in the environment.
-            found = token in _read_proc("/proc/%s/cmdline" % entry).split(b"\0")
-            environ = _read_proc("/proc/%s/environ" % entry) if agent or not found else b""
+            found = token in _read_proc(f"/proc/{entry}/cmdline").split(b"\0")
+            environ = _read_proc(f"/proc/{entry}/environ") if agent or not found else b""
             if agent:
                 found = marker in environ or (found and environ == own_env)
             elif not found:
@@ -379,7 +379,7 @@ def main(argv: Sequence[str], code: Optional[bytes] = None, first: Optional[byte
     # Marks this agent and every child it starts, so that reap() can find them after a hard failure.
     if argv:
         os.environ[RUN_ENV] = argv[0]
-    os.environ[AGENT_ENV] = "%d-%s" % (os.getpid(), os.urandom(6).hex())
+    os.environ[AGENT_ENV] = f"{os.getpid()}-{os.urandom(6).hex()}"
     stdin = sys.stdin.buffer
     request = json.loads((first if first is not None else stdin.readline()).decode())
     procs.AGENT_CODE = code  # lets host-side functions start helper interpreters with the same code (workers)
@@ -400,12 +400,12 @@ def _run_one(request: Dict[str, Any], stdin: IO[bytes]) -> int:
         elif request["op"] == "call":
             payload["value"] = _call(request["func"], request.get("params", {}), float(request["timeout"]))
         else:
-            raise ValueError("unknown op %r" % request["op"])
+            raise ValueError(f"unknown op {request['op']!r}")
         payload["ok"] = True
     except Abort as exc:
-        payload.update(ok=False, error="aborted: %s" % exc)
+        payload.update(ok=False, error=f"aborted: {exc}")
     except Exception as exc:
-        payload.update(ok=False, error="%s: %s" % (type(exc).__name__, exc),
+        payload.update(ok=False, error=f"{type(exc).__name__}: {exc}",
                        traceback=traceback.format_exc(limit=8))
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

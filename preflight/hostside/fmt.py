@@ -12,8 +12,8 @@ def human_bytes(n: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             value = n / scale
-            return ("%d %s" % (value, unit)) if value == int(value) else ("%.1f %s" % (value, unit))
-    return "%d B" % n
+            return f"{int(value)} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def rate(gbps: Optional[float]) -> str:
@@ -21,10 +21,10 @@ def rate(gbps: Optional[float]) -> str:
     if gbps is None:
         return "n/a"
     if gbps < 1.0:
-        return "%.1f Mbit/s" % (gbps * 1000)
-    return "%.2f Gbit/s" % gbps
+        return f"{gbps * 1000:.1f} Mbit/s"
+    return f"{gbps:.2f} Gbit/s"
 
 
 def gbps(x: float) -> str:
     """A GB/s figure with 3 significant digits below 100 (0.0253, 45.1), whole numbers above (460)."""
-    return ("%.3g" % x) if x < 100 else ("%.0f" % x)
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"

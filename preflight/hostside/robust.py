@@ -67,7 +67,7 @@ def p_text(z: float, max_p: float = MAX_P) -> str:
     if p < 1e-9:
         return "p < 1e-9"
     for digits in (1, 2, 3, 4):
-        text = "%.*g" % (digits, p)
+        text = f"{p:.{digits}g}"
         if (float(text) < max_p) == (p < max_p):
             return "p = " + text
-    return "p < %g" % max_p if p < max_p else "p = %g" % p
+    return f"p < {max_p:g}" if p < max_p else f"p = {p:g}"

@@ -22,8 +22,8 @@ def format_nccl_version(value: Any) -> Optional[str]:
         return ".".join(str(int(v)) for v in value)
     value = int(value)
     if value >= 10000:
-        return "%d.%d.%d" % (value // 10000, (value // 100) % 100, value % 100)
-    return "%d.%d.%d" % (value // 1000, (value // 100) % 10, value % 100)
+        return f"{value // 10000}.{value // 100 % 100}.{value % 100}"
+    return f"{value // 1000}.{value // 100 % 10}.{value % 100}"
 
 
 def torch_view() -> Dict[str, Any]:
@@ -34,7 +34,7 @@ def torch_view() -> Dict[str, Any]:
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken install raising anything at import
-        out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+        out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return out
     out["torch"] = torch.__version__
     try:
@@ -44,6 +44,6 @@ def torch_view() -> Dict[str, Any]:
             out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(out["device_count"])]
             out["nccl"] = format_nccl_version(torch.cuda.nccl.version())  # a tuple; an int such as 2708 on old torch
     except Exception as exc:  # a driver problem: the gpu check says more; here it only means "no NCCL run"
-        out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+        out["cuda_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         out["cuda"] = False
     return out
