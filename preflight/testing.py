@@ -140,7 +140,7 @@ class FakeService:
         service = cls(host=host, func=func, timeout=timeout)
         service._info, service._value = None, None
         service._thread = threading.Thread(target=service._run, args=(params,), daemon=True,
-                                           name="fake service %s on %s" % (func, host or "?"))
+                                           name=f"fake service {func} on {host or '?'}")
         service._thread.start()
         return service
 
@@ -149,7 +149,7 @@ class FakeService:
         try:
             value = run_host_function(self.func, params, self.timeout, self._ready, self._stop.wait)
         except BaseException as exc:  # noqa: BLE001 - the agent reports every failure as the request's error
-            error = "%s: %s" % (type(exc).__name__, exc)
+            error = f"{type(exc).__name__}: {exc}"
         with self._cond:
             self._value, self._error, self._ended = value, error, True
             self._cond.notify_all()
@@ -166,7 +166,7 @@ class FakeService:
                 self._cond.notify_all()
 
     def _failed(self) -> RuntimeError:
-        return RuntimeError("%s failed on the host: %s" % (self.func, self._error))
+        return RuntimeError(f"{self.func} failed on the host: {self._error}")
 
     def wait_ready(self, timeout: float) -> Dict[str, Any]:
         with self._cond:
@@ -175,7 +175,7 @@ class FakeService:
                 return dict(self._info)
             if self._error:
                 raise self._failed()
-        raise RuntimeError("%s did not become ready within %.0fs" % (self.func, timeout))
+        raise RuntimeError(f"{self.func} did not become ready within {timeout:.0f}s")
 
     def stop(self, timeout: float = 15.0) -> Any:
         self.stopped = True
@@ -187,7 +187,7 @@ class FakeService:
         wait = self.timeout + 15 if timeout is None else timeout
         with self._cond:
             if not self._cond.wait_for(lambda: self._ended, wait):
-                raise RuntimeError("%s timed out after %.0fs" % (self.func, wait))
+                raise RuntimeError(f"{self.func} timed out after {wait:.0f}s")
             if self._error:
                 raise self._failed()
             return self._value
@@ -229,7 +229,7 @@ class FakeCluster:
     world_size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        names = (["node%02d" % (i + 1) for i in range(self.hosts_or_count)]
+        names = ([f"node{i + 1:02d}" for i in range(self.hosts_or_count)]
                  if isinstance(self.hosts_or_count, int) else list(self.hosts_or_count))
         self.all_hosts = [FakeHost(n, self.slots, index=i) for i, n in enumerate(names)]
         self.hosts = [h for h in self.all_hosts if h.name not in set(self.unreachable)]
@@ -241,7 +241,8 @@ class FakeCluster:
     def address(self, host: str) -> str:
         if host in self.addresses:
             return self.addresses[host]
-        return "198.18.0.%d" % (1 + [h.name for h in self.all_hosts].index(host))
+        index = [h.name for h in self.all_hosts].index(host)
+        return f"198.18.0.{1 + index}"
 
     def call(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Any:
         self.calls.append(Call(host, func, params))
@@ -267,10 +268,10 @@ class FakeCluster:
             return service
         return FakeService.running(func, params, timeout, host)
 
-
     def shell(self, host: str) -> Any:
         """The host's command line (``seams.HostShell``): ``shells[host]``, e.g. a ``FakeTransport``."""
         return self.shells[host]
+
 
 # ---------------------------------------------------------------------------------------------- transport
 
@@ -341,8 +342,8 @@ class FakeTransport(Transport):
         answer = self.handler(command)
         if answer is not None:
             if not isinstance(answer, CommandResult):
-                raise TypeError("FakeTransport handler must return a CommandResult or None, not %s"
-                                % type(answer).__name__)
+                raise TypeError("FakeTransport handler must return a CommandResult or None, "
+                                f"not {type(answer).__name__}")
             command.reply(answer.stdout, answer.stderr)
             command.exit(answer.rc, answer.error)
         return command
@@ -351,7 +352,7 @@ class FakeTransport(Transport):
         self.closed = True
         for command in self.commands:
             if not command.done:
-                command.exit(255, "the connection to %s was closed" % self.name)
+                command.exit(255, f"the connection to {self.name} was closed")
 
 
 # -------------------------------------------------------------------------------------------------- checks

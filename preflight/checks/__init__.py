@@ -43,8 +43,8 @@ def load(name: str) -> ModuleType:
     module = importlib.import_module("." + name, __name__)
     spec = validate_spec(getattr(module, "SPEC", None), module.__name__)
     if spec.name != name:
-        raise TypeError("check module %s: SPEC.name %r differs from its registry name %r" % (module.__name__,
-                                                                                           spec.name, name))
+        raise TypeError(f"check module {module.__name__}: SPEC.name {spec.name!r} "
+                        f"differs from its registry name {name!r}")
     check_reads(spec, module.__name__)
     return module
 
@@ -55,11 +55,11 @@ def check_reads(spec: CheckSpec, where: str) -> None:
     problems = []
     for read in spec.reads:
         if read not in ORDER:
-            problems.append("reads %r, which is not a registered check (%s)" % (read, ", ".join(ORDER)))
+            problems.append(f"reads {read!r}, which is not a registered check ({', '.join(ORDER)})")
         elif spec.name in ORDER and ORDER.index(read) > ORDER.index(spec.name):
-            problems.append("reads %r, which runs after it in ORDER (its facts are not there yet)" % read)
+            problems.append(f"reads {read!r}, which runs after it in ORDER (its facts are not there yet)")
     if problems:
-        raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
+        raise TypeError(f"check module {where}: {'; '.join(problems)}")
 
 
 def thresholds_path(name: str) -> Path:

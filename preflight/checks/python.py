@@ -43,7 +43,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     except ImportError:
         pass
     except Exception as exc:  # a broken install (ABI mismatch, missing .so) is a finding, not a crash
-        facts["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+        facts["torch_error"] = f"{type(exc).__name__}: {exc}"
     return facts
 
 
@@ -54,18 +54,18 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     have = tuple(int(x) for x in facts["python"].split(".")[:2])
     want = tuple(int(x) for x in minimum.split(".")[:2])
     if have < want:
-        findings.append(Finding(Status.FAIL, "Python %s < %s required" % (facts["python"], minimum),
-                                "point --python at the job's interpreter (a venv with Python >= %s)" % minimum))
+        findings.append(Finding(Status.FAIL, f"Python {facts['python']} < {minimum} required",
+                                f"point --python at the job's interpreter (a venv with Python >= {minimum})"))
     if facts.get("torch_error"):
-        findings.append(Finding(Status.FAIL, "torch is installed but fails to import: %s" % facts["torch_error"],
+        findings.append(Finding(Status.FAIL, f"torch is installed but fails to import: {facts['torch_error']}",
                                 "reinstall torch in this environment: pip install --force-reinstall torch"))
     elif facts.get("torch") is None and lim["require_torch"]:
         # FAIL, as the all-reduce fails a multi-host run for the same cause: the job cannot start either way.
-        findings.append(Finding(Status.FAIL, "torch is not importable by %s; the job needs it on every host"
-                                % facts.get("executable"),
+        message = f"torch is not importable by {facts.get('executable')}; the job needs it on every host"
+        findings.append(Finding(Status.FAIL, message,
                                 "pass --python with the job's interpreter, or pip install torch"))
-    summary = "Python %s" % facts["python"] + "".join(
-        ", %s %s" % (label, facts[key]) for key, label in
+    summary = f"Python {facts['python']}" + "".join(
+        f", {label} {facts[key]}" for key, label in
         (("torch", "torch"), ("torch_cuda", "CUDA"), ("nccl", "NCCL"), ("deepspeed", "DeepSpeed"),
          ("nvidia_ml_py", "nvidia-ml-py")) if facts.get(key))
     metrics = {k: facts.get(k) for k in ("python", "executable", "torch", "torch_cuda", "nccl", "deepspeed",
