@@ -39,8 +39,8 @@ DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 _SECTION = re.compile(r"^\[([A-Za-z0-9_]+)\]\s*$")
 _KEY = re.compile(r"^([A-Za-z0-9_]+)\s*=")
 _NUM = r"-?[0-9][0-9_]*(?:\.[0-9_]+)?(?:[eE][-+]?[0-9]+)?"
-_RANGE = re.compile(r"^#\s*range:\s*(?:(?P<lo>%s)\s*(?P<lo_op><=|<)\s*)?x(?:\s*(?P<hi_op><=|<)\s*(?P<hi>%s))?"
-                    r"(?P<each>\s*\(each\))?\s*$" % (_NUM, _NUM))
+_RANGE = re.compile(rf"^#\s*range:\s*(?:(?P<lo>{_NUM})\s*(?P<lo_op><=|<)\s*)?x(?:\s*(?P<hi_op><=|<)\s*(?P<hi>{_NUM}))?"
+                    r"(?P<each>\s*\(each\))?\s*$")
 _CHOICES = re.compile(r"^#\s*choices:\s*(?P<list>.+?)(?P<each>\s*\(each\))?\s*$")
 _AT_MOST = re.compile(r"^#\s*at most:\s*(?P<key>[A-Za-z0-9_]+)\s*$")
 _ANNOTATION = re.compile(r"^#\s*(range|choices|at most):")
@@ -111,21 +111,21 @@ def _parse_rule(kind: str, line: str, where: str) -> Dict[str, Any]:
     if kind == "range":
         r = _RANGE.match(line)
         if not r:
-            raise DefaultsError("%s: cannot parse %r (expected e.g. '# range: 0 < x <= 1')" % (where, line))
+            raise DefaultsError(f"{where}: cannot parse {line!r} (expected e.g. '# range: 0 < x <= 1')")
         return {"range": Range(line.split(":", 1)[1].strip(), float(r["lo"]) if r["lo"] else None, r["lo_op"] == "<",
                                float(r["hi"]) if r["hi"] else None, r["hi_op"] == "<", bool(r["each"]))}
     if kind == "choices":
         c = _CHOICES.match(line)
         try:
-            values = tomllib.loads("v = [%s]" % c["list"])["v"] if c else None
+            values = tomllib.loads(f"v = [{c['list']}]")["v"] if c else None
         except tomllib.TOMLDecodeError:
             values = None
         if not c or not values or not all(isinstance(v, str) and v for v in values):
-            raise DefaultsError("%s: cannot parse %r (expected e.g. '# choices: \"warn\", \"fail\"')" % (where, line))
+            raise DefaultsError(f"{where}: cannot parse {line!r} (expected e.g. '# choices: \"warn\", \"fail\"')")
         return {"choices": Choices(c["list"].strip(), tuple(values), bool(c["each"]))}
     m = _AT_MOST.match(line)
     if not m:
-        raise DefaultsError("%s: cannot parse %r (expected e.g. '# at most: temp_fail_c')" % (where, line))
+        raise DefaultsError(f"{where}: cannot parse {line!r} (expected e.g. '# at most: temp_fail_c')")
     return {"at_most": m["key"]}
 
 
@@ -139,14 +139,14 @@ def documented_rules(text: str, where: str = "defaults") -> Dict[Tuple[str, str]
         m = _SECTION.match(line)
         if m:
             if pending:
-                raise DefaultsError("%s: a rule line at the end of [%s] has no key below it" % (where, section))
+                raise DefaultsError(f"{where}: a rule line at the end of [{section}] has no key below it")
             section = m.group(1)
             continue
         a = _ANNOTATION.match(line)
         if a:
             rule = _parse_rule(a.group(1), line, where)
             if set(rule) & set(pending):
-                raise DefaultsError("%s: [%s] has two '# %s:' lines for one key" % (where, section, a.group(1)))
+                raise DefaultsError(f"{where}: [{section}] has two '# {a.group(1)}:' lines for one key")
             pending.update(rule)
             continue
         k = _KEY.match(line)
@@ -155,7 +155,7 @@ def documented_rules(text: str, where: str = "defaults") -> Dict[Tuple[str, str]
                 out[(section, k.group(1))] = Rules(**pending)
             pending = {}
     if pending:
-        raise DefaultsError("%s: a rule line at the end of [%s] has no key below it" % (where, section))
+        raise DefaultsError(f"{where}: a rule line at the end of [{section}] has no key below it")
     return out
 
 
@@ -172,7 +172,7 @@ def _is_number(value: Any) -> bool:
 def _shown(value: Any) -> str:
     """A value in an error line: huge integers by their size (their decimal text alone can be megabytes)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 18:
-        return "an integer of %d bits" % value.bit_length()
+        return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "..."
 
@@ -263,8 +263,8 @@ def assemble(names: Sequence[str], locate: Callable[[str], Path], coordinator: P
         text, values = _read_toml(path, f"the check {name!r} keeps its [{name}] thresholds there (a check without "
                                         f"thresholds has the bare [{name}] line)")
         if list(values) != [name] or not isinstance(values[name], dict):
-            raise DefaultsError(f"{path}: holds {', '.join('[%s]' % s for s in values) or 'no section'}; "
-                                f"a check's TOML holds its own [{name}] section only")
+            held = ", ".join(f"[{section}]" for section in values) or "no section"
+            raise DefaultsError(f"{path}: holds {held}; a check's TOML holds its own [{name}] section only")
         pieces.append(text)
         sources[name] = path
         rules.update(documented_rules(text, str(path)))

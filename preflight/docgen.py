@@ -43,16 +43,16 @@ def _thresholds(name: str) -> str:
     path = checks.thresholds_path(name)
     source = path.resolve().relative_to(PACKAGE_ROOT).as_posix()
     section = tomllib.loads(path.read_text()).get(name, {})
-    keys = ", ".join("`%s` (a table of %s)" % (key, ", ".join(value)) if isinstance(value, dict)
-                     else "`%s = %s`" % (key, json.dumps(value)) for key, value in section.items())
-    return "Thresholds ([`%s`](../%s)): %s." % (source, source, keys or "none")
+    keys = ", ".join(f"`{key}` (a table of {', '.join(value)})" if isinstance(value, dict)
+                     else f"`{key} = {json.dumps(value)}`" for key, value in section.items())
+    return f"Thresholds ([`{source}`](../{source})): {keys or 'none'}."
 
 
 def _default(spec: CheckSpec) -> str:
     if spec.default:
         return "yes"
-    flags = ", ".join("`--%s`" % option.replace("_", "-") for option in spec.selected_by)
-    return "no, or with %s" % flags if flags else "no"
+    flags = ", ".join(f"`--{option.replace('_', '-')}`" for option in spec.selected_by)
+    return f"no, or with {flags}" if flags else "no"
 
 
 def _cell(text: str) -> str:
@@ -79,24 +79,25 @@ def render() -> str:
     ]
     for module in modules:
         spec = module.SPEC
-        lines.append("| [`%s`](#%s) | %s | %s | %s |" % (spec.name, spec.name, SCOPE_WORDS[spec.scope],
-                                                        _default(spec), _cell(spec.description)))
+        lines.append(f"| [`{spec.name}`](#{spec.name}) | {SCOPE_WORDS[spec.scope]} | {_default(spec)} "
+                     f"| {_cell(spec.description)} |")
     for module in modules:
         spec = module.SPEC
-        facts = ["scope: %s" % SCOPE_WORDS[spec.scope], "by default: %s" % _default(spec)]
+        facts = [f"scope: {SCOPE_WORDS[spec.scope]}", f"by default: {_default(spec)}"]
         if spec.reads:
-            facts.append("reads the facts of: %s" % ", ".join("`%s`" % name for name in spec.reads))
+            read = ", ".join(f"`{name}`" for name in spec.reads)
+            facts.append(f"reads the facts of: {read}")
         if spec.quiet:
             facts.append("quiet (may run beside its quiet neighbours)")
         if spec.uses_torch:
             facts.append("imports torch on the hosts")
         if spec.html is not None:
-            facts.append("its own HTML report section, \"%s\"" % spec.html.title)
+            facts.append(f'its own HTML report section, "{spec.html.title}"')
         if spec.recommend is not None:
             facts.append("contributes to the recommended environment")
         source = _source(module)
-        lines += ["", "## %s" % spec.name, "",
-                  "[`%s`](../%s) · %s" % (source, source, " · ".join(facts)), "",
+        lines += ["", f"## {spec.name}", "",
+                  f"[`{source}`](../{source}) · {' · '.join(facts)}", "",
                   _first_paragraph(module), "", _thresholds(spec.name)]
     return "\n".join(lines) + "\n"
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.out.read_text() if args.out.is_file() else ""
         if current != text:
-            print("%s is out of date: run python3 -m preflight.docgen" % args.out, file=sys.stderr)
+            print(f"{args.out} is out of date: run python3 -m preflight.docgen", file=sys.stderr)
             return 1
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
