@@ -7,24 +7,39 @@ reason, e.g. ``NCCL_SOCKET_IFNAME = "=eth1"`` because "network 10.1.0.0/24 reach
 measured bandwidth ...", and adds what holds for every job: NCCL_DEBUG, TORCH_NCCL_ASYNC_ERROR_HANDLING (PyTorch's
 distributed docs) and the folklore never to set. Every value passes one gate before it is printed or written to
 DeepSpeed's .deepspeed_env (``env_file_text``).
+
+It then compares the result with what DeepSpeed's launcher would pass the ranks today (the launch shell's NCCL*
+variables and the .deepspeed_env lines, hostside/launchenv.py), one state per variable (``env_diff``)::
+
+    NCCL_SOCKET_IFNAME  set        (nothing inherited)
+    NCCL_DEBUG          unchanged  (WARN in /job/.deepspeed_env)
+    NCCL_IB_DISABLE     changed    (0 in the launch shell -> 1)
+    TORCH_NCCL_ASYNC_ERROR_HANDLING  not set  (1 in ~/.deepspeed_env: preflight recommends nothing, it stays)
+
+and an inherited value that contradicts a measured one (a check's contribution, not a general default) is a WARN
+of the inherited environment's check (``contradictions``).
 """
 from __future__ import annotations
 
 import shlex
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from preflight import checks as registry
-from preflight.hostside import validate
-from preflight.hostside.outcome import Status
+from preflight.hostside import launchenv, validate
+from preflight.hostside.outcome import Finding, Status, combine
 from preflight.hostside.seams import CheckSpec, EnvVar, Recommendation, RecommendInput
 
 Env = Dict[str, str]
 
 # Folklore that must never be recommended, with what to say instead.
 NEVER = {
+    # torch 2.13: distributed_c10d.py _get_default_timeout -> constants.py default_pg_nccl_timeout, the C++
+    # kProcessGroupNCCLDefaultTimeout (ProcessGroupNCCL.hpp:157-158, 10 min) for NCCL, default_pg_timeout
+    # (kBackendDefaultTimeout, Backend.hpp:19-20, 30 min) for gloo and the others.
     "NCCL_TIMEOUT": "NCCL_TIMEOUT does not exist: set the collective timeout with "
                     "torch.distributed.init_process_group(timeout=datetime.timedelta(minutes=N)) "
-                    "(DeepSpeed: deepspeed.init_distributed(timeout=...)); the default is 10 minutes",
+                    "(DeepSpeed: deepspeed.init_distributed(timeout=...)); torch's default is 10 minutes for NCCL "
+                    "and 30 minutes for gloo",
     # NCCL's env docs: NCCL_MIN_NRINGS (until 2.4) became NCCL_MIN_NCHANNELS; NCCL_MIN_CTAS is a separate knob.
     "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS is the pre-2.5 name of NCCL_MIN_NCHANNELS (still read as an alias, ignored "
                        "when NCCL_MIN_NCHANNELS is set); NCCL tunes channels itself",
@@ -35,13 +50,22 @@ NEVER = {
 # a bug, never something a host could add.
 OWNED_KEYS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
                         "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
-# What every job gets, whatever the checks found.
+# What every job gets, whatever the checks found. TORCH_NCCL_ASYNC_ERROR_HANDLING is not among them: torch's
+# default, 3 (SkipCleanUp), already tears the process down on a failed or timed-out collective (ProcessGroupNCCL's
+# getCvarInt(TORCH_NCCL_ASYNC_ERROR_HANDLING, 3); ErrorHandlingMode and SHOULD_TEAR_DOWN, ProcessGroupNCCL.hpp:
+# 161-176 of torch 2.13; torch_nccl_environment_variables.md "By default, it is set to 3"), and 1 only adds an
+# ncclCommAbort first, which the same header calls the step that can itself hang. An inherited 0 or 2 (the job
+# hangs) is the inherited environment's WARN (hostside/launchenv.py).
 GENERAL = (
     EnvVar("NCCL_DEBUG", "WARN", "NCCL prints the reason of a failure instead of failing silently; INFO for more"),
-    EnvVar("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
-           "a failed or timed-out collective aborts the job instead of hanging it (the legacy "
-           "NCCL_ASYNC_ERROR_HANDLING is deprecated)"),
 )
+NOT_NEEDED = ("TORCH_NCCL_ASYNC_ERROR_HANDLING is not recommended: torch's default (3, SkipCleanUp) already ends "
+              "the job when a collective fails or times out; only 0 or 2 keep it hanging (named above if inherited)")
+# The check whose row holds the inherited environment's findings (it reads the launch shell and .deepspeed_env).
+INHERITED_CHECK = "launcher_ssh"
+# Variables whose value is a list of NCCL names: the same names with or without '=' (exact) or ':port' match
+# the same interfaces on hosts without look-alike names, so that is no contradiction.
+NAME_LISTS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"})
 
 
 def _master_address(cluster: Any, hosts: List[str]) -> Optional[str]:
@@ -78,15 +102,43 @@ def _refused(part: Recommendation) -> List[str]:
     return [str(s.name) for s in part.steps if isinstance(s, EnvVar) and (s.name in NEVER or s.name not in OWNED_KEYS)]
 
 
+class Advice(NamedTuple):
+    """The whole recommendation: env, reasons and notes as ``recommend`` returns them; ``diff``: ``env_diff``
+    against the inherited environment; ``findings``: the inherited values that contradict measured ones."""
+
+    env: Env
+    reasons: Dict[str, str]
+    notes: List[str]
+    diff: Dict[str, Dict[str, Any]]
+    findings: List[Finding]
+
+
 def recommend(cluster: Any, results: List[Any],
               specs: Optional[Sequence[CheckSpec]] = None) -> Tuple[Env, Dict[str, str], List[str]]:
     """(env, {var: reason}, notes) for the job; the runner prints them and writes the --env-file.
 
     specs: the checks whose contributions to gather, in order (default: every registered check)."""
+    env, reasons, notes, _ = _gather(cluster, results, specs)
+    return env, reasons, notes
+
+
+def advise(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec]] = None,
+           inherited: Optional[Mapping[str, Sequence[str]]] = None) -> Advice:
+    """``recommend`` plus the comparison with what the launcher passes the ranks today. inherited: {name: [value,
+    where]} (default: ``inherited_env()``, read on this machine, where preflight runs and deepspeed will)."""
+    env, reasons, notes, measured = _gather(cluster, results, specs)
+    diff = env_diff(env, inherited_env() if inherited is None else inherited, measured)
+    return Advice(env, reasons, notes, diff, contradictions(diff, reasons))
+
+
+def _gather(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec]]
+            ) -> Tuple[Env, Dict[str, str], List[str], List[str]]:
+    """(env, reasons, notes, the variables a check's contribution set: measured, not general)."""
     env: Env = {}
     reasons: Dict[str, str] = {}
     notes: List[str] = []
     caveats: List[str] = []
+    measured: List[str] = []
 
     def put(var: EnvVar) -> None:
         if not validate.env_key(var.name) or not validate.env_value(var.value):
@@ -113,14 +165,128 @@ def recommend(cluster: Any, results: List[Any],
         for step in part.steps:
             if isinstance(step, EnvVar):
                 put(step)
+                if step.name in env:
+                    measured.append(step.name)
             else:
                 notes.append(str(step))
         caveats.extend(str(c) for c in part.caveats)
     for var in GENERAL:
         put(var)
+    notes.append(NOT_NEEDED)
     notes.extend(NEVER.values())
     notes.extend(caveats)
-    return env, reasons, notes
+    return env, reasons, notes, measured
+
+
+# --- what the ranks inherit today -----------------------------------------------------------------------------
+
+def inherited_env(environ: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                  home: Optional[str] = None) -> Dict[str, List[str]]:
+    """What DeepSpeed's pdsh launcher passes every rank from this machine: {name: [value, where]}, where is "the
+    launch shell" or the .deepspeed_env path (launchenv.snapshot: runner.py:36 and :596-611)."""
+    import os
+    env = os.environ if environ is None else environ
+    snap = launchenv.snapshot(env, launchenv.read_deepspeed_env(cwd, home, env))
+    return {k: [str(v[0]), str(v[1])] for k, v in (snap.get("exported") or {}).items()}
+
+
+def _names(value: str) -> Tuple[bool, frozenset]:
+    """(excluded, names) of an NCCL name list without its '=' and ':port' parts."""
+    text = value.strip()
+    exclude = text.startswith("^")
+    text = text.lstrip("^=")
+    return exclude, frozenset(i.split(":")[0] for i in text.split(",") if i)
+
+
+def env_diff(env: Mapping[str, str], inherited: Mapping[str, Sequence[str]],
+             measured: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+    """Each recommended variable, and each inherited one preflight owns but does not recommend, against what the
+    ranks inherit: {name: {"state": "set" | "unchanged" | "changed" | "not set", "recommended": value or None,
+    "inherited": value or None, "source": where or None, "measured": bool}}. "set": not inherited, the
+    recommendation adds it; "changed": inherited with another value, the recommendation replaces it; "not set":
+    inherited, preflight recommends nothing, the inherited value stays."""
+    diff: Dict[str, Dict[str, Any]] = {}
+    for name, value in safe_env(dict(env)).items():
+        old = inherited.get(name)
+        if old is None:
+            state = "set"
+        else:
+            state = "unchanged" if str(old[0]).strip() == value else "changed"
+        diff[name] = {"state": state, "recommended": value, "inherited": None if old is None else str(old[0]),
+                      "source": None if old is None else str(old[1]), "measured": name in measured}
+    for name in sorted(k for k in inherited if k in OWNED_KEYS and k not in diff):
+        value, source = inherited[name][0], inherited[name][1]
+        diff[name] = {"state": "not set", "recommended": None, "inherited": str(value), "source": str(source),
+                      "measured": False}
+    return diff
+
+
+def _fix(name: str, value: str, source: str) -> str:
+    """A line to paste that gives the ranks ``value``: the .deepspeed_env line replaced where it came from, else
+    the launch shell's export (the launcher passes NCCL* from it, runner.py:36)."""
+    if source != "the launch shell":
+        # Values passed validate.env_value (no quote, $, `, \ or space); '|' is not among NCCL's characters.
+        return (f"sed -i 's|^{name}=.*|{name}={value}|' {shlex.quote(source)} (the line the launcher exports "
+                f"from {source})")
+    return f"export {name}={shlex.quote(value)} in the shell that runs deepspeed, or put {name}={value} in " \
+           f"./.deepspeed_env (preflight run --env-file .deepspeed_env writes it)"
+
+
+def contradictions(diff: Mapping[str, Mapping[str, Any]], reasons: Mapping[str, str]) -> List[Finding]:
+    """A WARN for each inherited value that contradicts a measured recommendation (a check's contribution:
+    NCCL_SOCKET_IFNAME from iperf3's fastest network, NCCL_IB_* from the IB ports): the ranks would use the
+    inherited one. A general default (NCCL_DEBUG) is the user's to choose, and the same names written with or
+    without NCCL's '=' are the same choice."""
+    found: List[Finding] = []
+    for name, d in diff.items():
+        if d.get("state") != "changed" or not d.get("measured"):
+            continue
+        old, new, source = str(d["inherited"]), str(d["recommended"]), str(d["source"])
+        if name in NAME_LISTS and _names(old) == _names(new):
+            continue
+        why = reasons.get(name, "")
+        found.append(Finding(Status.WARN, f"{name}={old} ({source}) contradicts preflight's measured "
+                             f"recommendation {name}={new}" + (f" ({why})" if why else "") +
+                             ": every rank of the job would use the inherited value",
+                             _fix(name, new, source)))
+    return found
+
+
+def add_to_inherited_row(results: List[Any], findings: Sequence[Finding], ran: Sequence[str]) -> None:
+    """Put the contradictions on the cluster row of the inherited environment's check, next to its own findings
+    there (or as that row, if it has none); nothing when that check did not run."""
+    if not findings or INHERITED_CHECK not in ran:
+        return
+    from preflight.results import CLUSTER, Result
+    row = next((i for i, r in enumerate(results) if r.host == CLUSTER and r.check == INHERITED_CHECK), None)
+    mine = list(findings)
+    metrics: Dict[str, Any] = {}
+    if row is not None:
+        old = results[row]
+        metrics = dict(old.metrics)
+        metrics.pop("findings", None)
+        earlier = [Finding(Status(f["status"]), f["message"], f.get("fix", ""))
+                   for f in old.metrics.get("findings") or [] if isinstance(f, dict) and "status" in f]
+        mine = (earlier or [Finding(old.status, old.message, old.fix)]) + mine
+    outcome = combine(mine, "", metrics)
+    result = Result.from_outcome(CLUSTER, INHERITED_CHECK, outcome)
+    if row is None:
+        results.append(result)
+    else:
+        result.duration_s = results[row].duration_s
+        results[row] = result
+
+
+def diff_line(entry: Mapping[str, Any]) -> str:
+    """One variable's state as the terminal shows it, e.g. "changed from 0 (the launch shell)"."""
+    state = entry.get("state")
+    if state == "set":
+        return "set: not inherited today"
+    if state == "unchanged":
+        return f"unchanged: already {entry.get('inherited')} ({entry.get('source')})"
+    if state == "changed":
+        return f"changed from {entry.get('inherited')} ({entry.get('source')})"
+    return f"not set by preflight: {entry.get('inherited')} ({entry.get('source')}) stays"
 
 
 def safe_env(env: Env) -> Env:

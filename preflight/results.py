@@ -88,6 +88,9 @@ class Report:
     reasons: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     strict: bool = False
+    # Each recommended (or inherited, owned) variable against what the launcher passes the ranks today
+    # (preflight.recommend.env_diff): {name: {"state", "recommended", "inherited", "source", "measured"}}.
+    env_diff: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def counts(self) -> Dict[str, int]:
         """Results by status, and the blocked ones apart: the six counts add up to the number of results."""
@@ -113,7 +116,8 @@ class Report:
                 "hosts": [h.to_dict() for h in self.hosts],
                 "results": [r.to_dict() for r in self.results],
                 "causes": [c.to_dict() for c in causes(self)],
-                "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes)},
+                "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes),
+                                    "diff": dict(self.env_diff)},
                 "summary": summary}
 
     @classmethod
@@ -125,4 +129,5 @@ class Report:
         recommendations = data.get("recommendations", {})
         return cls(data["started_at"], float(data["duration_s"]), [HostRecord.from_dict(h) for h in data["hosts"]],
                    results, list(dict.fromkeys(r.check for r in results)), dict(recommendations.get("env", {})),
-                   dict(recommendations.get("reasons", {})), list(recommendations.get("notes", [])), strict)
+                   dict(recommendations.get("reasons", {})), list(recommendations.get("notes", [])), strict,
+                   dict(recommendations.get("diff", {})))

@@ -488,7 +488,7 @@ class Runner:
         self.preload = any(m.SPEC.uses_torch for m in modules)
         check = SelfCheck([n.transport for n in self.nodes], self.o.kernel)
         # Imported now, while descriptors are free: a run at this machine's open-file limit has none left later.
-        from preflight.recommend import recommend
+        from preflight.recommend import add_to_inherited_row, advise
         try:
             self._check_self(check)
             self._connect_all()
@@ -501,7 +501,10 @@ class Runner:
                 self._add(node.name, "ssh", outcome)
             self._host_checks([m for m in modules if m.SPEC.scope == "host"])
             cluster = self._cluster_checks([m for m in modules if m.SPEC.scope == "cluster"])
-            env, reasons, notes = recommend(cluster, self.results)
+            # The recommendation, and how it differs from what the launcher passes the ranks today.
+            advice = advise(cluster, self.results)
+            env, reasons, notes = advice.env, advice.reasons, advice.notes
+            add_to_inherited_row(self.results, advice.findings, self.o.checks)
         finally:
             self.progress.note("cleaning up on the hosts")
             self._cleanup()
@@ -513,7 +516,7 @@ class Runner:
         host_order[CLUSTER] = len(self.nodes)
         self.results.sort(key=lambda r: (host_order.get(r.host, len(self.nodes)), order.get(r.check, 99)))
         return Report(started, time.monotonic() - t0, hosts, self.results, ["ssh"] + list(self.o.checks),
-                      env, reasons, notes, self.o.strict)
+                      env, reasons, notes, self.o.strict, advice.diff)
 
 
 def mark_same_machines(nodes: Sequence[Node]) -> None:

@@ -52,11 +52,11 @@ def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
     (deepspeed/launcher/runner.py:37-38 and :604-611): the name is $DS_ENV_FILE or ".deepspeed_env", in the home
     directory and then the working directory (a later file's value wins), each line ``KEY=VALUE`` split at the
     first '=' and stripped (multinode_runner.py:37-41). Read where preflight runs, taken as where deepspeed will
-    run. {"files": [paths read], "vars": {KEY: VALUE}, "bad_lines": ["path:N: line"]} (a line without '=', an empty
-    one too, makes the launcher raise ValueError)."""
+    run. {"files": [paths read], "vars": {KEY: VALUE}, "sources": {KEY: the path its value came from}, "bad_lines":
+    ["path:N: line"]} (a line without '=', an empty one too, makes the launcher raise ValueError)."""
     env = os.environ if environ is None else environ
     name = env.get("DS_ENV_FILE", ".deepspeed_env")
-    out: Dict[str, Any] = {"files": [], "vars": {}, "bad_lines": []}
+    out: Dict[str, Any] = {"files": [], "vars": {}, "sources": {}, "bad_lines": []}
     for folder in (home if home is not None else os.path.expanduser("~"), cwd if cwd is not None else "."):
         path = os.path.join(folder, name)
         if not os.path.isfile(path) or os.path.abspath(path) in out["files"]:
@@ -73,6 +73,7 @@ def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
                 out["bad_lines"].append("%s:%d: %s" % (path, n, line[:200]))
                 continue
             out["vars"][key.strip()] = value.strip()
+            out["sources"][key.strip()] = os.path.abspath(path)
     return out
 
 
@@ -83,8 +84,9 @@ def snapshot(environ: Mapping[str, str], deepspeed_env: Dict[str, Any]) -> Dict[
     exported: Dict[str, List[str]] = {k: [v, "the launch shell"] for k, v in shell.items()
                                       if k.startswith(EXPORTED_PREFIXES)}
     where = deepspeed_env.get("files") or []
+    sources = deepspeed_env.get("sources") or {}  # absent in facts recorded before it was kept
     for k, v in (deepspeed_env.get("vars") or {}).items():
-        exported[k] = [v, where[-1] if where else ".deepspeed_env"]
+        exported[k] = [v, sources.get(k) or (where[-1] if where else ".deepspeed_env")]
     return {"shell": shell, "exported": exported, "deepspeed_env": deepspeed_env}
 
 
@@ -144,6 +146,7 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]]) -> List[Env
                                 "real_accelerator.py:111-113)" % (accel[0], accel[1]),
                                 "unset it (DeepSpeed detects the accelerator) or use one of %s"
                                 % ", ".join(ACCELERATORS)))
+    found.extend(_error_handling_findings(seen))
     for name in sorted(k for k in shell if k.startswith(MEANT_FOR_RANKS) and k not in exported):
         found.append(EnvFinding(Status.WARN, "%s=%s is set in the launch shell, but DeepSpeed's pdsh launcher does not "
                                 "pass it to the ranks (it exports only NCCL*, PYTHON*, UCX*, MV2*, MLFLOW* and the "
@@ -152,6 +155,33 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]]) -> List[Env
                                 % (name, shell[name])))
     found.extend(_interface_findings(exported, host_net))
     return found
+
+
+def _error_handling_findings(seen: Dict[str, List[str]]) -> List[EnvFinding]:
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING (or its legacy name) at a value that keeps a failed rank alive. torch's
+    ProcessGroupNCCL reads it with the default 3, SkipCleanUp: on a failed or timed-out collective the watchdog
+    tears the process down (ProcessGroupNCCL.hpp:161-176 in torch 2.13's include/ tree, SHOULD_TEAR_DOWN; torch's
+    torch_nccl_environment_variables.md: "By default, it is set to 3"). 0 (no handling) and 2 (abort the
+    communicators, keep the process) leave the job hanging instead of ending it."""
+    found: List[EnvFinding] = []
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"):
+        if name not in seen:
+            continue
+        value, source = seen[name]
+        if value.strip() in ("0", "2"):
+            what = "no handling" if value.strip() == "0" else "abort the communicators without tearing down"
+            found.append(EnvFinding(Status.WARN, f"{name}={value} ({source}) means {what}: a failed or timed-out "
+                                    f"collective leaves the job hanging instead of ending it; torch's default (3, "
+                                    f"SkipCleanUp) tears the process down (ProcessGroupNCCL.hpp ErrorHandlingMode)",
+                                    f"unset {name} (remove its line from {source} or `unset {name}` in the shell "
+                                    f"that runs deepspeed): torch's default ends the job on such an error"))
+    return found
+
+
+def _loopback_only(name: str) -> bool:
+    """Interfaces NCCL and gloo must not use between hosts: loopback, and docker's bridges (the same 172.17.0.1
+    on every host). ncclenv.allowed never recommends them."""
+    return name == "lo" or name.startswith("docker")
 
 
 def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict[str, Any]]) -> List[EnvFinding]:
@@ -167,6 +197,16 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
                                         nccl[0], nccl[1], ", ".join(bad)),
                                     "set NCCL_SOCKET_IFNAME to an interface every host has (see `ip -br link` on "
                                     "%s), or unset it" % bad[0], bad))
+        # Every interface it matches on a host is loopback or docker: preflight's recommendation never names
+        # those (ncclenv.allowed); across hosts the ranks cannot reach each other over them.
+        local = sorted(h for h, n in known.items() if h not in bad and all(
+            _loopback_only(i) for i in n["ifnames"] if match(i)))
+        if local and len(known) > 1:
+            found.append(EnvFinding(Status.FAIL, f"NCCL_SOCKET_IFNAME={nccl[0]} ({nccl[1]}) matches only loopback or "
+                                    f"docker interfaces on {', '.join(local)}: the ranks on other hosts cannot reach "
+                                    f"an address there, and the first collective hangs until its timeout",
+                                    f"set NCCL_SOCKET_IFNAME to the hosts' real NIC (preflight's recommendation "
+                                    f"names it; see `ip -br addr` on {local[0]}), or unset it", local))
     gloo = exported.get("GLOO_SOCKET_IFNAME")
     if gloo:
         wanted = [i for i in gloo[0].split(",") if i]
@@ -176,6 +216,13 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
                                     "torch's gloo needs each named interface on every process" % (
                                         gloo[0], gloo[1], ", ".join(bad)),
                                     "name interfaces every host has, or unset it", bad))
+        local = sorted(h for h in known if h not in bad and wanted and all(_loopback_only(i) for i in wanted))
+        if local and len(known) > 1:
+            found.append(EnvFinding(Status.FAIL, f"GLOO_SOCKET_IFNAME={gloo[0]} ({gloo[1]}) is loopback or docker: "
+                                    f"every gloo rank advertises an address the other hosts cannot reach "
+                                    f"(\"Gloo connectFullMesh failed\")",
+                                    "set GLOO_SOCKET_IFNAME to the hosts' real NIC (preflight's recommendation names "
+                                    "it), or unset it", local))
     hca = exported.get("NCCL_IB_HCA")
     with_ib = {h: n for h, n in known.items() if isinstance(n.get("ib"), list)}
     if hca:
@@ -187,6 +234,16 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
                                     "name devices of /sys/class/infiniband on every host (ibv_devices), or "
                                     "unset it", bad))
     disable = exported.get("NCCL_IB_DISABLE")
+    if disable and disable[0].strip() == "1" and with_ib and all(
+            any(p.get("active") for p in n["ib"]) for n in with_ib.values()):
+        # NCCL env.rst: NCCL_IB_DISABLE=1 prevents the IB/RoCE transport, NCCL uses IP sockets instead.
+        # preflight's recommendation (ncclenv.ib_env) sets NCCL_IB_HCA on these ports instead.
+        hosts = sorted(with_ib)
+        found.append(EnvFinding(Status.WARN, f"NCCL_IB_DISABLE=1 ({disable[1]}) makes NCCL use TCP sockets, but "
+                                f"every host ({', '.join(hosts)}) has an active IB/RoCE port: the collectives run at "
+                                f"socket speed",
+                                f"unset NCCL_IB_DISABLE (remove it from {disable[1]}) and use the NCCL_IB_HCA that "
+                                f"preflight recommends"))
     if disable and disable[0].strip() == "0":
         bad = sorted(h for h, n in with_ib.items() if not any(p.get("active") for p in n["ib"]))
         if bad:

@@ -303,11 +303,21 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
             console.print(Text(line, style="dim"), soft_wrap=line.startswith("#"))
         if report.env:
             console.print(Text("recommended environment (also written by --env-file):", style="bold"))
-            from preflight.recommend import export_lines, safe_env
+            from preflight.recommend import diff_line, export_lines, safe_env
+            # Against what the launcher passes the ranks today: each line's state when anything is inherited.
+            diff = report.env_diff if any(d.get("state") != "set" for d in report.env_diff.values()) else {}
             for key, line in zip(safe_env(report.env), export_lines(report.env)):
                 console.print(Text(plain(line)), highlight=False, soft_wrap=True)
+                if key in diff:
+                    console.print(Text(plain(f"    # {diff_line(diff[key])}"), style="dim"), soft_wrap=True)
                 if verbose:
                     console.print(Text(plain(f"    # {report.reasons.get(key, '')}"), style="dim"), soft_wrap=True)
+            for key, entry in diff.items():
+                if entry.get("state") == "not set":
+                    console.print(Text(plain(f"# {key}: {diff_line(entry)}"), style="dim"), soft_wrap=True)
+            if report.env_diff and not diff:
+                none = "# none of these is set today in the shell that runs deepspeed or a .deepspeed_env"
+                console.print(Text(none, style="dim"), soft_wrap=True)
         for note in report.notes if verbose else []:
             console.print(Text(plain(f"note: {note}"), style="dim"), soft_wrap=True)
     line, style = verdict(report, found), verdict_style(report)
