@@ -94,11 +94,13 @@ def addresses_in(text: str) -> List[str]:
 def rank_list(ranks: Sequence[int]) -> str:
     ranks = sorted(set(ranks))
     if len(ranks) > 6:
-        return "%d ranks (%s ... %s)" % (len(ranks), ", ".join(map(str, ranks[:3])), ranks[-1])
-    return ("rank %d" % ranks[0]) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        first = ", ".join(map(str, ranks[:3]))
+        return f"{len(ranks)} ranks ({first} ... {ranks[-1]})"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def names(hosts: Sequence[str], limit: int = 6) -> str:
     hosts = list(dict.fromkeys(hosts))
-    return ", ".join(hosts[:limit]) + (" and %d more" % (len(hosts) - limit) if len(hosts) > limit else "")
+    more = f" and {len(hosts) - limit} more" if len(hosts) > limit else ""
+    return ", ".join(hosts[:limit]) + more
 
