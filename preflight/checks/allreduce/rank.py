@@ -30,7 +30,7 @@ class _Failed(Exception):
 
 def _mark(phase: str) -> None:
     # Read by supervisor.run: if this rank is killed, the last phase still says where it was stuck.
-    sys.stdout.write("%s %s\n" % (PHASE, json.dumps({"phase": phase})))
+    sys.stdout.write(f"{PHASE} {json.dumps({'phase': phase})}\n")
     sys.stdout.flush()
 
 
@@ -54,16 +54,17 @@ def _await_master(addr: str, port: int, timeout: float, starting_until: float) -
             sock.close()
             return time.monotonic() - start
         except socket.timeout:
-            last = "connection timed out: packets dropped, inbound TCP to port %d blocked by a firewall?" % port
+            last = f"connection timed out: packets dropped, inbound TCP to port {port} blocked by a firewall?"
         except ConnectionRefusedError:
-            last = "connection refused: nothing listens on port %d (rank 0 not started or failed?)" % port
+            last = f"connection refused: nothing listens on port {port} (rank 0 not started or failed?)"
             deadline = max(deadline, min(starting_until, time.monotonic() + timeout))
         except OSError as exc:
-            last = "%s" % (exc.strerror or exc)
+            last = str(exc.strerror or exc)
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(0.5, pause * 2)
-    raise _Failed("rendezvous", "could not connect to MASTER_ADDR %s:%d within %.0fs (%s)"
-                  % (addr, port, time.monotonic() - start, last), target=addr)
+    waited = time.monotonic() - start
+    raise _Failed("rendezvous", f"could not connect to MASTER_ADDR {addr}:{port} within {waited:.0f}s ({last})",
+                  target=addr)
 
 
 JOINED_KEY = "preflight/joined"
@@ -91,8 +92,8 @@ def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, 
     while joined < world:
         left = until - time.monotonic()
         if left <= 0:
-            raise _Failed("incomplete", "only %d of %d ranks joined rank 0's store by the start deadline: the "
-                                        "others are still importing torch, or failed" % (joined, world))
+            raise _Failed("incomplete", f"only {joined} of {world} ranks joined rank 0's store by the start deadline: "
+                                        "the others are still importing torch, or failed")
         try:
             # In slices, so that the deadline above is ours and a store that went away is noticed below.
             store.wait([ALL_JOINED_KEY], datetime.timedelta(seconds=min(1.0, max(0.05, left))))
@@ -102,9 +103,9 @@ def _join(dist: Any, addr: str, port: int, rank: int, world: int, until: float, 
         try:
             joined = store.add(JOINED_KEY, 0)
         except Exception as exc:  # rank 0 gave up (or died) first and its store went with it
-            raise _Failed("incomplete", "rank 0's store closed when only %d of %d ranks joined (%s): rank 0 "
-                                        "gave up waiting for the others, or failed" % (joined, world,
-                                                                                      str(exc)[:120])) from None
+            detail = str(exc)[:120]
+            raise _Failed("incomplete", f"rank 0's store closed when only {joined} of {world} ranks joined "
+                                        f"({detail}): rank 0 gave up waiting for the others, or failed") from None
     store.set_timeout(datetime.timedelta(seconds=init_timeout))
     return store
 
@@ -147,8 +148,8 @@ def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) 
         x.zero_()  # zeros stay zeros however often they are summed: no overflow over the timed iterations
         warm, wrong = agree([warm, wrong])
         if wrong:
-            raise _Failed("wrong_result", "all-reduce of ones over %d ranks gave a wrong sum at %s"
-                          % (world, human_bytes(nbytes)))
+            size = human_bytes(nbytes)
+            raise _Failed("wrong_result", f"all-reduce of ones over {world} ranks gave a wrong sum at {size}")
         k = max(1, min(iters, int((budget - warm) / max(warm, 1e-6))))
         barrier()
         # Each iteration is timed on its own: their spread is the measurement's noise, which the straggler
@@ -178,10 +179,10 @@ def _sweep(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], world: int) 
         if nbytes == params["sizes"][-1]:
             break
         if total > budget:
-            return rows, "%s took %.1fs (> size_budget_s %.0fs)" % (human_bytes(nbytes), total, budget)
+            return rows, f"{human_bytes(nbytes)} took {total:.1f}s (> size_budget_s {budget:.0f}s)"
         if next_est > budget or spent + next_est > sweep_budget:
-            return rows, "%s would take ~%.1fs (size_budget_s %.0fs, sweep_budget_s %.0fs, %.1fs spent)" % (
-                human_bytes(nbytes * 2), next_est, budget, sweep_budget, spent)
+            return rows, (f"{human_bytes(nbytes * 2)} would take ~{next_est:.1f}s (size_budget_s {budget:.0f}s, "
+                          f"sweep_budget_s {sweep_budget:.0f}s, {spent:.1f}s spent)")
     return rows, None
 
 
@@ -261,8 +262,8 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
             import torch.distributed as torch_dist
             dist = torch_dist
         except Exception as exc:
-            raise _Failed("torch_missing", "torch is not importable by %s: %s: %s"
-                          % (sys.executable, type(exc).__name__, str(exc)[:200])) from None
+            raise _Failed("torch_missing", f"torch is not importable by {sys.executable}: "
+                                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
         backend = params["backend"]
         if backend == "nccl":
             torch.cuda.set_device(int(job["device"]))
@@ -288,8 +289,8 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
         one = torch.ones(1, dtype=torch.float32, device=dev)
         dist.all_reduce(one)
         if one.item() != info["world_size"]:
-            raise _Failed("wrong_result", "all-reduce of ones over %d ranks gave a wrong sum %s"
-                          % (info["world_size"], one.item()))
+            world = info["world_size"]
+            raise _Failed("wrong_result", f"all-reduce of ones over {world} ranks gave a wrong sum {one.item()}")
         phase("sweep")
         info["sizes"], info["stopped_early"] = _sweep(torch, dist, dev, params, info["world_size"])
         info["backend"] = backend
@@ -300,17 +301,18 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
             try:
                 info["stragglers"] = _straggler_rounds(torch, dist, dev, params, info["rank"])
             except Exception as exc:  # the sweep's result stands; the rounds only add evidence
-                info["stragglers_error"] = "%s: %s" % (type(exc).__name__, str(exc).strip()[:300])
+                info["stragglers_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
                 initialized = False  # a communicator broken mid-collective can hang in destroy_process_group
             info["stragglers_s"] = round(time.monotonic() - t0, 3)
         phase("done")
     except agent.Abort as exc:
-        info.update(kind="aborted", error="aborted (%s) in phase %s after %.0fs"
-                    % (exc, info["phase"], time.monotonic() - start))
+        elapsed = time.monotonic() - start
+        info.update(kind="aborted", error=f"aborted ({exc}) in phase {info['phase']} after {elapsed:.0f}s")
     except _Failed as exc:
         info.update(kind=exc.kind, error=str(exc), target=exc.target)
     except Exception as exc:
-        text = "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0][:600] if str(exc).strip() else "")
+        first_line = str(exc).strip().splitlines()[0][:600] if str(exc).strip() else ""
+        text = f"{type(exc).__name__}: {first_line}"
         info.update(kind=classify(text, info["phase"]), error=text)
     finally:
         info["elapsed_s"] = round(time.monotonic() - start, 3)
