@@ -122,9 +122,9 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
 def short(host: str, s: Dict[str, Any]) -> str:
     """A few words for the cluster line: the ratio and z, or the failed pairs."""
     if s["by"] == "failed_pairs":
-        return "%s: all %d of its pairs failed" % (host, len(s["failed_pairs"]))
-    return "%s at %.0f%% of the median of the other hosts (z %.1f, %s)" % (host, 100 * s["ratio"], s["z"],
-                                                                           p_text(s["z"]))
+        return f"{host}: all {len(s['failed_pairs'])} of its pairs failed"
+    z = s["z"]
+    return f"{host} at {100 * s['ratio']:.0f}% of the median of the other hosts (z {z:.1f}, {p_text(z)})"
 
 
 def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:
@@ -132,14 +132,16 @@ def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str,
     if s["by"] == "failed_pairs":
         first = s["failed_pairs"][0]
         partner = first["hosts"][1] if first["hosts"][0] == host else first["hosts"][0]
-        return ("straggler rounds: every pair with this host failed (%d pair%s; with %s: %s) while other hosts' "
-                "pairs ran" % (len(s["failed_pairs"]), "" if len(s["failed_pairs"]) == 1 else "s", partner,
-                               first["error"][:200]))
-    why = {"fail_fraction": "below %.0f%%" % (100 * float(cfg["straggler_fail_fraction"])),
-           "fraction": "below %.0f%%" % (100 * float(cfg["straggler_fraction"])),
-           "statistics": "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(cfg["min_deficit"]), s["z"],
-                                                                          float(cfg["z_threshold"]))}[s["by"]]
-    return ("straggler: its best ring pair (with %s) reaches %s GB/s busbw, %.0f%% of the median of the other hosts "
-            "%s GB/s (%s x %d iterations per pair; %s; confidence: z %.1f, %s)"
-            % (s["partner"], gbps(s["busbw_GBps"]), 100 * s["ratio"], gbps(s["reference_GBps"]),
-               human_bytes(int(facts.get("bytes") or 0)), s["samples"], why, s["z"], p_text(s["z"])))
+        n = len(s["failed_pairs"])
+        plural = "" if n == 1 else "s"
+        return (f"straggler rounds: every pair with this host failed ({n} pair{plural}; with {partner}: "
+                f"{first['error'][:200]}) while other hosts' pairs ran")
+    z = s["z"]
+    why = {"fail_fraction": f"below {100 * float(cfg['straggler_fail_fraction']):.0f}%",
+           "fraction": f"below {100 * float(cfg['straggler_fraction']):.0f}%",
+           "statistics": (f"more than {100 * float(cfg['min_deficit']):.0f}% slower, "
+                          f"robust z {z:.1f} < -{float(cfg['z_threshold']):g}")}[s["by"]]
+    size = human_bytes(int(facts.get("bytes") or 0))
+    return (f"straggler: its best ring pair (with {s['partner']}) reaches {gbps(s['busbw_GBps'])} GB/s busbw, "
+            f"{100 * s['ratio']:.0f}% of the median of the other hosts {gbps(s['reference_GBps'])} GB/s "
+            f"({size} x {s['samples']} iterations per pair; {why}; confidence: z {z:.1f}, {p_text(z)})")
