@@ -38,48 +38,48 @@ def judge(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Tuple[List[Finding], Di
     busbw, size = last["busbw_GBps"], human_bytes(last["bytes"])
     min_busbw = facts.get("min_busbw")
     if min_busbw:
+        floor = gbps(float(min_busbw))
         if busbw < float(min_busbw):
-            findings.append(Finding(Status.FAIL, "busbw %s GB/s at %s < --min-busbw %s GB/s"
-                                    % (gbps(busbw), size, gbps(float(min_busbw))),
+            findings.append(Finding(Status.FAIL, f"busbw {gbps(busbw)} GB/s at {size} < --min-busbw {floor} GB/s",
                                     "look at the suspect host(s) named here (the iperf3 check measures each link); "
                                     "with GPUs check NCCL_SOCKET_IFNAME/NCCL_IB_HCA (NCCL_DEBUG=INFO shows the NIC)"))
         else:
-            findings.append(Finding(Status.PASS, "busbw >= --min-busbw %s GB/s" % gbps(float(min_busbw))))
+            findings.append(Finding(Status.PASS, f"busbw >= --min-busbw {floor} GB/s"))
     single = len(facts.get("hosts") or []) == 1
     baseline = _gpu_baseline(facts, cfg) if facts.get("backend") == "nccl" else None
     if baseline and single and n == int(cfg["baseline_ranks"]):
         model, expected = baseline
         notes["baseline"] = {"gpu": model, "busbw_GBps": expected}
         if last["bytes"] < int(cfg["baseline_min_bytes"]):
-            notes["baseline_note"] = ("not compared: the largest size measured (%s) is below baseline_min_bytes (%s),"
-                                      " where busbw has not plateaued" % (size, human_bytes(cfg["baseline_min_bytes"])))
+            notes["baseline_note"] = (f"not compared: the largest size measured ({size}) is below baseline_min_bytes "
+                                      f"({human_bytes(cfg['baseline_min_bytes'])}), where busbw has not plateaued")
         elif busbw < float(cfg["baseline_fail_fraction"]) * expected:
-            findings.append(Finding(Status.FAIL, "busbw %s GB/s at %s is below %.0f%% of the published %d x %s "
-                                    "single-node baseline %s GB/s" % (gbps(busbw), size,
-                                                                      100 * float(cfg["baseline_fail_fraction"]),
-                                                                      n, model, gbps(expected)),
+            fraction = 100 * float(cfg["baseline_fail_fraction"])
+            findings.append(Finding(Status.FAIL, f"busbw {gbps(busbw)} GB/s at {size} is below {fraction:.0f}% of the "
+                                    f"published {n} x {model} single-node baseline {gbps(expected)} GB/s",
                                     "check nvidia-smi topo -m (NVLink/NVSwitch), nvidia-fabricmanager, and GPU clocks"))
         elif busbw < expected:
-            findings.append(Finding(Status.WARN, "busbw %s GB/s at %s is below the published %d x %s single-node "
-                                    "baseline %s GB/s" % (gbps(busbw), size, n, model, gbps(expected)),
+            findings.append(Finding(Status.WARN, f"busbw {gbps(busbw)} GB/s at {size} is below the published {n} x "
+                                    f"{model} single-node baseline {gbps(expected)} GB/s",
                                     "NVLS disabled (NCCL_NVLS_ENABLE=0) or a degraded NVLink gives this; compare "
                                     "with nccl-tests all_reduce_perf -b 1G -e 16G"))
     elif baseline and not single:
-        notes["baseline_note"] = "single-node baselines do not apply to a %d-host run" % len(facts.get("hosts") or [])
+        n_hosts = len(facts.get("hosts") or [])
+        notes["baseline_note"] = f"single-node baselines do not apply to a {n_hosts}-host run"
     iperf_gbps = facts.get("iperf3_median_gbps")
     if facts.get("backend") == "nccl" and not single and isinstance(iperf_gbps, (int, float)) and iperf_gbps > 0:
         expected = float(iperf_gbps) / 8
         if busbw < float(cfg["min_fraction_of_iperf3"]) * expected:
-            findings.append(Finding(Status.WARN, "busbw %s GB/s is below %.0f%% of the %s GB/s TCP bandwidth iperf3 "
-                                    "measured on the chosen network" % (gbps(busbw),
-                                                                        100 * float(cfg["min_fraction_of_iperf3"]),
-                                                                        gbps(expected)),
+            fraction = 100 * float(cfg["min_fraction_of_iperf3"])
+            findings.append(Finding(Status.WARN, f"busbw {gbps(busbw)} GB/s is below {fraction:.0f}% of the "
+                                    f"{gbps(expected)} GB/s TCP bandwidth iperf3 measured on the chosen network",
                                     "NCCL may use a slower interface: set NCCL_SOCKET_IFNAME/NCCL_IB_HCA as "
                                     "recommended, and check NCCL_DEBUG=INFO's 'NET/' lines"))
     return findings, notes
 
 
 
+# Templates: _host_fix and _failed fill in {port} and {master} once they know the host.
 _FIX = {
     "rendezvous": "open TCP port {port} on {master} to the other hosts (and 1024-65535 between all hosts: gloo and "
                   "NCCL connect on ephemeral ports), or pick a reachable MASTER_ADDR network",
@@ -100,12 +100,11 @@ _FIX = {
 def _host_fix(suspect: Dict[str, Any], facts: Dict[str, Any], default: str) -> str:
     host = suspect["host"]
     if suspect.get("kind") in ("rendezvous", "mesh"):
-        return ("allow inbound TCP from the other hosts on %s: port %s and 1024-65535 (gloo and NCCL connect on "
-                "ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there"
-                % (host, facts.get("master_port")))
+        return (f"allow inbound TCP from the other hosts on {host}: port {facts.get('master_port')} and 1024-65535 "
+                "(gloo and NCCL connect on ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there")
     if suspect.get("kind") == "slow":
-        return ("check %s's link: ethtool (speed), ip -s link (errors, drops), the cable and switch port; compare "
-                "with the iperf3 check" % host)
+        return (f"check {host}'s link: ethtool (speed), ip -s link (errors, drops), the cable and switch port; "
+                "compare with the iperf3 check")
     return _FIX.get(suspect.get("kind") or "", default).format(port=facts.get("master_port"), master=host)
 
 
@@ -118,17 +117,19 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return result
     fix = _host_fix(excluded[0], facts, "")
     for e in excluded:
-        result[e["host"]] = Outcome(Status.FAIL, "all-reduce: left out, already found unreachable: %s" % e["reason"],
+        result[e["host"]] = Outcome(Status.FAIL, f"all-reduce: left out, already found unreachable: {e['reason']}",
                                     _host_fix(e, facts, fix))
     rest = result["*"]
     others = len(facts.get("hosts") or [])
+    plural = "" if others == 1 else "s"
     if rest.status == Status.SKIP:
-        tail = "no all-reduce among the other %d host%s (%s)" % (others, "" if others == 1 else "s", rest.message)
+        tail = f"no all-reduce among the other {others} host{plural} ({rest.message})"
     else:
-        tail = "among the other %d host%s: %s" % (others, "" if others == 1 else "s", rest.message)
-    message = "left out %s: %s; a job including %s hangs at init; %s" % (
-        names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded[:4]),
-        "it" if len(excluded) == 1 else "them", tail)
+        tail = f"among the other {others} host{plural}: {rest.message}"
+    left_out = names([e["host"] for e in excluded])
+    reasons = "; ".join(e["reason"] for e in excluded[:4])
+    pronoun = "it" if len(excluded) == 1 else "them"
+    message = f"left out {left_out}: {reasons}; a job including {pronoun} hangs at init; {tail}"
     metrics = dict(rest.metrics, excluded=excluded)
     result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
                           else fix, metrics, rest.findings)
@@ -156,19 +157,20 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
     findings, notes = judge(facts, cfg)
     last = table[-1]
     ifnames = sorted({v for v in (base_metrics["interfaces"] or {}).values() if v})
-    summary = "busbw %s GB/s (algbw %s GB/s) at %s; %d ranks on %d host%s, %s%s" % (
-        gbps(last["busbw_GBps"]), gbps(last["algbw_GBps"]), human_bytes(last["bytes"]), n,
-        len(facts.get("hosts") or []), "" if len(facts.get("hosts") or []) == 1 else "s", facts.get("backend"),
-        (" over " + ",".join(ifnames)) if ifnames else "")
+    n_hosts = len(facts.get("hosts") or [])
+    plural = "" if n_hosts == 1 else "s"
+    over = (" over " + ",".join(ifnames)) if ifnames else ""
+    summary = (f"busbw {gbps(last['busbw_GBps'])} GB/s (algbw {gbps(last['algbw_GBps'])} GB/s) at "
+               f"{human_bytes(last['bytes'])}; {n} ranks on {n_hosts} host{plural}, {facts.get('backend')}{over}")
     if facts.get("stopped_early"):
-        summary += " (sweep stopped early: %s)" % facts["stopped_early"]
+        summary += f" (sweep stopped early: {facts['stopped_early']})"
     metrics.update(sizes=table, largest_bytes=last["bytes"], busbw_GBps=last["busbw_GBps"],
                    algbw_GBps=last["algbw_GBps"], stopped_early=facts.get("stopped_early"), ranks=facts.get("ranks"),
                    min_busbw=facts.get("min_busbw"), **notes)
     flagged = [f for f in findings if f.status in (Status.WARN, Status.FAIL)]
     if flagged and suspects:
         findings.append(Finding(flagged[0].status, "suspect: " + "; ".join(
-            "%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4])))
+            f"{s['host']} ({s['reason']})" for s in suspects[:4])))
     rounds = facts.get("stragglers")
     named = find_stragglers(rounds, cfg)
     if isinstance(rounds, dict):
@@ -195,15 +197,15 @@ def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
         return {"*": skip(facts.get("reason", "not run"), **base_metrics)}
     if status == "no_torch":
         hosts = facts.get("hosts_without_torch") or []
-        msg = "torch is not importable on %s (%s): the all-reduce cannot run" % (names(hosts), facts.get("reason"))
+        msg = f"torch is not importable on {names(hosts)} ({facts.get('reason')}): the all-reduce cannot run"
         fix = "pass --python with the job's interpreter, or pip install torch on every host"
         # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
         if limits(thresholds, "python")["require_torch"]:
             return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
         return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
     if status == "error":
-        return {"*": error("could not run the all-reduce: %s" % (facts.get("reason") or
-                                                                (facts.get("failure") or {}).get("message")),
+        reason = facts.get("reason") or (facts.get("failure") or {}).get("message")
+        return {"*": error(f"could not run the all-reduce: {reason}",
                            "rerun with -v; check that --python works on every host", **base_metrics)}
     return None
 
@@ -214,14 +216,14 @@ def _failed(facts: Dict[str, Any], suspects: List[Dict[str, Any]], metrics: Dict
     kind = failure.get("kind", "other")
     msg = failure.get("message", "the all-reduce failed")
     if suspects:
-        msg += "; suspect%s: %s" % ("s" if len(suspects) > 1 else "",
-                                    "; ".join("%s (%s)" % (s["host"], s["reason"]) for s in suspects[:4]))
+        listed = "; ".join(f"{s['host']} ({s['reason']})" for s in suspects[:4])
+        msg += f"; suspect{'s' if len(suspects) > 1 else ''}: {listed}"
     fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
         port=facts.get("master_port"), master=facts.get("master"))
     metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
     by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
     for s in suspects:
-        by_host[s["host"]] = Outcome(Status.FAIL, "all-reduce: %s" % s["reason"], _host_fix(s, facts, fix))
+        by_host[s["host"]] = Outcome(Status.FAIL, f"all-reduce: {s['reason']}", _host_fix(s, facts, fix))
     return by_host
 
 
@@ -229,17 +231,17 @@ def _straggler_round_findings(rounds: Dict[str, Any], named: Dict[str, Dict[str,
     """The stragglers the rounds named, and the failed pairs that point at no named host."""
     findings: List[Finding] = []
     if named:
+        listed = "; ".join(short(h, s) for h, s in list(named.items())[:4])
         findings.append(Finding(Status.FAIL if any(s["status"] == "fail" for s in named.values()) else Status.WARN,
-                                "straggler%s: %s" % ("s" if len(named) > 1 else "", "; ".join(
-                                    short(h, s) for h, s in list(named.items())[:4])), _SLOW_FIX))
+                                f"straggler{'s' if len(named) > 1 else ''}: {listed}", _SLOW_FIX))
     failed = failed_pairs(rounds)
     unexplained = [p for p in failed if not any(h in named for h in p["hosts"])]
     if unexplained:
         # A failed pair that points at no single host still means a link that did not work: say so.
-        findings.append(Finding(Status.WARN, "straggler rounds: %d of %d pairs failed (%s)" % (
-            len(failed), len(rounds.get("pairs") or []), "; ".join(
-                "%s-%s: %s" % (p["hosts"][0], p["hosts"][1], p["error"][:120]) for p in unexplained[:3])),
-            _SLOW_FIX))
+        pairs = len(rounds.get("pairs") or [])
+        listed = "; ".join(f"{p['hosts'][0]}-{p['hosts'][1]}: {p['error'][:120]}" for p in unexplained[:3])
+        findings.append(Finding(Status.WARN, f"straggler rounds: {len(failed)} of {pairs} pairs failed ({listed})",
+                                _SLOW_FIX))
     return findings
 
 
@@ -251,13 +253,14 @@ def _host_rows(facts: Dict[str, Any], cfg: Dict[str, Any], flagged: List[Finding
     if flagged:
         for s in suspects:
             result[s["host"]] = Outcome(max((f.status for f in flagged), key=lambda st: st.rank),
-                                        "all-reduce: %s" % s["reason"], _host_fix(s, facts, flagged[0].fix))
+                                        f"all-reduce: {s['reason']}", _host_fix(s, facts, flagged[0].fix))
     for h, s in named.items():
         status = Status.FAIL if s["status"] == "fail" else Status.WARN
         prev = result.get(h)
         if prev is not None:  # already a suspect of the flagged busbw: its reason includes this (coordinator)
             result[h] = Outcome(max((prev.status, status), key=lambda st: st.rank), prev.message, prev.fix)
         else:
-            result[h] = Outcome(status, "all-reduce: %s" % describe_straggler(h, s, facts.get("stragglers") or {}, cfg),
+            described = describe_straggler(h, s, facts.get("stragglers") or {}, cfg)
+            result[h] = Outcome(status, f"all-reduce: {described}",
                                 _host_fix({"host": h, "kind": "slow"}, facts, _SLOW_FIX))
     return result
