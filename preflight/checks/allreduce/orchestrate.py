@@ -52,10 +52,15 @@ def _iperf3_stragglers(iperf: Dict[str, Any], hosts: Sequence[str], fraction: fl
         found = find_link_stragglers([ln for ln in net["links"] if isinstance(ln, dict)], list(hosts), fraction, stats)
     except Exception:  # another check's facts: a schema change there must not break this check
         return []
-    return [{"host": h, "reason": "iperf3 on %s: its median link %.2f Gbit/s is %.0f%% of the other links' %.2f%s"
-             % (net.get("network"), s["median_gbps"], 100 * s["ratio"], s["reference_gbps"],
-                " (robust z %.1f)" % s["z"] if "z" in s else ""),
-             "source": "iperf3", "kind": "slow"} for h, s in found.items()]
+    return [{"host": h, "reason": _iperf3_reason(net.get("network"), s), "source": "iperf3", "kind": "slow"}
+            for h, s in found.items()]
+
+
+def _iperf3_reason(network: Any, s: Dict[str, Any]) -> str:
+    """Why the iperf3 straggler ``s`` (find_link_stragglers' entry) is named, on ``network``."""
+    z = f" (robust z {s['z']:.1f})" if "z" in s else ""
+    return (f"iperf3 on {network}: its median link {s['median_gbps']:.2f} Gbit/s is {100 * s['ratio']:.0f}% "
+            f"of the other links' {s['reference_gbps']:.2f}{z}")
 
 
 def _plan_jobs(hosts: Sequence[Any], master_addr: str, port: int) -> Dict[str, List[Dict[str, Any]]]:
@@ -77,7 +82,7 @@ def _pair_jobs(pairs: Sequence[Tuple[Any, Any]], addr_of: Dict[str, str], port: 
     a host that drops inbound TCP fails its own pair's rendezvous."""
     jobs: Dict[str, List[Dict[str, Any]]] = {}
     for a, b in pairs:
-        tag = "pair:%s,%s" % (a.name, b.name)
+        tag = f"pair:{a.name},{b.name}"
         for r, h in enumerate((a, b)):
             mine = jobs.setdefault(h.name, [])
             gpus = list(h.gpus or []) or [0]
@@ -160,8 +165,8 @@ def _run_groups(cluster: ClusterView, jobs: Dict[str, List[Dict[str, Any]]], com
                 except Exception:
                     pass
     for host in jobs:
-        results.setdefault(host, RuntimeError("not started on %s: starting the ranks failed on another host" % host
-                                              if host not in services else "no answer from %s" % host))
+        results.setdefault(host, RuntimeError(f"not started on {host}: starting the ranks failed on another host"
+                                              if host not in services else f"no answer from {host}"))
     return results
 
 
@@ -172,7 +177,7 @@ def _collect_ranks(results: Dict[str, Any], jobs: Dict[str, List[Dict[str, Any]]
             for spec in jobs.get(host, []):
                 ranks.append({"tag": spec["tag"], "rank": spec["rank"], "local_rank": spec["local_rank"],
                               "world_size": spec["world_size"], "host": host, "ok": False, "kind": "other",
-                              "phase": "start", "error": "the agent on %s failed: %s" % (host, value)})
+                              "phase": "start", "error": f"the agent on {host} failed: {value}"})
         else:
             ranks.extend(value.get("ranks", []))
     return ranks
@@ -201,7 +206,7 @@ def _rank_errors(ranks: Sequence[Dict[str, Any]], owner: Dict[str, str], init_ti
         if kind == "stopped" and phase in ("init", "connect") and (r.get("phase_s") or 0) >= 0.9 * init_timeout:
             # Still connecting to its peers after the whole init timeout: this rank was waiting, not bystanding.
             kind = "mesh"
-            error_text = "still connecting after %.0fs, phase %s" % (r["phase_s"], phase)
+            error_text = f"still connecting after {r['phase_s']:.0f}s, phase {phase}"
         targets = [r["target"]] if r.get("target") else addresses_in(r.get("error", ""))
         errors.append({"tag": r.get("tag"), "rank": r.get("rank"), "local_rank": r.get("local_rank"),
                        "host": r.get("host"), "kind": kind, "phase": phase, "error": error_text,
@@ -232,9 +237,11 @@ def _unreachable(errors: Sequence[Dict[str, Any]], port: int) -> Dict[str, Dict[
 
 def _describe_unreachable(host: str, entry: Dict[str, Any], where: str = "") -> str:
     peers = [h for _, h in entry["from"] if h != host]
-    who = ("%s on %s" % (rank_list([r for r, h in entry["from"] if h != host]), names(peers))) if peers \
-        else "its own rank %s" % entry["from"][0][0]
-    return "connections from %s to its port %s %s%s" % (who, entry["port"], entry["why"], where)
+    if peers:
+        who = f"{rank_list([r for r, h in entry['from'] if h != host])} on {names(peers)}"
+    else:
+        who = f"its own rank {entry['from'][0][0]}"
+    return f"connections from {who} to its port {entry['port']} {entry['why']}{where}"
 
 
 def _group_table(ranks: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Optional[str]]:
@@ -278,9 +285,9 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
             suspects.setdefault(h, {"host": h, "reason": reason, "source": "pairwise", "kind": "rendezvous"})
     for h, ps in per_host.items():
         if len(ps) >= 2 and all(not p["ok"] for p in ps) and h not in suspects:
-            suspects[h] = {"host": h, "reason": "its all-reduce fails with every peer tried (%s)"
-                           % ", ".join(o for p in ps for o in p["hosts"] if o != h), "source": "pairwise",
-                           "kind": "mesh"}
+            tried = ", ".join(o for p in ps for o in p["hosts"] if o != h)
+            suspects[h] = {"host": h, "reason": f"its all-reduce fails with every peer tried ({tried})",
+                           "source": "pairwise", "kind": "mesh"}
     if mode == "bandwidth":
         best = {h: max([p["busbw_GBps"] for p in ps if p["ok"] and p.get("busbw_GBps")] or [0.0])
                 for h, ps in per_host.items()}
@@ -295,9 +302,9 @@ def _pair_suspects(pairs: Sequence[Dict[str, Any]], mode: str, fraction: float,
                 clear = stats is not None and z < -float(stats["z_threshold"]) \
                     and b < (1 - float(stats["min_deficit"])) * median
                 if (b < fraction * median or clear) and h not in suspects:
-                    suspects[h] = {"host": h, "reason": "its best pairwise all-reduce reaches %s GB/s busbw, %.0f%% "
-                                   "of the median host's %s GB/s (robust z %.1f)" % (gbps(b), 100 * b / median if
-                                                                                    median else 0, gbps(median), z),
+                    percent = 100 * b / median if median else 0
+                    suspects[h] = {"host": h, "reason": f"its best pairwise all-reduce reaches {gbps(b)} GB/s busbw, "
+                                   f"{percent:.0f}% of the median host's {gbps(median)} GB/s (robust z {z:.1f})",
                                    "source": "pairwise", "kind": "slow"}
     return list(suspects.values())
 
@@ -324,7 +331,7 @@ def _pairwise(cluster: ClusterView, hosts: Sequence[Any], addr_of: Dict[str, str
                               float(cfg["grace_s"]))
         ranks = _collect_ranks(results, jobs)
         for a, b in pairs:
-            tag = "pair:%s,%s" % (a.name, b.name)
+            tag = f"pair:{a.name},{b.name}"
             mine = [r for r in ranks if r.get("tag") == tag]
             entry: Dict[str, Any] = {"hosts": [a.name, b.name], "master": a.name,
                                      "ok": len(mine) == 2 and all(r.get("ok") for r in mine)}
@@ -335,9 +342,9 @@ def _pairwise(cluster: ClusterView, hosts: Sequence[Any], addr_of: Dict[str, str
             else:
                 errs = _rank_errors(mine, owner, float(cfg["pair_init_timeout_s"]))
                 primary = errs[0] if errs else {"error": "no result", "kind": "other", "targets": []}
-                entry["error"] = "rank %s on %s: %s" % (primary.get("rank"), primary.get("host"), primary["error"])
+                entry["error"] = f"rank {primary.get('rank')} on {primary.get('host')}: {primary['error']}"
                 entry["kind"] = primary["kind"]
-                where = " in the pair %s+%s" % (a.name, b.name)
+                where = f" in the pair {a.name}+{b.name}"
                 entry["unreachable"] = {h: _describe_unreachable(h, u, where)
                                         for h, u in _unreachable(errs, int(common["port"])).items()}
             out.append(entry)
@@ -446,14 +453,14 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     facts.update(master=master.name, master_addr=master_addr, network=chosen.get("network"),
                  iperf3_median_gbps=chosen.get("median_gbps"), init_timeout_s=float(cfg["init_timeout_s"]))
     if facts["world_size"] <= 1:
-        return done("skipped", reason="world size %d: NCCL turns a 1-rank all-reduce into a no-op (and gloo a local "
-                                      "copy), so it measures no bandwidth" % facts["world_size"])
+        return done("skipped", reason=f"world size {facts['world_size']}: NCCL turns a 1-rank all-reduce into a "
+                                      "no-op (and gloo a local copy), so it measures no bandwidth")
     # 1. probe: torch, GPUs and interface on every host, so that every rank gets the same backend.
     probes = _probe(cluster, cfg, hosts, master_addr, chosen_addr)
     broken = {h: str(v) for h, v in probes.items() if isinstance(v, BaseException)}
     if broken:
-        return done("error", reason="could not probe torch on %s: %s" % (names(list(broken)),
-                                                                          next(iter(broken.values()))[:300]))
+        first = next(iter(broken.values()))[:300]
+        return done("error", reason=f"could not probe torch on {names(list(broken))}: {first}")
     facts["torch"] = {h: p.get("torch") for h, p in probes.items()}
     no_torch = {h: p["error"] for h, p in probes.items() if p.get("torch") is None}
     if no_torch:
@@ -470,8 +477,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     common = {"rank_params": _rank_params(cfg, backend, plan), "rank_timeout_s": _rank_timeout(cfg, plan),
               "grace_s": float(cfg["grace_s"]), "ifnames": ifnames, "port": port}
     jobs = _plan_jobs(hosts, master_addr, port)
-    cluster.progress.note("allreduce: %d ranks (%s) on %d hosts%s" % (
-        facts["world_size"], backend, len(hosts), ", then %d straggler rounds" % len(plan["rounds"]) if plan else ""))
+    then = f", then {len(plan['rounds'])} straggler rounds" if plan else ""
+    cluster.progress.note(f"allreduce: {facts['world_size']} ranks ({backend}) on {len(hosts)} hosts{then}")
     results = _run_groups(cluster, jobs, common, float(cfg["grace_s"]))
     ranks = [r for r in _collect_ranks(results, jobs) if r.get("tag") == "main"]
     facts["ranks"] = _layout(ranks)[:MAX_RANKS_IN_METRICS]
@@ -507,8 +514,9 @@ def _leave_out_unreachable(cluster: ClusterView, cfg: Dict[str, Any], hosts: Lis
     excluded = known_unreachable(cluster.facts.get("*") or {}, {
         h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts})
     if excluded:
-        cluster.progress.note("allreduce: leaving out %s, already found unreachable (%s)" % (
-            names([e["host"] for e in excluded]), "; ".join(e["reason"] for e in excluded)[:300]))
+        reasons = "; ".join(e["reason"] for e in excluded)[:300]
+        cluster.progress.note(f"allreduce: leaving out {names([e['host'] for e in excluded])}, "
+                              f"already found unreachable ({reasons})")
     return excluded
 
 
@@ -518,11 +526,11 @@ def _probe(cluster: ClusterView, cfg: Dict[str, Any], hosts: List[Any], master_a
     where = {h.name: {"master_addr": master_addr, "bind_address": chosen_addr.get(h.name)} for h in hosts}
     seen = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("rank_view") for h in hosts}
     if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
-        cluster.progress.note("allreduce: choosing interfaces on %d hosts" % len(hosts))
+        cluster.progress.note(f"allreduce: choosing interfaces on {len(hosts)} hosts")
         ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
         return {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
                 for h, iface in ifaces.items()}
-    cluster.progress.note("allreduce: probing torch on %d hosts" % len(hosts))
+    cluster.progress.note(f"allreduce: probing torch on {len(hosts)} hosts")
     return cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))
 
 
@@ -531,6 +539,13 @@ def _no_gpu(backend: str, message: str, suspects: Dict[str, str]) -> Dict[str, A
     return {"backend": backend, "failure": {"kind": "no_gpu", "message": message}, "errors": [],
             "localization": {"suspects": [{"host": h, "reason": why, "source": "probe", "kind": "no_gpu"}
                                           for h, why in suspects.items()]}}
+
+
+def _blind_text(host: str, gpus: int, probe: Dict[str, Any]) -> str:
+    """Why torch on ``host`` sees none of the ``gpus`` GPUs the gpu check found."""
+    why = ": " + probe["cuda_error"] if probe.get("cuda_error") else ": a CPU-only torch build?"
+    return (f"{host} has {gpus} GPU(s) but torch {probe.get('torch')} there sees none "
+            f"(torch.cuda.is_available() is False{why})")
 
 
 def _backend(cluster: ClusterView, hosts: List[Any], probes: Dict[str, Any],
@@ -542,25 +557,22 @@ def _backend(cluster: ClusterView, hosts: List[Any], probes: Dict[str, Any],
     blind = {h.name: len(((cluster.facts.get(h.name) or {}).get("gpu") or {}).get("gpus") or []) for h in hosts}
     blind = {h: n for h, n in blind.items() if n and not cuda[h]}
     if blind:
-        return "", _no_gpu("none", "; ".join(
-            "%s has %d GPU(s) but torch %s there sees none (torch.cuda.is_available() is False%s)"
-            % (h, n, probes[h].get("torch"), ": " + probes[h]["cuda_error"] if probes[h].get("cuda_error") else
-               ": a CPU-only torch build?") for h, n in blind.items()),
-            {h: "torch does not see its %d GPU(s)" % n for h, n in blind.items()})
+        return "", _no_gpu("none", "; ".join(_blind_text(h, n, probes[h]) for h, n in blind.items()),
+                           {h: f"torch does not see its {n} GPU(s)" for h, n in blind.items()})
     if all(cuda.values()):
-        short = {h.name: "slots=%d needs GPUs %s but torch sees %d" % (h.slots, list(h.gpus or []),
-                                                                       probes[h.name]["device_count"])
+        short = {h.name: f"slots={h.slots} needs GPUs {list(h.gpus or [])} but torch sees "
+                         f"{probes[h.name]['device_count']}"
                  for h in hosts if max(list(h.gpus or []) or [h.slots - 1]) >= probes[h.name]["device_count"]}
         if short:
-            return "", _no_gpu("nccl", "; ".join("%s: %s" % kv for kv in short.items()), short)
+            return "", _no_gpu("nccl", "; ".join(f"{h}: {why}" for h, why in short.items()), short)
         facts["gpu_names"] = {h.name: [probes[h.name]["gpu_names"][g] for g in (list(h.gpus or []) or range(h.slots))]
                               for h in hosts}
         facts["nccl"] = {h: p.get("nccl") for h, p in probes.items()}
         return "nccl", None
     if any(cuda.values()):
         without = sorted(h for h, c in cuda.items() if not c)
-        return "", _no_gpu("mixed", "torch sees no CUDA GPU on %s while the other hosts have GPUs: NCCL cannot run "
-                                    "there" % names(without),
+        return "", _no_gpu("mixed", f"torch sees no CUDA GPU on {names(without)} while the other hosts have GPUs: "
+                                    "NCCL cannot run there",
                            {h: "torch.cuda.is_available() is False" for h in without})
     return "gloo", None
 
@@ -655,41 +667,46 @@ def _merge(into: List[Dict[str, Any]], more: Sequence[Dict[str, Any]]) -> None:
 def _failure_message(errors: Sequence[Dict[str, Any]], facts: Dict[str, Any], agent_errors: Dict[str, str]) -> str:
     """One sentence naming the rank(s), host(s), what they tried and what happened."""
     if not errors:
-        return "the all-reduce did not run: %s" % "; ".join("%s: %s" % kv for kv in agent_errors.items())[:500]
+        listed = "; ".join(f"{h}: {err}" for h, err in agent_errors.items())[:500]
+        return f"the all-reduce did not run: {listed}"
     primary = errors[0]
     kind = primary["kind"]
     same = [e for e in errors if e["kind"] == kind]
+    timeout = facts.get("init_timeout_s") or 0
+    master = f"MASTER_ADDR {facts.get('master_addr')}:{facts.get('master_port')}"
     if kind == "rendezvous":
         peers = [e for e in same if not all(t.get("host") == e["host"] for t in e["targets"])] or same
         selves = [e for e in same if e not in peers]
         text = peers[0]["error"]
         if "could not connect to MASTER_ADDR" not in text:  # torch's own message (rank 0 included)
-            text = "could not connect to MASTER_ADDR %s:%s within %.0fs (%s)" % (
-                facts.get("master_addr"), facts.get("master_port"), facts.get("init_timeout_s") or 0,
-                _why(text) if _why(text) != "failed" else text[:200])
-        msg = "%s on %s %s" % (rank_list([e["rank"] for e in peers]), names([e["host"] for e in peers]), text)
+            why = _why(text) if _why(text) != "failed" else text[:200]
+            text = f"could not connect to {master} within {timeout:.0f}s ({why})"
+        msg = f"{_who(peers)} {text}"
         if selves:
-            msg += "; so did %s on %s itself" % (rank_list([e["rank"] for e in selves]),
-                                                 names([e["host"] for e in selves]))
+            msg += f"; so did {_who(selves)} itself"
         if "timed out" in text and "firewall" not in text:
-            msg += ": is inbound TCP to %s (MASTER_ADDR's host) blocked?" % facts.get("master")
+            msg += f": is inbound TCP to {facts.get('master')} (MASTER_ADDR's host) blocked?"
     else:
-        who = "%s on %s" % (rank_list([e["rank"] for e in same]), names([e["host"] for e in same]))
+        who = _who(same)
         if kind == "incomplete":
             joined = re.search(r"(\d+)/(\d+) clients joined", " ".join(e["error"] for e in same))
-            msg = "%s waited in vain for the other ranks at the rendezvous%s within %.0fs: a rank did not start, or " \
-                  "could not reach MASTER_ADDR %s:%s" % (
-                      who, " (%s of %s ranks arrived)" % joined.groups() if joined else "",
-                      facts.get("init_timeout_s") or 0, facts.get("master_addr"), facts.get("master_port"))
+            arrived = f" ({joined.group(1)} of {joined.group(2)} ranks arrived)" if joined else ""
+            msg = (f"{who} waited in vain for the other ranks at the rendezvous{arrived} within {timeout:.0f}s: "
+                   f"a rank did not start, or could not reach {master}")
         elif kind == "mesh":
-            msg = "%s could not connect to the other ranks after the rendezvous (%s): does a host drop inbound TCP " \
-                  "on the ephemeral ports (1024-65535) gloo/NCCL connect to?" % (who, primary["error"][:200])
+            msg = (f"{who} could not connect to the other ranks after the rendezvous ({primary['error'][:200]}): "
+                   "does a host drop inbound TCP on the ephemeral ports (1024-65535) gloo/NCCL connect to?")
         elif kind in ("hung", "torch_missing"):
-            msg = "%s: %s" % (who, primary["error"])
+            msg = f"{who}: {primary['error']}"
         else:
-            msg = "%s failed in phase %s: %s" % (who, primary.get("phase"), primary["error"][:300])
+            msg = f"{who} failed in phase {primary.get('phase')}: {primary['error'][:300]}"
     others = len(errors) - len(same)
     if others:
-        msg += " (%d other rank(s) failed or were stopped after it)" % others
+        msg += f" ({others} other rank(s) failed or were stopped after it)"
     return msg
+
+
+def _who(errors: Sequence[Dict[str, Any]]) -> str:
+    """The ranks and hosts of these errors, e.g. "ranks 3, 5 on node02, node03"."""
+    return f"{rank_list([e['rank'] for e in errors])} on {names([e['host'] for e in errors])}"
 
