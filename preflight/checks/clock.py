@@ -68,33 +68,35 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for h in facts.get("unreachable") or []:
         out[h] = error("not run: the host is unreachable (see its ssh result)")
     for h, why in (facts.get("errors") or {}).items():
-        out[h] = error("could not read the clock of %s: %s" % (h, why), "rerun with -v")
+        out[h] = error(f"could not read the clock of {h}: {why}", "rerun with -v")
     offsets: Dict[str, float] = {}
     for h, samples in (facts.get("samples") or {}).items():
         if h in out:
             continue
         o = offset(samples or [])
         if o is None:
-            out[h] = error("no clock reading came back from %s" % h, "rerun with -v")
+            out[h] = error(f"no clock reading came back from {h}", "rerun with -v")
             continue
         offsets[h] = o["offset_s"]
         metrics = {k: round(v, 6) for k, v in o.items()}
         # Only a skew beyond the measurement's own uncertainty (half the round trip) is a finding.
         skew = abs(o["offset_s"]) - o["uncertainty_s"]
-        text = "clock %s the coordinator's by %.3f s (+- %.3f s)" % (
-            "ahead of" if o["offset_s"] > 0 else "behind", abs(o["offset_s"]), o["uncertainty_s"])
+        side = "ahead of" if o["offset_s"] > 0 else "behind"
+        text = f"clock {side} the coordinator's by {abs(o['offset_s']):.3f} s (+- {o['uncertainty_s']:.3f} s)"
         if skew > warn_s:
-            out[h] = Outcome(Status.WARN, "%s: %s, more than %.1f s: log timestamps and timeouts of the ranks will "
-                             "not line up" % (h, text, warn_s),
-                             "sync the clocks: chronyc tracking / timedatectl show-timesync on %s (enable chrony or "
-                             "systemd-timesyncd against the cluster's NTP server)" % h, metrics)
+            out[h] = Outcome(Status.WARN, f"{h}: {text}, more than {warn_s:.1f} s: log timestamps and timeouts of the "
+                             "ranks will not line up",
+                             f"sync the clocks: chronyc tracking / timedatectl show-timesync on {h} (enable chrony or "
+                             "systemd-timesyncd against the cluster's NTP server)", metrics)
         else:
             out[h] = Outcome(Status.PASS, text, metrics=metrics)
     if offsets:
         spread = max(offsets.values()) - min(offsets.values())
-        out[CLUSTER] = Outcome(Status.PASS, "clocks of %d hosts within %.3f s of each other (largest offset %s %.3f s)"
-                               % (len(offsets), spread, max(offsets, key=lambda k: abs(offsets[k])),
-                                  max(abs(v) for v in offsets.values())),
+        farthest = max(offsets, key=lambda k: abs(offsets[k]))
+        largest = max(abs(v) for v in offsets.values())
+        message = (f"clocks of {len(offsets)} hosts within {spread:.3f} s of each other "
+                   f"(largest offset {farthest} {largest:.3f} s)")
+        out[CLUSTER] = Outcome(Status.PASS, message,
                                metrics={"offsets_s": {h: round(v, 6) for h, v in offsets.items()},
                                         "spread_s": round(spread, 6)})
     return out
@@ -113,7 +115,7 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
         for key, name, what in (("offset_s", "offset", "clock offset from the coordinator (positive: ahead)"),
                                 ("uncertainty_s", "uncertainty", "half the round trip of the clock reading")):
             if isinstance(m.get(key), (int, float)):
-                out.append(PromSample("preflight_clock_%s_seconds" % name, what, "gauge", {"host": r["host"]},
+                out.append(PromSample(f"preflight_clock_{name}_seconds", what, "gauge", {"host": r["host"]},
                                       float(m[key])))
     return out
 

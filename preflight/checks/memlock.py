@@ -37,8 +37,8 @@ def _text(value: Optional[int]) -> str:
     if value is None:
         return "unlimited"
     if value >= GiB:
-        return "%.1f GiB" % (value / GiB)
-    return "%d KiB" % (value // 1024)
+        return f"{value / GiB:.1f} GiB"
+    return f"{value // 1024} KiB"
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -49,16 +49,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                "ulimit_l": "unlimited" if soft is None else str(int(soft) // 1024)}
     fix = ("raise it for the job's user: '* - memlock unlimited' in /etc/security/limits.conf (and "
            "LimitMEMLOCK=infinity for sshd/slurmd under systemd), then log in again; check with ulimit -l")
-    where = "the job's processes (over SSH) may lock %s (hard limit %s)" % (_text(soft), _text(hard))
+    where = f"the job's processes (over SSH) may lock {_text(soft)} (hard limit {_text(hard)})"
+    devices = ", ".join(rdma[:4])
     if rdma and soft is not None and lim["rdma_requires_unlimited"]:
-        return Outcome(Status.WARN, "%s, but this host has RDMA devices (%s): NCCL over InfiniBand/RoCE registers "
-                       "its buffers with the NIC and fails or falls back to sockets when it cannot lock them; "
-                       "expected unlimited" % (where, ", ".join(rdma[:4])), fix, metrics)
-    if soft is not None and float(lim["min_gib"]) > 0 and soft < float(lim["min_gib"]) * GiB:
-        return Outcome(Status.WARN, "%s, below %.0f GiB: pinned-memory buffers (DeepSpeed pin_memory, offload) and "
-                       "RDMA registration need more" % (where, float(lim["min_gib"])), fix, metrics)
-    return Outcome(Status.PASS, where + (" (RDMA devices: %s)" % ", ".join(rdma[:4]) if rdma else ""),
-                   metrics=metrics)
+        return Outcome(Status.WARN, f"{where}, but this host has RDMA devices ({devices}): NCCL over InfiniBand/RoCE "
+                       "registers its buffers with the NIC and fails or falls back to sockets when it cannot lock "
+                       "them; expected unlimited", fix, metrics)
+    min_gib = float(lim["min_gib"])
+    if soft is not None and min_gib > 0 and soft < min_gib * GiB:
+        return Outcome(Status.WARN, f"{where}, below {min_gib:.0f} GiB: pinned-memory buffers (DeepSpeed pin_memory, "
+                       "offload) and RDMA registration need more", fix, metrics)
+    return Outcome(Status.PASS, where + (f" (RDMA devices: {devices})" if rdma else ""), metrics=metrics)
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
