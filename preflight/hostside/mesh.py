@@ -29,7 +29,7 @@ REASONS = {
 def short_list(items: Iterable[str]) -> str:
     """Sorted, unique, at most 8 named: 'a, b, c' or 'a, ..., h and 4 more'."""
     items = sorted(set(items))
-    return ", ".join(items[:8]) + (" and %d more" % (len(items) - 8) if len(items) > 8 else "")
+    return ", ".join(items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
 
 
 def median_or_none(values: Sequence[float]) -> Optional[float]:
@@ -150,9 +150,8 @@ def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[
                    and not ln.get("agent_failed")]
             # Two failed tests at least: one lost connect under load must not take a host out of a run.
             if len(bad) >= 2 and len(bad) == len(inbound) and h not in found:
-                found[h] = "iperf3: every test to %s on %s failed (%s)" % (
-                    h, net.get("network"), "; ".join("%s->%s: %s" % (ln["src"], h, str(ln.get("error"))[:120])
-                                                     for ln in bad[:2]))
+                tests = "; ".join(f"{ln['src']}->{h}: {str(ln.get('error'))[:120]}" for ln in bad[:2])
+                found[h] = f"iperf3: every test to {h} on {net.get('network')} failed ({tests})"
     return found
 
 
@@ -189,8 +188,8 @@ def blocked_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str,
     found: Dict[str, str] = {}
     for h, dsts in egress.items():
         if h in addresses:
-            found[h] = "ports: outbound TCP from %s to high ports is blocked (none of %s reachable from it)" % (
-                h, short_list(dsts))
+            found[h] = (f"ports: outbound TCP from {h} to high ports is blocked "
+                        f"(none of {short_list(dsts)} reachable from it)")
     failed: Dict[str, Dict[str, Any]] = {}
     for p in probes:
         dst = p.get("dst")
@@ -201,7 +200,9 @@ def blocked_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str,
         entry["srcs"].add(p.get("src"))
         entry["ports"].add(p.get("port"))
     for h, e in failed.items():
-        found.setdefault(h, "ports: inbound TCP to %s (%s) port%s %s from %s %s" % (
-            h, addresses[h], "s" if len(e["ports"]) > 1 else "", ", ".join(str(x) for x in sorted(e["ports"])),
-            short_list(e["srcs"]), REASONS.get(e["result"], e["result"])))
+        plural = "s" if len(e["ports"]) > 1 else ""
+        ports = ", ".join(str(x) for x in sorted(e["ports"]))
+        reason = REASONS.get(e["result"], e["result"])
+        found.setdefault(h, f"ports: inbound TCP to {h} ({addresses[h]}) port{plural} {ports} "
+                            f"from {short_list(e['srcs'])} {reason}")
     return found

@@ -184,14 +184,15 @@ def keyscan_command(host: str, port: int, known_hosts: Path) -> str:
     form itself for a port other than 22, and ssh-keygen -F skips the scan when the name is already there (so a
     second paste appends nothing)."""
     name, path = shlex.quote(entry_name(host, port)), shlex.quote(str(known_hosts))
-    scan = "ssh-keyscan %s%s" % ("" if port == 22 else "-p %d " % port, shlex.quote(host))
+    port_option = "" if port == 22 else f"-p {port} "
+    scan = f"ssh-keyscan {port_option}{shlex.quote(host)}"
     return f"ssh-keygen -F {name} -f {path} >/dev/null || {scan} >> {path}"
 
 
 def remove_command(host: str, port: int, known_hosts: Path) -> str:
     """One pasteable command that removes every key recorded for host (at port) from known_hosts: ssh-keygen -R
     matches names exactly, so off port 22 the name is ``'[host]:port'``, as the file has it."""
-    return "ssh-keygen -R %s -f %s" % (shlex.quote(entry_name(host, port)), shlex.quote(str(known_hosts)))
+    return f"ssh-keygen -R {shlex.quote(entry_name(host, port))} -f {shlex.quote(str(known_hosts))}"
 
 
 def _host_key_file(keytype: str) -> str:
@@ -209,17 +210,17 @@ def unknown_key_fix(name: str, known_hosts: Path, keytype: str, fp: str) -> str:
     """The fix of an unknown host key: verify it, then record it (with --accept-new-host-keys, or the command on
     its own line, pasteable as it is)."""
     host, port = split_name(name)
-    return ("verify the key (%s), then rerun with --accept-new-host-keys to record it in %s, or record it with:"
-            "\n  %s" % (verify_hint(keytype, fp), known_hosts, keyscan_command(host, port, known_hosts)))
+    return (f"verify the key ({verify_hint(keytype, fp)}), then rerun with --accept-new-host-keys to record it in "
+            f"{known_hosts}, or record it with:\n  {keyscan_command(host, port, known_hosts)}")
 
 
 def changed_key_fix(name: str, known_hosts: Path, keytype: str, fp: str) -> str:
     """The fix of a changed host key: once the host is known to be reinstalled, the two commands, in order, that
     drop its old key and record the new one."""
     host, port = split_name(name)
-    return ("if the host was reinstalled (verify the new key: %s), replace its old key, running these in order:"
-            "\n  %s\n  %s" % (verify_hint(keytype, fp), remove_command(host, port, known_hosts),
-                               keyscan_command(host, port, known_hosts)))
+    return (f"if the host was reinstalled (verify the new key: {verify_hint(keytype, fp)}), replace its old key, "
+            f"running these in order:\n  {remove_command(host, port, known_hosts)}"
+            f"\n  {keyscan_command(host, port, known_hosts)}")
 
 
 class UnknownHostKey(Exception):
