@@ -57,7 +57,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     st, vfs = os.stat(path), os.statvfs(path)
     out.update(st_dev=st.st_dev, fsid=getattr(vfs, "f_fsid", None), free_bytes=vfs.f_bavail * vfs.f_frsize,
                size_bytes=vfs.f_blocks * vfs.f_frsize, **_mount_of(path))
-    name = os.path.join(path, "%s%s-%s" % (PREFIX, params["token"], params["host"]))
+    name = os.path.join(path, f"{PREFIX}{params['token']}-{params['host']}")
     # It outlives this request (look reads it, cleanup removes it): the agent removes it when its own lifeline
     # closes, if the coordinator never gets to cleanup (killed with kill -9).
     tempfiles.register(name, keep=True)
@@ -81,7 +81,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 def look(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Which of the hosts' test files this host sees (a shared filesystem shows all of them)."""
     path = str(params["path"])
-    prefix = "%s%s-" % (PREFIX, params["token"])
+    prefix = f"{PREFIX}{params['token']}-"
     try:
         names = os.listdir(path)
     except OSError as exc:
@@ -136,7 +136,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
 # --- evaluate (pure) ---------------------------------------------------------------------------------------------
 
 def _gib(n: float) -> str:
-    return "%.1f GiB" % (n / (1 << 30))
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -149,7 +149,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return out
     path = facts.get("path")
     for h, why in (facts.get("errors") or {}).items():
-        out[h] = error("could not look at %s on %s: %s" % (path, h, why), "rerun with -v")
+        out[h] = error(f"could not look at {path} on {h}: {why}", "rerun with -v")
     probes: Dict[str, Dict[str, Any]] = facts.get("probes") or {}
     seen: Dict[str, Optional[List[str]]] = facts.get("seen") or {}
     writers = sorted(h for h, p in probes.items() if p.get("writable"))
@@ -163,49 +163,48 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         findings: List[Finding] = []
         metrics = {k: p.get(k) for k in ("free_bytes", "size_bytes", "fstype", "source", "st_dev", "fsid")}
         if not p.get("exists"):
-            findings.append(Finding(Status.FAIL, "%s: checkpoint dir %s: %s" % (h, path, p.get("error")),
-                                    "create it on %s (mkdir -p %s), or mount the shared checkpoint filesystem there"
-                                    % (h, path)))
+            findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
+                                    f"create it on {h} (mkdir -p {path}), or mount the shared checkpoint filesystem "
+                                    "there"))
         elif not p.get("writable"):
-            findings.append(Finding(Status.FAIL, "%s: checkpoint dir %s: %s" % (h, path, p.get("error")),
-                                    "fix the permissions for the job's user on %s (ls -ld %s; is it mounted "
-                                    "read-only?)" % (h, path)))
+            findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
+                                    f"fix the permissions for the job's user on {h} (ls -ld {path}; is it mounted "
+                                    "read-only?)"))
         if total is not None and p.get("exists"):
             # On one shared filesystem the whole checkpoint lands there; on local disks each host keeps its ranks'.
             need = total if shared else total * int((facts.get("slots") or {}).get(h, 1)) / world
             need *= float(lim["free_margin"])
             metrics["needed_bytes"] = int(need)
             if p.get("free_bytes") is not None and p["free_bytes"] < need:
-                findings.append(Finding(Status.FAIL, "%s: %s has %s free, a checkpoint of %.3g params needs %s "
-                                        "there (%s)" % (h, path, _gib(p["free_bytes"]), float(params or 0),
-                                                        _gib(need), "the whole checkpoint: shared filesystem"
-                                                        if shared else "this host's %d of %d ranks' shards"
-                                                        % (int((facts.get("slots") or {}).get(h, 1)), world)),
-                                        "free space on %s or point --checkpoint-dir (the job's save_checkpoint "
-                                        "path) at a larger filesystem" % h))
-        ok = "%s writable on %s (%s, %s free)" % (path, h, p.get("fstype") or "?", _gib(p.get("free_bytes") or 0))
+                if shared:
+                    whose = "the whole checkpoint: shared filesystem"
+                else:
+                    whose = f"this host's {int((facts.get('slots') or {}).get(h, 1))} of {world} ranks' shards"
+                findings.append(Finding(Status.FAIL, f"{h}: {path} has {_gib(p['free_bytes'])} free, a checkpoint of "
+                                        f"{float(params or 0):.3g} params needs {_gib(need)} there ({whose})",
+                                        f"free space on {h} or point --checkpoint-dir (the job's save_checkpoint "
+                                        "path) at a larger filesystem"))
+        ok = f"{path} writable on {h} ({p.get('fstype') or '?'}, {_gib(p.get('free_bytes') or 0)} free)"
         out[h] = combine(findings, ok, metrics)
     summary_metrics = {"shared": shared, "writers": writers, "seen": seen,
                        "checkpoint_bytes": int(total) if total is not None else None}
     if len(probes) >= 2 and writers and not shared:
         lonely = sorted(h for h in writers if set(seen.get(h) or []) < set(writers))
         status = Status.WARN if lim["require_shared"] else Status.PASS
-        out[CLUSTER] = Outcome(status, "%s is not one shared filesystem: %s see%s only %s (st_dev/fsid: %s); a file "
-                               "written by rank 0 (a config, the 'latest' tag) is not visible to the other ranks, so "
-                               "they wait or load stale state" % (
-                                   path, ", ".join(lonely[:6]), "s" if len(lonely) == 1 else "",
-                                   "its own test file" if all(seen.get(h) == [h] for h in lonely) else
-                                   "some of the others' test files",
-                                   ", ".join("%s %s/%s" % (h, probes[h].get("st_dev"), probes[h].get("fsid"))
-                                             for h in writers[:4])),
-                               "mount one shared filesystem (NFS/Lustre/GPFS) at %s on every host, or set DeepSpeed's "
-                               "checkpoint.use_node_local_storage and save on every node" % path, summary_metrics)
+        verb_s = "s" if len(lonely) == 1 else ""
+        files = ("its own test file" if all(seen.get(h) == [h] for h in lonely)
+                 else "some of the others' test files")
+        ids = ", ".join(f"{h} {probes[h].get('st_dev')}/{probes[h].get('fsid')}" for h in writers[:4])
+        out[CLUSTER] = Outcome(status, f"{path} is not one shared filesystem: {', '.join(lonely[:6])} see{verb_s} only "
+                               f"{files} (st_dev/fsid: {ids}); a file written by rank 0 (a config, the 'latest' tag) "
+                               "is not visible to the other ranks, so they wait or load stale state",
+                               f"mount one shared filesystem (NFS/Lustre/GPFS) at {path} on every host, or set "
+                               "DeepSpeed's checkpoint.use_node_local_storage and save on every node", summary_metrics)
     else:
-        out[CLUSTER] = Outcome(Status.PASS, "%s is %s%s" % (
-            path, "one shared filesystem on all %d hosts" % len(writers) if shared and len(writers) > 1 else
-            "writable" if writers else "not writable anywhere",
-            "; a checkpoint of %.3g params takes %s" % (float(params or 0), _gib(total)) if total else ""),
-            metrics=summary_metrics)
+        state = (f"one shared filesystem on all {len(writers)} hosts" if shared and len(writers) > 1
+                 else "writable" if writers else "not writable anywhere")
+        size = f"; a checkpoint of {float(params or 0):.3g} params takes {_gib(total)}" if total else ""
+        out[CLUSTER] = Outcome(Status.PASS, f"{path} is {state}{size}", metrics=summary_metrics)
     return out
 
 

@@ -148,15 +148,15 @@ def package_hint(os_release: Dict[str, str], runtime_names: Optional[List[str]] 
         rt = "libaio1t64" if t64 else "libaio1"
         return {"manager": "apt", "dev": "libaio-dev", "runtime": rt,
                 "install_dev": "apt-get update && apt-get install -y libaio-dev",
-                "reinstall_runtime": "apt-get install --reinstall -y %s" % rt,
+                "reinstall_runtime": f"apt-get install --reinstall -y {rt}",
                 "install_compiler": "apt-get install -y gcc"}
     if any(i in ("rhel", "centos", "fedora", "rocky", "almalinux", "ol", "amzn") for i in ids):
         tool = "yum" if (ids[0] == "amzn" and major == "2") or (ids[0] in ("rhel", "centos", "ol")
                                                                  and major.isdigit() and int(major) < 8) else "dnf"
         return {"manager": tool, "dev": "libaio-devel", "runtime": "libaio",
-                "install_dev": "%s install -y libaio-devel" % tool,
-                "reinstall_runtime": "%s reinstall -y libaio" % tool,
-                "install_compiler": "%s install -y gcc" % tool}
+                "install_dev": f"{tool} install -y libaio-devel",
+                "reinstall_runtime": f"{tool} reinstall -y libaio",
+                "install_compiler": f"{tool} install -y gcc"}
     if any(i in ("arch", "manjaro", "endeavouros") for i in ids):
         return {"manager": "pacman", "dev": "libaio", "runtime": "libaio",
                 "install_dev": "pacman -S --noconfirm libaio",
@@ -270,7 +270,7 @@ def _read_ldconfig(facts: Dict[str, Any], ctx: HostContext) -> None:
             if res.ok:
                 facts["ldconfig"] = parse_ldconfig(res.out)
             else:
-                facts["errors"].append("ldconfig -p: rc %d %s" % (res.rc, res.err.strip()[:200]))
+                facts["errors"].append(f"ldconfig -p: rc {res.rc} {res.err.strip()[:200]}")
             break
 
 
@@ -316,7 +316,7 @@ def _load_libraries(facts: Dict[str, Any], runtime_paths: List[str], ctx: HostCo
         loaded = json.loads(res.out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         loaded = None
-        facts["errors"].append("library load probe: rc %d %s" % (res.rc, res.err.strip()[-300:]))
+        facts["errors"].append(f"library load probe: rc {res.rc} {res.err.strip()[-300:]}")
     if loaded:
         facts["find_library"] = loaded.get("find_library")
         facts["soname_error"] = loaded.get("soname_error")
@@ -428,12 +428,12 @@ class _Seen:
     def not_installed(self) -> List[Finding]:
         if self.runtime_ours or self.by_name or self.link_ok:
             return []
+        dirs = len(self.facts.get("search_dirs", []))
+        no_header = "" if self.headers else ", no libaio.h"
         findings = [Finding(
             Status.FAIL,
-            "libaio is not installed: no libaio.so.1 in the ldconfig cache or %d library dirs%s "
-            "(expected the libaio runtime plus %s); %s" % (len(self.facts.get("search_dirs", [])),
-                                                           "" if self.headers else ", no libaio.h", self.hint["dev"],
-                                                           self.ASYNC_NO),
+            f"libaio is not installed: no libaio.so.1 in the ldconfig cache or {dirs} library dirs{no_header} "
+            f"(expected the libaio runtime plus {self.hint['dev']}); {self.ASYNC_NO}",
             self.hint["install_dev"])]
         if not self.have_cc:
             findings.append(_no_compiler(self.compiler, self.hint))
@@ -447,13 +447,14 @@ class _Seen:
         why = bad.get("load_error") or "load failed"
         fix = self.hint["reinstall_runtime"]
         if over:
-            fix = "umount %s && %s" % (shlex.quote(str(bad["realpath"])), fix)
+            fix = f"umount {shlex.quote(str(bad['realpath']))} && {fix}"
         else:
-            fix = "ls -lL %s; %s" % (shlex.quote(str(bad["path"])), fix)
+            fix = f"ls -lL {shlex.quote(str(bad['path']))}; {fix}"
+        mounted = ", a file is mounted over it" if over else ""
         return [Finding(
             Status.FAIL,
-            "libaio is present but cannot be loaded: %s (%s bytes%s): %s (expected a loadable shared library); "
-            "%s" % (bad["path"], bad.get("size"), ", a file is mounted over it" if over else "", why, self.ASYNC_NO),
+            f"libaio is present but cannot be loaded: {bad['path']} ({bad.get('size')} bytes{mounted}): {why} "
+            f"(expected a loadable shared library); {self.ASYNC_NO}",
             fix)]
 
     def no_dev_files(self) -> List[Finding]:
@@ -471,11 +472,11 @@ class _Seen:
             fix += " && " + self.hint["install_compiler"].replace("apt-get update && ", "")
         detail = ""
         if self.link and not self.link_ok:
-            detail = "; the test link says: %s" % first_error_line(self.link.get("stderr", ""))
+            detail = f"; the test link says: {first_error_line(self.link.get('stderr', ''))}"
         return [Finding(
             Status.FAIL,
-            "libaio installed but async_io [NO]: the runtime library %s is present, but the development files are "
-            "not (%s; expected the %s package)%s" % (where, ", ".join(missing), self.hint["dev"], detail),
+            f"libaio installed but async_io [NO]: the runtime library {where} is present, but the development files "
+            f"are not ({', '.join(missing)}; expected the {self.hint['dev']} package){detail}",
             fix)]
 
     def no_compiler(self) -> List[Finding]:
@@ -488,31 +489,32 @@ class _Seen:
                             (self.header, "a test program including <libaio.h> does not compile")):
             if probe and not probe.get("ok"):
                 if probe.get("timed_out"):
-                    findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler (%s) timed out"
-                                            % self.compiler.get("path"), REPRODUCE))
+                    findings.append(Finding(Status.ERROR, "could not confirm libaio: the compiler "
+                                            f"({self.compiler.get('path')}) timed out", REPRODUCE))
                 else:
+                    link = self.dev_links[0]["path"] if self.dev_links else "libaio.so ?"
+                    header = self.headers[0] if self.headers else "libaio.h ?"
                     findings.append(Finding(
                         Status.FAIL,
-                        "libaio dev files are present (%s, %s) but %s: %s; %s (check CC/CFLAGS/LDFLAGS: -I/-L must "
-                        "point at libaio)"
-                        % ((self.dev_links[0]["path"] if self.dev_links else "libaio.so ?"),
-                           (self.headers[0] if self.headers else "libaio.h ?"), what,
-                           first_error_line(probe.get("stderr", "")), self.ASYNC_NO),
+                        f"libaio dev files are present ({link}, {header}) but {what}: "
+                        f"{first_error_line(probe.get('stderr', ''))}; {self.ASYNC_NO} (check CC/CFLAGS/LDFLAGS: "
+                        "-I/-L must point at libaio)",
                         "env | grep -E '^(CC|CFLAGS|LDFLAGS)='; " + REPRODUCE))
         return findings
 
     def usable_message(self) -> str:
         rt_path = self.loadable[0]["path"] if self.loadable else (self.by_name or "found by the linker")
-        return "libaio usable: runtime %s, %s, %s; io_submit links with -laio (%s)" % (
-            rt_path, self.dev_links[0]["path"] if self.dev_links else "libaio.so (found by the linker)",
-            self.headers[0] if self.headers else "libaio.h (found by the compiler)", self.compiler.get("path"))
+        link = self.dev_links[0]["path"] if self.dev_links else "libaio.so (found by the linker)"
+        header = self.headers[0] if self.headers else "libaio.h (found by the compiler)"
+        compiler = self.compiler.get("path")
+        return f"libaio usable: runtime {rt_path}, {link}, {header}; io_submit links with -laio ({compiler})"
 
 
 def _no_compiler(compiler: Dict[str, Any], hint: Dict[str, str]) -> Finding:
     return Finding(
         Status.WARN,
-        NO_COMPILER + " (tried %s); DeepSpeed JIT-compiles async_io and needs one"
-        % ", ".join(compiler.get("tried") or ["cc", "gcc"]),
+        f"{NO_COMPILER} (tried {', '.join(compiler.get('tried') or ['cc', 'gcc'])}); DeepSpeed JIT-compiles "
+        "async_io and needs one",
         hint["install_compiler"])
 
 
