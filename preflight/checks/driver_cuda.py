@@ -96,14 +96,14 @@ def parse_nvcc_version(text: Optional[str]) -> Optional[str]:
     if not text:
         return None
     m = re.search(r"release (\d+)\.(\d+)", text)
-    return "%s.%s" % (m.group(1), m.group(2)) if m else None
+    return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
 def cuda_version_from_int(value: Optional[int]) -> Optional[str]:
     """NVML's 13000 -> '13.0' (major = v // 1000, minor = (v % 1000) // 10)."""
     if value is None:
         return None
-    return "%d.%d" % (value // 1000, (value % 1000) // 10)
+    return f"{value // 1000}.{(value % 1000) // 10}"
 
 
 def version_tuple(version: Optional[str]) -> Tuple[int, ...]:
@@ -132,7 +132,7 @@ def max_cuda_for_driver(driver: Optional[str]) -> Optional[str]:
     for toolkit, minimum in TOOLKIT_MIN_DRIVER.items():
         if drv >= version_tuple(minimum) and (best is None or toolkit > best):
             best = toolkit
-    return "%d.%d" % best if best else None
+    return f"{best[0]}.{best[1]}" if best else None
 
 
 def count_visible(cuda_visible_devices: Optional[str], total: int, uuids: Sequence[str]) -> int:
@@ -177,7 +177,7 @@ def _nvml_facts() -> Dict[str, Any]:
                     except Exception:  # noqa: BLE001
                         out["gpu_uuids"].append("")
             except Exception as exc:  # noqa: BLE001
-                out["error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
+                out["error"] = f"NVML query: {str(exc) or type(exc).__name__}"
     except NVMLUnavailable as exc:
         out["error"], out["module"] = str(exc), exc.module
     return out
@@ -189,7 +189,7 @@ def _torch_facts() -> Dict[str, Any]:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001
-        out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+        out["torch_error"] = f"{type(exc).__name__}: {exc}"
         return out
     import warnings
     out["torch"] = str(torch.__version__)
@@ -201,7 +201,7 @@ def _torch_facts() -> Dict[str, Any]:
             out["cuda_available"] = bool(torch.cuda.is_available())
             out["torch_gpu_count"] = int(torch.cuda.device_count())
         except Exception as exc:  # noqa: BLE001
-            out["torch_cuda_warning"] = "%s: %s" % (type(exc).__name__, exc)
+            out["torch_cuda_warning"] = f"{type(exc).__name__}: {exc}"
     if caught and out["torch_cuda_warning"] is None:
         out["torch_cuda_warning"] = str(caught[0].message).strip()[:500]
     if out["cuda_available"]:
@@ -209,7 +209,7 @@ def _torch_facts() -> Dict[str, Any]:
             out["nccl"] = format_nccl_version(torch.cuda.nccl.version())
         except Exception as exc:  # noqa: BLE001
             out["nccl"] = None
-            out["torch_error"] = "torch.cuda.nccl.version(): %s" % exc
+            out["torch_error"] = f"torch.cuda.nccl.version(): {exc}"
     return out
 
 
@@ -247,7 +247,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     else:
         smi = sh(["nvidia-smi"], timeout=ctx.remaining(30))
         if smi.rc == 124:
-            facts["tool_timeout"] = "nvidia-smi timed out after %.0fs" % smi.duration
+            facts["tool_timeout"] = f"nvidia-smi timed out after {smi.duration:.0f}s"
         if smi.ok:
             head = parse_nvidia_smi_header(smi.out)
             if head["driver"]:
@@ -255,7 +255,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
                 facts.update(driver=head["driver"], driver_source="nvidia-smi", gpu_count=head["gpu_count"],
                              cuda_driver=(cuda[0] * 1000 + cuda[1] * 10) if len(cuda) >= 2 else None)
         else:
-            facts["smi_error"] = ("rc=%d: %s" % (smi.rc, (smi.err or smi.out).strip()))[:500]
+            facts["smi_error"] = f"rc={smi.rc}: {(smi.err or smi.out).strip()}"[:500]
         if facts["driver"] is None and facts["proc_driver_version"]:
             facts.update(driver=facts["proc_driver_version"], driver_source="proc")
 
@@ -269,7 +269,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         if res.ok:
             facts["nvcc"] = parse_nvcc_version(res.out)
         else:
-            facts["nvcc_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()))[:300]
+            facts["nvcc_error"] = f"rc={res.rc}: {(res.err or res.out).strip()}"[:300]
     return facts
 
 
@@ -294,7 +294,7 @@ def _torch_install_hint(cuda: Optional[str]) -> str:
     tag = _torch_wheel(cuda)
     if not tag:
         return ""
-    return "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/%s" % tag
+    return f"pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/{tag}"
 
 
 def _driver_for(cuda: str) -> Optional[str]:
@@ -330,20 +330,19 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             not any(f.status == Status.FAIL for f in findings)):
         findings.append(Finding(
             Status.FAIL,
-            "torch %s cannot initialise CUDA (torch.cuda.is_available() is False) although driver %s supports "
-            "CUDA %s: %s" % (facts.get("torch"), driver, driver_cuda,
-                             facts.get("torch_cuda_warning") or "no reason given"),
+            f"torch {facts.get('torch')} cannot initialise CUDA (torch.cuda.is_available() is False) although "
+            f"driver {driver} supports CUDA {driver_cuda}: {facts.get('torch_cuda_warning') or 'no reason given'}",
             "run `python -c 'import torch; torch.cuda.init()'` on the host to see the error; check "
             "/dev/nvidia* permissions and that no MIG or compute-mode setting hides the GPUs"))
 
     metrics["driver_max_cuda"] = driver_cuda
     if facts.get("torch") is None:
-        ok = "driver %s (CUDA <= %s); torch not importable, compatibility not checked" % (driver, driver_cuda)
+        ok = f"driver {driver} (CUDA <= {driver_cuda}); torch not importable, compatibility not checked"
     else:
-        ok = "driver %s (CUDA <= %s) runs torch %s (CUDA %s)" % (driver, driver_cuda, facts.get("torch"),
-                                                                 torch_cuda)
+        ok = f"driver {driver} (CUDA <= {driver_cuda}) runs torch {facts.get('torch')} (CUDA {torch_cuda})"
     slots = facts.get("slots")
-    ok += "; %s GPU(s) visible%s" % (visible, "" if slots is None else " for slots=%s" % slots)
+    for_slots = "" if slots is None else f" for slots={slots}"
+    ok += f"; {visible} GPU(s) visible{for_slots}"
     if notes:
         ok += "; " + "; ".join(notes)
     if not any(f.status != Status.SKIP for f in findings):
@@ -359,25 +358,25 @@ def _unusable_driver(facts: Dict[str, Any], metrics: Dict[str, Any], expected: b
     if "mismatch" in nvml_error.lower() or "mismatch" in (facts.get("smi_error") or "").lower():
         return combine([Finding(
             Status.FAIL,
-            "NVIDIA driver/library version mismatch (%s): the loaded kernel module (%s) differs from the "
-            "user-space NVML library; CUDA cannot start" % (nvml_error or facts.get("smi_error"),
-                                                           facts.get("proc_driver_version") or "unknown"),
+            f"NVIDIA driver/library version mismatch ({nvml_error or facts.get('smi_error')}): the loaded kernel "
+            f"module ({facts.get('proc_driver_version') or 'unknown'}) differs from the user-space NVML library; "
+            "CUDA cannot start",
             "reboot the host (or unload and reload the nvidia kernel modules) after the driver upgrade")],
             "", metrics)
     if facts.get("driver"):
         return None
     if facts.get("tool_timeout"):
-        return error("could not read the NVIDIA driver version: %s" % facts["tool_timeout"],
+        return error(f"could not read the NVIDIA driver version: {facts['tool_timeout']}",
                      "run `nvidia-smi` on the host by hand; a hang there usually means a GPU needs a reset",
                      **metrics)
-    reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
-        nvml_error or "unavailable", facts.get("smi_error") or "unavailable")
+    reason = (f"no NVIDIA driver on this host (NVML: {nvml_error or 'unavailable'}; "
+              f"nvidia-smi: {facts.get('smi_error') or 'unavailable'}; /proc/driver/nvidia/version absent)")
     if expected:
-        return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
-                                "install the NVIDIA datacenter driver (>= %s for CUDA %s) and check that "
-                                "`nvidia-smi` lists the GPUs" % (
-                                    _driver_for(facts.get("torch_cuda") or "") or "the branch for torch's CUDA",
-                                    facts.get("torch_cuda") or "of your torch build"))], "", metrics)
+        branch = _driver_for(facts.get("torch_cuda") or "") or "the branch for torch's CUDA"
+        cuda = facts.get("torch_cuda") or "of your torch build"
+        return combine([Finding(Status.FAIL, reason + f", but GPUs are expected ({why_expected})",
+                                f"install the NVIDIA datacenter driver (>= {branch} for CUDA {cuda}) and check that "
+                                "`nvidia-smi` lists the GPUs")], "", metrics)
     return skip(reason + "; GPU checks do not apply (set gpus_expected = true to make this a failure)",
                 **metrics)
 
@@ -387,18 +386,18 @@ def _torch_findings(facts: Dict[str, Any], driver: str, driver_cuda: Optional[st
     """Whether the driver runs torch's CUDA: SKIP without torch or for a ROCm build, FAIL for a CPU-only build."""
     torch_cuda = facts.get("torch_cuda")
     if facts.get("torch") is None:
-        return [Finding(Status.SKIP, "torch is not importable (%s): driver/CUDA compatibility not checked"
-                        % (facts.get("torch_error") or "not installed"))]
+        why = facts.get("torch_error") or "not installed"
+        return [Finding(Status.SKIP, f"torch is not importable ({why}): driver/CUDA compatibility not checked")]
     if torch_cuda:
         return _compat_findings(driver, driver_cuda, torch_cuda, facts, thresholds)
     if facts.get("torch_hip"):
-        return [Finding(Status.SKIP, "torch %s is a ROCm build: NVIDIA driver compatibility does not apply"
-                        % facts["torch"])]
+        return [Finding(Status.SKIP, f"torch {facts['torch']} is a ROCm build: NVIDIA driver compatibility does "
+                                     "not apply")]
     return [Finding(
         Status.FAIL,
-        "torch %s is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver %s "
-        "and %s GPU(s): DeepSpeed cannot use the GPUs" % (facts["torch"], driver, facts.get("gpu_count")),
-        _torch_install_hint(driver_cuda) or "install a CUDA build of torch that driver %s supports" % driver)]
+        f"torch {facts['torch']} is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver "
+        f"{driver} and {facts.get('gpu_count')} GPU(s): DeepSpeed cannot use the GPUs",
+        _torch_install_hint(driver_cuda) or f"install a CUDA build of torch that driver {driver} supports")]
 
 
 def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List[Finding]:
@@ -408,24 +407,24 @@ def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List
         return []
     major = version_tuple(nvcc)[0]
     ok_list = DS_CUDA_MINOR_MISMATCH_OK.get(major, [])
-    match = ("install CUDA toolkit %s and export CUDA_HOME=/usr/local/cuda-%s (or install the torch build for "
-             "CUDA %s)" % (torch_mm, torch_mm, nvcc))
+    match = (f"install CUDA toolkit {torch_mm} and export CUDA_HOME=/usr/local/cuda-{torch_mm} (or install the torch "
+             f"build for CUDA {nvcc})")
     if nvcc in ok_list and torch_mm in ok_list:
-        consequence = ("DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA %s "
-                       "against torch's %s" % (nvcc, torch_mm))
+        consequence = (f"DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA {nvcc} "
+                       f"against torch's {torch_mm}")
         fix = match + "; pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
     else:
         # assert_no_cuda_mismatch (op_builder/builder.py:107-129) runs when ops are pre-built (CUDAOpBuilder.builder,
         # :804) and, before DeepSpeed 0.12.3, at every JIT build; DS_SKIP_CUDA_CHECK=1 (:119) lets it through.
-        consequence = ("DeepSpeed raises CUDAMismatchException (\"Installed CUDA version %s does not match the "
-                       "version torch was compiled with %s\") when it pre-builds ops, and before 0.12.3 at every JIT "
-                       "build" % (nvcc, torch_cuda))
+        consequence = (f"DeepSpeed raises CUDAMismatchException (\"Installed CUDA version {nvcc} does not match the "
+                       f"version torch was compiled with {torch_cuda}\") when it pre-builds ops, and before 0.12.3 at "
+                       "every JIT build")
         fix = (match + "; pre-building does not avoid it: DS_BUILD_OPS=1 pip install deepspeed stops with the same "
                "CUDAMismatchException on this host; DS_SKIP_CUDA_CHECK=1 is DeepSpeed's override (\"it may result "
                "in unexpected behavior\")")
     return [Finding(
         Status.WARN,
-        "nvcc %s (%s) differs from torch's CUDA %s: %s" % (nvcc, nvcc_path, torch_mm, consequence), fix)]
+        f"nvcc {nvcc} ({nvcc_path}) differs from torch's CUDA {torch_mm}: {consequence}", fix)]
 
 
 def _visible_gpus(facts: Dict[str, Any]) -> Optional[int]:
@@ -445,16 +444,17 @@ def _slot_findings(facts: Dict[str, Any], driver: str, visible: Optional[int], e
     slots = facts.get("slots")
     cvd = facts.get("cuda_visible_devices")
     if slots is not None and visible is not None and int(slots) > visible:
-        shown = "" if cvd is None else " with CUDA_VISIBLE_DEVICES=%r" % cvd
+        shown = "" if cvd is None else f" with CUDA_VISIBLE_DEVICES={cvd!r}"
+        widen = "; unset or widen CUDA_VISIBLE_DEVICES" if cvd is not None else ""
         return [Finding(
             Status.FAIL,
-            "only %d GPU(s) visible%s (NVML sees %s) but the hostfile gives slots=%d: ranks beyond %d fail with "
-            "\"invalid device ordinal\"" % (visible, shown, total, int(slots), visible),
-            "set slots=%d for this host in the hostfile, or restore the missing GPUs (check `nvidia-smi -L`%s)"
-            % (visible, "; unset or widen CUDA_VISIBLE_DEVICES" if cvd is not None else ""))]
+            f"only {visible} GPU(s) visible{shown} (NVML sees {total}) but the hostfile gives slots={int(slots)}: "
+            f"ranks beyond {visible} fail with \"invalid device ordinal\"",
+            f"set slots={visible} for this host in the hostfile, or restore the missing GPUs (check `nvidia-smi -L`"
+            f"{widen})")]
     if visible == 0 and total == 0:
         status = Status.FAIL if expected else Status.WARN
-        return [Finding(status, "the NVIDIA driver %s is loaded but no GPU is visible" % driver,
+        return [Finding(status, f"the NVIDIA driver {driver} is loaded but no GPU is visible",
                         "check `nvidia-smi -L` and `dmesg | grep -i nvrm`; reseat or reset the GPUs")]
     return []
 
@@ -468,29 +468,28 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
         return []
     if not have and full_min and version_tuple(driver) >= version_tuple(full_min):
         return []
-    need = full_min or "the branch released with CUDA %s" % torch_cuda
+    need = full_min or f"the branch released with CUDA {torch_cuda}"
     minor_min = MINOR_COMPAT_MIN_DRIVER.get(want[0]) if want else None
     same_major = bool(have) and have[0] == want[0]
     if minor_min and version_tuple(driver) >= version_tuple(minor_min) and (same_major or not have):
         status = Status.FAIL if str(limits(thresholds, NAME)["minor_compat_status"]).lower() == "fail" else Status.WARN
+        older = (f" (or use a torch build for CUDA <= {driver_cuda}: {_torch_install_hint(driver_cuda)})"
+                 if _torch_wheel(driver_cuda) else "")
         return [Finding(
             status,
-            "driver %s supports CUDA %s, older than torch's CUDA %s: it runs only through CUDA minor-version "
-            "compatibility (limited feature set: no JIT of newer PTX, newer APIs fail with "
-            "cudaErrorCallRequiresNewerDriver); full support needs driver >= %s" % (
-                driver, driver_cuda or "unknown", torch_cuda, need),
-            "upgrade the NVIDIA driver to >= %s%s" % (
-                need, " (or use a torch build for CUDA <= %s: %s)" % (driver_cuda, _torch_install_hint(driver_cuda))
-                if _torch_wheel(driver_cuda) else ""))]
+            f"driver {driver} supports CUDA {driver_cuda or 'unknown'}, older than torch's CUDA {torch_cuda}: it "
+            "runs only through CUDA minor-version compatibility (limited feature set: no JIT of newer PTX, newer "
+            f"APIs fail with cudaErrorCallRequiresNewerDriver); full support needs driver >= {need}",
+            f"upgrade the NVIDIA driver to >= {need}{older}")]
     hint = _torch_install_hint(driver_cuda)
+    minor = f"; minor-version compatibility needs >= {minor_min}" if minor_min else ""
+    other_torch = f" or use a torch build for CUDA <= {driver_cuda}: {hint}" if hint else ""
     return [Finding(
         Status.FAIL,
-        "driver %s supports CUDA up to %s but torch %s needs CUDA %s (driver >= %s%s): CUDA initialisation "
-        "fails (\"The NVIDIA driver on your system is too old\")" % (
-            driver, driver_cuda or "unknown", facts.get("torch"), torch_cuda, need,
-            "; minor-version compatibility needs >= %s" % minor_min if minor_min else ""),
-        "upgrade the NVIDIA driver to >= %s%s" % (
-            need, " or use a torch build for CUDA <= %s: %s" % (driver_cuda, hint) if hint else ""))]
+        f"driver {driver} supports CUDA up to {driver_cuda or 'unknown'} but torch {facts.get('torch')} needs "
+        f"CUDA {torch_cuda} (driver >= {need}{minor}): CUDA initialisation fails "
+        "(\"The NVIDIA driver on your system is too old\")",
+        f"upgrade the NVIDIA driver to >= {need}{other_torch}")]
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
