@@ -112,7 +112,7 @@ def _dd(argv: List[str], ctx: HostContext, cap: float) -> Tuple[Any, float]:
 
 def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext, cap: float) -> None:
     """Write then read test_file with dd; fills write_Bps/read_Bps/direct/error in entry."""
-    base_w = ["dd", "if=/dev/zero", "of=" + test_file, "bs=1M", "count=%d" % count]
+    base_w = ["dd", "if=/dev/zero", "of=" + test_file, "bs=1M", f"count={count}"]
     direct = entry["direct_error"] is None
     if direct:
         res, timeout = _dd(base_w + ["oflag=direct,nofollow", "conv=fdatasync,nocreat"], ctx, cap)
@@ -125,14 +125,14 @@ def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext
     entry["timeout_s"] = timeout
     if res.rc == 124:
         entry["timed_out"] = "write"
-        entry["error"] = "dd write of %d MiB timed out after %.1f s" % (count, timeout)
+        entry["error"] = f"dd write of {count} MiB timed out after {timeout:.1f} s"
         return
     parsed = parse_dd(res.err)
     if not res.ok or parsed is None:
-        entry["error"] = "dd write failed (rc %d): %s" % (res.rc, dd_error_line(res.err))
+        entry["error"] = f"dd write failed (rc {res.rc}): {dd_error_line(res.err)}"
         return
     if parsed["bytes"] < count * MiB:
-        entry["error"] = "dd wrote only %d of %d bytes: %s" % (parsed["bytes"], count * MiB, dd_error_line(res.err))
+        entry["error"] = f"dd wrote only {parsed['bytes']} of {count * MiB} bytes: {dd_error_line(res.err)}"
         return
     entry["write_Bps"] = parsed["Bps"]
 
@@ -145,11 +145,11 @@ def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext
     if res.rc == 124:
         entry["timed_out"] = "read"
         entry["timeout_s"] = timeout
-        entry["error"] = "dd read of %d MiB timed out after %.1f s" % (count, timeout)
+        entry["error"] = f"dd read of {count} MiB timed out after {timeout:.1f} s"
         return
     parsed = parse_dd(res.err)
     if not res.ok or parsed is None:
-        entry["error"] = "dd read failed (rc %d): %s" % (res.rc, dd_error_line(res.err))
+        entry["error"] = f"dd read failed (rc {res.rc}): {dd_error_line(res.err)}"
         return
     entry["read_Bps"] = parsed["Bps"]
 
@@ -169,7 +169,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         entry["error"] = "does not exist"
         return entry
     except OSError as exc:
-        entry["error"] = "cannot stat: %s" % exc.strerror
+        entry["error"] = f"cannot stat: {exc.strerror}"
         return entry
     entry["exists"] = True
     if stat.S_ISBLK(st.st_mode):
@@ -186,7 +186,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
     if m:
         entry["fstype"], entry["mountpoint"], entry["device"] = m["fstype"], m["mountpoint"], m["device"]
     if not stat.S_ISDIR(st.st_mode):
-        entry["error"] = "is a %s, not a directory" % entry["kind"]
+        entry["error"] = f"is a {entry['kind']}, not a directory"
         if stat.S_ISBLK(st.st_mode):
             entry["device_mounts"] = [x["mountpoint"] for x in mounts
                                       if x["device"].startswith("/") and os.path.realpath(x["device"]) == real]
@@ -198,9 +198,9 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         size_known = sv.f_blocks > 0  # ramfs and some pseudo filesystems report no size at all
         entry["free_bytes"] = sv.f_bavail * sv.f_frsize if size_known else None
     except OSError as exc:
-        entry["error"] = "statvfs failed: %s" % exc.strerror
+        entry["error"] = f"statvfs failed: {exc.strerror}"
     if not os.access(real, os.W_OK | os.X_OK):
-        entry["error"] = "not writable (access(W_OK) denied for uid %d)" % os.geteuid()
+        entry["error"] = f"not writable (access(W_OK) denied for uid {os.geteuid()})"
         return entry
 
     marker = TEST_PREFIX + secrets.token_hex(8)
@@ -212,7 +212,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
             os.close(fd)
         except OSError as exc:
             why = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
-            entry["error"] = "cannot create a file: %s" % why
+            entry["error"] = f"cannot create a file: {why}"
             return entry
         entry["writable"] = True
         o_direct = getattr(os, "O_DIRECT", 0)
@@ -220,7 +220,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
             try:
                 os.close(os.open(test_file, os.O_WRONLY | o_direct))
             except OSError as exc:
-                entry["direct_error"] = "open(O_DIRECT): %s" % exc.strerror
+                entry["direct_error"] = f"open(O_DIRECT): {exc.strerror}"
         if not size_known:
             entry["measure_skipped"] = ("the filesystem reports no size (statvfs f_blocks = 0), so free space is "
                                         "unknown and no test file is written")
@@ -229,8 +229,8 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         budget = min(want_bytes, int(free * fraction))
         count = budget // MiB
         if count == 0 or (budget < want_bytes and budget < min_bytes):
-            entry["measure_skipped"] = ("%d MiB free; %.0f%% of it is %d MiB, below the %d MiB minimum test size"
-                                        % (free // MiB, fraction * 100, budget // MiB, min_bytes // MiB))
+            entry["measure_skipped"] = (f"{free // MiB} MiB free; {fraction * 100:.0f}% of it is {budget // MiB} MiB, "
+                                        f"below the {min_bytes // MiB} MiB minimum test size")
             return entry
         entry["test_bytes"] = count * MiB
         _measure(entry, test_file, count, ctx, cap)
@@ -246,8 +246,8 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         return {"paths": []}
     missing = [k for k in HOST_PARAMS if k not in params]
     if missing:  # a coordinator bug, not a host fault: no silent second copy of the [nvme] numbers here
-        raise ValueError("nvme collect needs params %s (the coordinator sends params_from_thresholds() of [nvme])"
-                         % ", ".join(missing))
+        raise ValueError(f"nvme collect needs params {', '.join(missing)} (the coordinator sends "
+                         "params_from_thresholds() of [nvme])")
     want = int(params["nvme_test_bytes"])
     fraction = float(params["nvme_max_free_fraction"])
     min_bytes = int(params["nvme_min_test_bytes"])
@@ -265,8 +265,8 @@ def _gb(bps: Optional[float]) -> str:
     if bps is None:
         return "?"
     if bps >= 1e9:
-        return "%.2f GB/s" % (bps / 1e9)
-    return "%.0f MB/s" % (bps / 1e6)
+        return f"{bps / 1e9:.2f} GB/s"
+    return f"{bps / 1e6:.0f} MB/s"
 
 
 def _size(n: Optional[int]) -> str:
@@ -274,8 +274,8 @@ def _size(n: Optional[int]) -> str:
         return "?"
     for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
         if n >= div:
-            return "%.1f %s" % (n / div, unit)
-    return "%d B" % n
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
 
 
 q = shlex.quote  # every path in a printed fix: a path like '/mnt/a b;touch /tmp/x' stays one word
@@ -305,77 +305,73 @@ def _path_findings(e: Dict[str, Any], min_w: float, min_r: float,
                    require_direct: bool) -> Tuple[List[Finding], Optional[str]]:
     """(findings, its line of the PASS message) for one nvme path; no line when it could not be measured."""
     p = e["path"]
-    where = "%s%s" % (p, " (%s on %s)" % (e["fstype"], e.get("mountpoint")) if e.get("fstype") else "")
+    mount = f" ({e['fstype']} on {e.get('mountpoint')})" if e.get("fstype") else ""
+    where = f"{p}{mount}"
     unusable = _unusable_path(e, p, where)
     if unusable is not None:
         return [unusable], None
     findings: List[Finding] = []
     if e.get("direct_error"):
         st = Status.FAIL if require_direct else Status.WARN
-        measured = ("; measured buffered (not direct) instead: write %s, read %s"
-                    % (_gb(e.get("write_Bps")), _gb(e.get("read_Bps")))) if e.get("write_Bps") else ""
-        findings.append(Finding(st, "nvme path %s does not support O_DIRECT (%s); DeepSpeed's async_io opens its "
-                                    "swap files with O_DIRECT, so NVMe offload there fails%s"
-                                % (where, e["direct_error"], measured),
-                                "findmnt -T %s; set nvme_path / --nvme-path to a directory on a local NVMe "
-                                "ext4/xfs mount" % q(p)))
+        measured = (f"; measured buffered (not direct) instead: write {_gb(e.get('write_Bps'))}, "
+                    f"read {_gb(e.get('read_Bps'))}") if e.get("write_Bps") else ""
+        findings.append(Finding(st, f"nvme path {where} does not support O_DIRECT ({e['direct_error']}); "
+                                    "DeepSpeed's async_io opens its swap files with O_DIRECT, so NVMe offload there "
+                                    f"fails{measured}",
+                                f"findmnt -T {q(p)}; set nvme_path / --nvme-path to a directory on a local NVMe "
+                                "ext4/xfs mount"))
     if e.get("measure_skipped"):
         free = e.get("free_bytes")
-        findings.append(Finding(Status.WARN, "nvme path %s: throughput not measured: %s%s"
-                                % (where, e["measure_skipped"],
-                                   "; only %s free" % _size(free) if free is not None else ""),
-                                "df -h %s; du -xsh %s/* | sort -h | tail" % (q(p), q(p)) if free is not None else
-                                "findmnt -T %s" % q(p)))
+        only = f"; only {_size(free)} free" if free is not None else ""
+        findings.append(Finding(Status.WARN, f"nvme path {where}: throughput not measured: "
+                                             f"{e['measure_skipped']}{only}",
+                                f"df -h {q(p)}; du -xsh {q(p)}/* | sort -h | tail" if free is not None else
+                                f"findmnt -T {q(p)}"))
         return findings, None
     if e.get("error"):
         findings.append(_measure_error(e, p, where, min_w, min_r))
         return findings, None
     tag = "" if e.get("direct") else " (buffered, not direct)"
     w, r = e.get("write_Bps"), e.get("read_Bps")
-    if w is not None and w < min_w:
-        findings.append(Finding(Status.WARN, "nvme path %s: sequential write %s%s < %s expected (local NVMe is "
-                                             "typically > 3 GB/s; check what backs the path and the device's "
-                                             "health)" % (where, _gb(w), tag, _gb(min_w)),
-                                _slow_fix(p, e.get("device"))))
-    if r is not None and r < min_r:
-        findings.append(Finding(Status.WARN, "nvme path %s: sequential read %s%s < %s expected (local NVMe is "
-                                             "typically > 3 GB/s; check what backs the path and the device's "
-                                             "health)" % (where, _gb(r), tag, _gb(min_r)),
-                                _slow_fix(p, e.get("device"))))
-    return findings, "%s: write %s, read %s%s, %s test, %s free" % (where, _gb(w), _gb(r),
-                                                                   " (direct)" if e.get("direct") else tag,
-                                                                   _size(e.get("test_bytes")),
-                                                                   _size(e.get("free_bytes")))
+    for op, rate, minimum in (("write", w, min_w), ("read", r, min_r)):
+        if rate is not None and rate < minimum:
+            findings.append(Finding(Status.WARN, f"nvme path {where}: sequential {op} {_gb(rate)}{tag} < "
+                                                 f"{_gb(minimum)} expected (local NVMe is typically > 3 GB/s; check "
+                                                 "what backs the path and the device's health)",
+                                    _slow_fix(p, e.get("device"))))
+    mode = " (direct)" if e.get("direct") else tag
+    return findings, (f"{where}: write {_gb(w)}, read {_gb(r)}{mode}, {_size(e.get('test_bytes'))} test, "
+                      f"{_size(e.get('free_bytes'))} free")
 
 
 def _unusable_path(e: Dict[str, Any], p: str, where: str) -> Optional[Finding]:
     """A FAIL when the path does not exist, is not a directory (a block device: how to mount it), or is not
     writable; None when DeepSpeed could use it."""
     if not e.get("exists"):
-        return Finding(Status.FAIL, "nvme path %s: %s (expected an existing directory on the mounted "
-                                    "NVMe filesystem)" % (p, e.get("error") or "does not exist"),
-                       "mkdir -p -- %s && findmnt -T %s" % (q(p), q(p)))
+        return Finding(Status.FAIL, f"nvme path {p}: {e.get('error') or 'does not exist'} (expected an existing "
+                                    "directory on the mounted NVMe filesystem)",
+                       f"mkdir -p -- {q(p)} && findmnt -T {q(p)}")
     if not e.get("is_dir"):
         if e.get("kind") == "block device" and e.get("device_mounts"):
             mp = e["device_mounts"][0]
             offload = q(mp.rstrip("/") + "/offload")
-            fix = ("mkdir -p -- %s, then set nvme_path / --nvme-path to %s (%s is mounted on %s)"
-                   % (offload, offload, q(p), q(mp)))
+            fix = (f"mkdir -p -- {offload}, then set nvme_path / --nvme-path to {offload} "
+                   f"({q(p)} is mounted on {q(mp)})")
         elif e.get("kind") == "block device":
-            fix = ("mkdir -p /local_nvme && mount %s /local_nvme, then set nvme_path / --nvme-path to "
-                   "/local_nvme (the device needs a filesystem first; lsblk -f %s shows it)" % (q(p), q(p)))
+            fix = (f"mkdir -p /local_nvme && mount {q(p)} /local_nvme, then set nvme_path / --nvme-path to "
+                   f"/local_nvme (the device needs a filesystem first; lsblk -f {q(p)} shows it)")
         else:
             fix = "set nvme_path / --nvme-path to a directory, e.g. mkdir -p /local_nvme/offload"
-        return Finding(Status.FAIL, "nvme path %s is a %s, not a directory (DeepSpeed writes its swap "
-                                    "files into nvme_path)" % (p, e.get("kind") or "non-directory"), fix)
+        return Finding(Status.FAIL, f"nvme path {p} is a {e.get('kind') or 'non-directory'}, not a directory "
+                                    "(DeepSpeed writes its swap files into nvme_path)", fix)
     if not e.get("writable"):
-        return Finding(Status.FAIL, "nvme path %s is not writable by uid %s: %s (expected a directory "
-                                    "the training user can create files in)"
-                       % (where, e.get("uid", "?"), e.get("error") or "?"),
-                       ("mount -o remount,rw %s" % q(str(e.get("mountpoint") or p)))
+        return Finding(Status.FAIL, f"nvme path {where} is not writable by uid {e.get('uid', '?')}: "
+                                    f"{e.get('error') or '?'} (expected a directory the training user can create "
+                                    "files in)",
+                       f"mount -o remount,rw {q(str(e.get('mountpoint') or p))}"
                        if "Read-only" in (e.get("error") or "") else
-                       "chown $(id -u):$(id -g) %s && chmod u+rwx %s  # run as root, with the training "
-                       "user's ids" % (q(p), q(p)))
+                       f"chown $(id -u):$(id -g) {q(p)} && chmod u+rwx {q(p)}  # run as root, with the training "
+                       "user's ids")
     return None
 
 
@@ -386,15 +382,14 @@ def _measure_error(e: Dict[str, Any], p: str, where: str, min_w: float, min_r: f
         bound = (e.get("test_bytes") or 0) / float(e.get("timeout_s") or 1)
         op_min = min_w if e["timed_out"] == "write" else min_r
         if bound < op_min:
-            return Finding(Status.WARN, "nvme path %s: %s, so %s throughput is below %s (expected "
-                                        ">= %s)" % (where, e["error"], e["timed_out"], _gb(bound),
-                                                    _gb(op_min)), _slow_fix(p, e.get("device")))
-        return Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]),
+            return Finding(Status.WARN, f"nvme path {where}: {e['error']}, so {e['timed_out']} throughput is below "
+                                        f"{_gb(bound)} (expected >= {_gb(op_min)})", _slow_fix(p, e.get("device")))
+        return Finding(Status.ERROR, f"nvme path {where}: could not measure: {e['error']}",
                        "rerun with a longer --timeout or a smaller [nvme] test_mib")
     if "Input/output error" in e["error"] or "No space left" in e["error"]:
-        return Finding(Status.FAIL, "nvme path %s: %s" % (where, e["error"]),
-                       "check the device: dmesg | tail -50; df -h %s" % q(p))
-    return Finding(Status.ERROR, "nvme path %s: could not measure: %s" % (where, e["error"]), _dd_fix(p))
+        return Finding(Status.FAIL, f"nvme path {where}: {e['error']}",
+                       f"check the device: dmesg | tail -50; df -h {q(p)}")
+    return Finding(Status.ERROR, f"nvme path {where}: could not measure: {e['error']}", _dd_fix(p))
 
 
 _NVME_DEVICE = re.compile(r"^(/dev/nvme[0-9]+n[0-9]+)(?:p[0-9]+)?$")
@@ -404,15 +399,15 @@ def _slow_fix(p: str, device: Any = None) -> str:
     # What backs the path (network/HDD filesystem?), and is the NVMe throttling (thermal, wear)? smart-log only for
     # the NVMe namespace the path is on: a fixed /dev/nvme0n1 was the wrong disk for a path on /dev/vda.
     m = _NVME_DEVICE.match(device) if isinstance(device, str) else None
-    health = "; nvme smart-log %s" % q(m.group(1)) if m else ""
-    return "findmnt -T %s; lsblk -o NAME,ROTA,TRAN,MODEL%s" % (q(p), health)
+    health = f"; nvme smart-log {q(m.group(1))}" if m else ""
+    return f"findmnt -T {q(p)}; lsblk -o NAME,ROTA,TRAN,MODEL{health}"
 
 
 def _dd_fix(p: str) -> str:
     """The dd test to paste: mktemp makes a fresh file (O_EXCL, mode 0600) rather than a fixed name, which another
     user of a shared directory could plant as a symlink to a file root would then overwrite."""
-    return ("f=$(mktemp -p %s .preflight-ddtest.XXXXXX) && dd if=/dev/zero of=\"$f\" bs=1M count=256 "
-            "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"" % q(p))
+    return (f"f=$(mktemp -p {q(p)} .preflight-ddtest.XXXXXX) && dd if=/dev/zero of=\"$f\" bs=1M count=256 "
+            "oflag=direct,nofollow conv=fdatasync,notrunc; rm -f -- \"$f\"")
 
 
 def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
@@ -422,8 +417,8 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
         for e in (r.get("metrics") or {}).get("paths") or []:
             for key, what in (("write_Bps", "write"), ("read_Bps", "read")):
                 if isinstance(e.get(key), (int, float)):
-                    out.append(PromSample("preflight_nvme_%s_bytes_per_second" % what, "dd %s rate of the nvme "
-                                          "path (O_DIRECT, unless the path refused it)" % what, "gauge",
+                    out.append(PromSample(f"preflight_nvme_{what}_bytes_per_second", f"dd {what} rate of the nvme "
+                                          "path (O_DIRECT, unless the path refused it)", "gauge",
                                           {"host": r["host"], "path": str(e.get("path"))}, float(e[key])))
     return out
 
