@@ -222,7 +222,8 @@ def build_interfaces(sysnet: Dict[str, Dict[str, Any]], addrs: Dict[str, Dict[st
         virtual = bool(s.get("sys_virtual")) or kind in ("loopback", "docker", "veth", "bridge")
         out.append({"name": name, "ipv4": list(a.get("ipv4", [])), "ipv6": list(a.get("ipv6", [])),
                     "operstate": oper, "speed_mbps": s.get("speed_mbps"), "mtu": mtu, "virtual": virtual,
-                    "kind": kind, "info_kind": kinds.get(name), "bridge_master": s.get("bridge_master")})
+                    "kind": kind, "info_kind": kinds.get(name), "bridge_master": s.get("bridge_master"),
+                    "arp_type": s.get("type")})
     return out
 
 

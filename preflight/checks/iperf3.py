@@ -17,6 +17,13 @@ Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the
 (one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
 side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
 
+Floors: besides the straggler comparison (hosts against each other) and the optional absolute ``min_gbps`` (FAIL),
+a host's median below ``link_rate_fraction`` of what its network's links report (/sys/class/net/IF/speed, the
+negotiated rate ethtool shows; the slowest host's, capped at ``streams`` x ``stream_cap_gbps`` since one TCP stream
+is CPU-bound) is a WARN: a healthy NIC gives iperf3 most of its line rate, so half of it means a duplex or speed
+mismatch, errors, or a leftover rate limit. A virtual NIC's speed (veth reports 10000, virtio -1) and IPoIB's (the IB
+rate, not TCP's) say nothing of the path: then there is no such floor, and the cluster row says so.
+
 Thresholds: [iperf3] in iperf3.toml beside this module.
 """
 from __future__ import annotations
@@ -50,6 +57,7 @@ CLUSTER = "*"
 LISTEN = "0A"
 SERVER_READY_S = 15.0     # iperf3 -s listens within milliseconds; the margin covers a loaded host
 AGENT_MARGIN_S = 20.0     # SSH channel + interpreter start + shipping the checks zip, per call
+ARPHRD_INFINIBAND = 32    # /sys/class/net/IF/type of an IPoIB interface (linux/if_arp.h)
 
 
 # --- pure helpers (coordinator and host) ---------------------------------------------------------------
@@ -136,15 +144,69 @@ def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[st
         devices: Dict[str, str] = {}
         addresses: Dict[str, str] = {}
         speeds: List[float] = []
+        link_mbps: Dict[str, Optional[int]] = {}
         for h in hosts:
             # Two NICs of one host on the same subnet: the first (by name) is measured; routing picks one too.
             net_dev, ip, speed = sorted((d, a, s) for n, d, a, s in per_host[h] if n == net)[0]
             devices[h], addresses[h] = net_dev, ip
             speeds.append(speed or 0)
+            link_mbps[h] = link_rate_mbps(facts_by_host.get(h) or {}, net_dev)
         networks.append({"network": net, "devices": devices, "addresses": addresses,
-                         "min_speed_mbps": min(speeds) or None})
+                         "min_speed_mbps": min(speeds) or None, "link_mbps": link_mbps})
     networks.sort(key=lambda n: (-float(n["min_speed_mbps"] or 0), ipaddress.ip_network(str(n["network"]))))
     return networks[:max(1, limit)], subnets
+
+
+def link_rate_mbps(iface_facts: Dict[str, Any], dev: str) -> Optional[int]:
+    """The rate a physical NIC reports (sysfs speed, Mb/s), or None: unknown (-1), a virtual device (veth reports a
+    fixed 10000 whatever carries its traffic), or IPoIB (the IB port's rate, far above what TCP over it reaches)."""
+    for itf in iface_facts.get("interfaces") or []:
+        if isinstance(itf, dict) and itf.get("name") == dev:
+            speed = itf.get("speed_mbps")
+            if itf.get("virtual") is not False or itf.get("arp_type") == ARPHRD_INFINIBAND:
+                return None
+            return speed if isinstance(speed, int) and not isinstance(speed, bool) and speed > 0 else None
+    return None
+
+
+def link_floor(net: Dict[str, Any], t: Mapping[str, Any]) -> Tuple[Optional[float], str]:
+    """(floor in Gbit/s, how it was set) for a network's medians from its reported link rates, or (None, why there
+    is none). The slowest host's link bounds every pair; `streams` x stream_cap_gbps bounds what iperf3's TCP streams
+    carry whatever the NIC."""
+    fraction = float(t.get("link_rate_fraction", 0) or 0)
+    if fraction <= 0:
+        return None, "no link-rate floor (link_rate_fraction = 0)"
+    rates = net.get("link_mbps")
+    if not isinstance(rates, dict) or not rates:
+        return None, "no link-rate floor: the link rates were not recorded"
+    unknown = sorted(h for h, r in rates.items() if not isinstance(r, int) or r <= 0)
+    if unknown:
+        shown = ", ".join(unknown[:8]) + (" and %d more" % (len(unknown) - 8) if len(unknown) > 8 else "")
+        return None, (f"no link-rate floor: link rate unknown on {shown} (a virtual NIC, IPoIB, or speed -1), so "
+                      f"only the hosts are compared with each other")
+    slowest = min(rates, key=lambda h: (rates[h], h))
+    link_gbps = rates[slowest] / 1000.0
+    cap = int(t.get("streams", 1)) * float(t.get("stream_cap_gbps", 0) or 0)
+    if 0 < cap < link_gbps:
+        basis = (f"{int(t.get('streams', 1))} TCP stream(s) x {rate(float(t['stream_cap_gbps']))} (below the "
+                 f"{rate(link_gbps)} link of {slowest})")
+        return fraction * cap, f"floor {rate(fraction * cap)}: {fraction:.0%} of {basis}"
+    dev = (net.get("devices") or {}).get(slowest)
+    return fraction * link_gbps, (f"floor {rate(fraction * link_gbps)}: {fraction:.0%} of the {rate(link_gbps)} link "
+                                  f"rate {slowest} {dev} reports")
+
+
+def _below_floor(links: Sequence[Dict[str, Any]], hosts: Sequence[str], floor: Optional[float]) -> List[str]:
+    """The hosts whose median over their successful links is below the floor."""
+    if floor is None:
+        return []
+    out = []
+    for h in hosts:
+        med = _median([ln["gbps"] for ln in links if h in (ln["src"], ln["dst"]) and not ln.get("error")
+                       and ln.get("gbps") is not None])
+        if med is not None and med < floor:
+            out.append(h)
+    return out
 
 
 def _median(values: Sequence[float]) -> Optional[float]:
@@ -369,14 +431,17 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
             # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
             # contention on a loaded host (another process starving its iperf3) passes. Doubt is met by measuring
             # more, not by failing; a healthy cluster costs nothing.
+            # A host below the link-rate floor is confirmed the same way before it is named.
+            floor = link_floor(net, t)[0]
             for _ in range(int(t["confirm"])):
                 doubt: Dict[str, Dict[str, Any]] = {}
                 named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), t, doubt)
-                if not named and not doubt:
+                slow = _below_floor(links, usable, floor)
+                if not named and not doubt and not slow:
                     break
                 if progress is not None:
                     progress.note("iperf3: measuring %s again to confirm %s"
-                                  % (net["network"], ", ".join(sorted(set(named) | set(doubt)))))
+                                  % (net["network"], ", ".join(sorted(set(named) | set(doubt) | set(slow)))))
                 net["remeasured"] = int(net.get("remeasured") or 0) + 1
                 links = best_links(links + _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t,
                                                        per_call, progress))
@@ -531,6 +596,11 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
     if min_gbps > 0 and med is not None and med < min_gbps:
         findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
                                 % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
+    floor, floor_basis = link_floor(judged, t)
+    if floor is not None and med is not None and med < floor and not (min_gbps > 0 and med < min_gbps):
+        findings.append(Finding(Status.WARN, f"{h}: median {rate(med)} over {len(mine_ok)} links on {where}, below "
+                                             f"the {floor_basis} (expected a healthy NIC to give iperf3 at least "
+                                             f"that)", _fix_slow(h, dev)))
     if h in blamed:
         bad = blamed[h]
         shown = "; ".join("%s->%s: %s" % (ln["src"], ln["dst"], ln["error"]) for ln in bad[:3])
@@ -553,7 +623,8 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
                    "(confidence: %s)" % (max_p, 100 * d["ratio"], rate(d["reference_gbps"]),
                                          _confidence(d, max_p)))
     metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
-               "median_gbps": med, "cluster_median_gbps": judged.get("median_gbps"),
+               "median_gbps": med, "cluster_median_gbps": judged.get("median_gbps"), "floor_gbps": floor,
+               "link_mbps": (judged.get("link_mbps") or {}).get(h),
                "links": [dict({k: ln.get(k) for k in ("src", "dst", "gbps", "retransmits", "error")},
                               **({"tests": ln["tests"]} if "tests" in ln else {})) for ln in mine],
                "by_network": {n["network"]: _median([ln["gbps"] for ln in ok_links(n)
@@ -601,6 +672,8 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
                "by_network": {n["network"]: n.get("median_gbps") for n in networks}, "rounds": facts.get("rounds"),
                "duration_s": facts.get("duration_s"),
                "remeasured": {n["network"]: n["remeasured"] for n in networks if n.get("remeasured")}}
+    floor, floor_basis = link_floor(judged, t)
+    metrics.update(floor_gbps=floor, floor=floor_basis)
     if not chosen:
         return Outcome(Status.FAIL, "no network reaches all hosts with iperf3 (%s)" % summary,
                        "see the hosts' iperf3 results: a firewall or a down interface blocks the tests", metrics)
@@ -611,7 +684,15 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
         message += "; stragglers: %s" % ", ".join("%s (%.0f%%)" % (h, s["ratio"] * 100) for h, s in stragglers.items())
     elif measured == 2:
         message += " (2 hosts: a slow link cannot be attributed to either of them)"
+    message += "; " + floor_basis
     status, problems, fixes = Status.PASS, [], []
+    if floor is not None and chosen["median_gbps"] < floor and not (min_gbps > 0 and chosen["median_gbps"] < min_gbps):
+        status = Status.WARN
+        problems.append(f"the best network's median {rate(chosen['median_gbps'])} is below its link-rate "
+                        f"{floor_basis}")
+        fixes.append("on every host: ethtool <nic> (negotiated speed/duplex), ip -s link show <nic> (errors), tc qdisc "
+                     "show dev <nic> (a leftover rate limit); with streams = 1, raise [iperf3] streams on links above "
+                     "~20 Gbit/s")
     if min_gbps > 0 and chosen["median_gbps"] < min_gbps:
         status = Status.FAIL
         problems.append("the best network's median %s is below the minimum %s" % (rate(chosen["median_gbps"]),
