@@ -168,7 +168,7 @@ def _identity(item: Any, position: int) -> str:
     if isinstance(item, dict):
         src, dst = item.get("src"), item.get("dst")
         if isinstance(src, (str, int)) and isinstance(dst, (str, int)) and not isinstance(src, bool):
-            return "%s->%s" % (src, dst)
+            return f"{src}->{dst}"
         for key in IDENTITY_KEYS:
             value = item.get(key)
             if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
@@ -198,10 +198,10 @@ def flatten(metrics: Mapping[str, Any], limit: int = MAX_METRICS_PER_RESULT) -> 
             for k, v in value.items():
                 if depth == 0 and k in NOT_RECORDED:
                     continue
-                walk(v, "%s.%s" % (key, k) if key else str(k), depth + 1)
+                walk(v, f"{key}.{k}" if key else str(k), depth + 1)
         elif isinstance(value, (list, tuple)) and key:
             for i, v in enumerate(value[:MAX_LIST_ITEMS]):
-                walk(v, "%s[%s]" % (key, _identity(v, i)), depth + 1)
+                walk(v, f"{key}[{_identity(v, i)}]", depth + 1)
 
     if isinstance(metrics, dict):
         walk(metrics, "", 0)
@@ -262,17 +262,17 @@ class Drop:
         unit, scale = _unit(self.key)
         value, median = _num(self.value / scale, unit), _num(self.median / scale, unit)
         if self.better == "higher":
-            how = "is %.0f%% of" % (100 * self.ratio)
+            how = f"is {100 * self.ratio:.0f}% of"
         else:
-            how = "is %.2gx" % self.ratio
-        runs = "the last %d runs" % self.runs if self.runs != 1 else "its last run"
-        return "%s %s %s %s %s its median of %s (%s); robust z %+.1f, %s" % (
-            display_host(self.host), self.check, self.key, value, how, runs, median, self.z, p_text(self.z, max_p))
+            how = f"is {self.ratio:.2g}x"
+        runs = f"the last {self.runs} runs" if self.runs != 1 else "its last run"
+        return (f"{display_host(self.host)} {self.check} {self.key} {value} {how} its median of {runs} ({median}); "
+                f"robust z {self.z:+.1f}, {p_text(self.z, max_p)}")
 
     def fix(self) -> str:
         host = display_host(self.host)
-        return ("compare with its own past: preflight history %s --check %s (a disk, link or GPU that wears or was "
-                "reconfigured drops against its own runs before it leaves the fleet's spread)" % (host, self.check))
+        return (f"compare with its own past: preflight history {host} --check {self.check} (a disk, link or GPU that "
+                "wears or was reconfigured drops against its own runs before it leaves the fleet's spread)")
 
     def to_dict(self) -> Dict[str, Any]:
         return {"key": self.key, "value": self.value, "median": self.median, "runs": self.runs,
@@ -290,7 +290,7 @@ def _unit(key: str) -> Tuple[str, float]:
 
 
 def _num(x: float, unit: str) -> str:
-    return ("%.3g %s" % (x, unit)) if unit else "%.3g" % x
+    return f"{x:.3g} {unit}" if unit else f"{x:.3g}"
 
 
 def judge(value: float, past: Sequence[float], better: str, settings: Settings) -> Optional[Tuple[float, float, float]]:
@@ -322,7 +322,7 @@ def trend(key: str, value: float, past: Sequence[float], better: str, flagged: b
     med, sigma, _ = robust_z(past, value, settings.noise_floor)
     sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
     def num(x: float) -> float:
-        return float("%.6g" % x)
+        return float(f"{x:.6g}")
     return {"key": key, "value": num(value), "series": [num(x) for x in past[-TREND_POINTS:]], "median": num(med),
             "low": num(med - settings.z_threshold * sigma), "high": num(med + settings.z_threshold * sigma),
             "better": better, "flagged": flagged}
@@ -371,7 +371,7 @@ def new_run_id(now: Optional[float] = None) -> str:
     """``20250107-141503-3fa2``: sortable by time, and short to type. A thousand nodes' health checks in one second
     can draw one twice: ``Store.record`` draws again when the id is taken."""
     stamp = _dt.datetime.fromtimestamp(time.time() if now is None else now).strftime("%Y%m%d-%H%M%S")
-    return "%s-%s" % (stamp, uuid.uuid4().hex[:4])
+    return f"{stamp}-{uuid.uuid4().hex[:4]}"
 
 
 def _why(exc: BaseException) -> str:
@@ -386,29 +386,29 @@ class Store:
         self.path = path
         self.readonly = readonly
         if readonly and not path.is_file():
-            raise HistoryError("%s: no history there yet (a run records it; or pass --history PATH)" % path)
+            raise HistoryError(f"{path}: no history there yet (a run records it; or pass --history PATH)")
         try:
             if readonly:
-                self.db = sqlite3.connect("file:%s?mode=ro" % _uri_path(path), uri=True, timeout=busy_timeout_s,
+                self.db = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True, timeout=busy_timeout_s,
                                           isolation_level=None)
             else:
                 if path.parent.exists() and not path.parent.is_dir():  # mkdir would only say "File exists"
-                    raise HistoryError("%s: %s is not a directory; pass --history PATH" % (path, path.parent))
+                    raise HistoryError(f"{path}: {path.parent} is not a directory; pass --history PATH")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.db = sqlite3.connect(str(path), timeout=busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
-            raise HistoryError("%s: %s" % (path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{path}: {_sqlite_why(exc)}") from None
         except OSError as exc:
-            raise HistoryError("%s: %s" % (path, _why(exc))) from None
+            raise HistoryError(f"{path}: {_why(exc)}") from None
         try:
-            self.db.execute("PRAGMA busy_timeout = %d" % int(busy_timeout_s * 1000))
+            self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             if not readonly:
                 self._wal(busy_timeout_s)
                 self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at each checkpoint, never corrupt
             self.version = self._migrate()
         except sqlite3.Error as exc:
             self.close()
-            raise HistoryError("%s: %s" % (path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{path}: {_sqlite_why(exc)}") from None
         except HistoryError:
             self.close()
             raise
@@ -430,8 +430,9 @@ class Store:
         tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "schema_version" not in tables:
             if tables:
-                raise HistoryError("%s: not a preflight history (it has tables %s); move it away or pass --history "
-                                   "PATH" % (self.path, ", ".join(sorted(tables))[:100]))
+                found = ", ".join(sorted(tables))[:100]
+                raise HistoryError(f"{self.path}: not a preflight history (it has tables {found}); move it away or "
+                                   "pass --history PATH")
             return 0
         row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
         return int(row[0] or 0)
@@ -440,11 +441,11 @@ class Store:
         version = self._schema_version()
         if self.readonly:  # reading needs no migration: the tables it reads are the first schema's
             if version == 0:
-                raise HistoryError("%s: no history there yet (a run records it)" % self.path)
+                raise HistoryError(f"{self.path}: no history there yet (a run records it)")
             return version
         if version > SCHEMA_VERSION:
-            raise HistoryError("%s: written by a newer preflight (schema %d; this one knows %d); upgrade preflight "
-                               "or pass --history PATH" % (self.path, version, SCHEMA_VERSION))
+            raise HistoryError(f"{self.path}: written by a newer preflight (schema {version}; this one knows "
+                               f"{SCHEMA_VERSION}); upgrade preflight or pass --history PATH")
         if version == SCHEMA_VERSION:
             return version
         self.db.execute("BEGIN IMMEDIATE")
@@ -493,19 +494,19 @@ class Store:
             for key in wanted:  # one key at a time: the primary key's prefix, not the host's whole history
                 values = [float(v) for v, in self.db.execute(
                     "SELECT m.value FROM metrics m JOIN names n ON n.id = m.name WHERE n.check_name = ? "
-                    "AND n.key = ? AND m.host = ? AND m.run IN (%s) ORDER BY m.run" % marks,
+                    f"AND n.key = ? AND m.host = ? AND m.run IN ({marks}) ORDER BY m.run",
                     (check, key, host_id, *ids))]
                 if values:
                     out[key] = values
             return out
         except sqlite3.Error as exc:
-            raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{self.path}: {_sqlite_why(exc)}") from None
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
         try:
             return list(self.db.execute(sql, tuple(params)))
         except sqlite3.Error as exc:
-            raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{self.path}: {_sqlite_why(exc)}") from None
 
     # -- writing --------------------------------------------------------------------------------------------
     def record(self, started: float, kind: str, hosts: Sequence[str], exit_code: Optional[int],
@@ -543,18 +544,18 @@ class Store:
                 raise
             return run_id
         except sqlite3.Error as exc:
-            raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{self.path}: {_sqlite_why(exc)}") from None
 
     def _ids(self, table: str, columns: Tuple[str, ...],
              values: Sequence[Tuple[str, ...]]) -> Dict[Tuple[str, ...], int]:
         """{values: id} of a name table's rows, added where new (inside the caller's transaction)."""
         cols = ", ".join(columns)
-        match = " AND ".join("%s = ?" % c for c in columns)
-        self.db.executemany("INSERT OR IGNORE INTO %s (%s) VALUES (%s)" % (table, cols, ", ".join("?" * len(columns))),
-                            values)
+        match = " AND ".join(f"{c} = ?" for c in columns)
+        marks = ", ".join("?" * len(columns))
+        self.db.executemany(f"INSERT OR IGNORE INTO {table} ({cols}) VALUES ({marks})", values)
         out = {}
         for v in values:
-            out[v] = int(self.db.execute("SELECT id FROM %s WHERE %s" % (table, match), v).fetchone()[0])
+            out[v] = int(self.db.execute(f"SELECT id FROM {table} WHERE {match}", v).fetchone()[0])
         return out
 
     def prune(self, older_than: float) -> int:
@@ -568,7 +569,7 @@ class Store:
                     self.db.execute("DELETE FROM gone")
                     self.db.executemany("INSERT INTO gone (id) VALUES (?)", [(i,) for i in ids])
                     for table in ("metrics", "results"):
-                        self.db.execute("DELETE FROM %s WHERE run IN (SELECT id FROM gone)" % table)
+                        self.db.execute(f"DELETE FROM {table} WHERE run IN (SELECT id FROM gone)")
                     self.db.execute("DELETE FROM runs WHERE id IN (SELECT id FROM gone)")
                 self.db.execute("COMMIT")
             except BaseException:
@@ -579,7 +580,7 @@ class Store:
                 self.db.execute("VACUUM")  # give the space back: pruning is when a site wants the file smaller
             return len(ids)
         except sqlite3.Error as exc:
-            raise HistoryError("%s: %s" % (self.path, _sqlite_why(exc))) from None
+            raise HistoryError(f"{self.path}: {_sqlite_why(exc)}") from None
 
 
 def _uri_path(path: Path) -> str:
@@ -590,11 +591,11 @@ def _uri_path(path: Path) -> str:
 def _sqlite_why(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if "not a database" in text or "malformed" in text:
-        return "%s (corrupt? move it away, or pass --history PATH or --no-history)" % text
+        return f"{text} (corrupt? move it away, or pass --history PATH or --no-history)"
     if "locked" in text or "busy" in text:
-        return "%s (another preflight held it past the busy timeout, [history] busy_timeout_s)" % text
+        return f"{text} (another preflight held it past the busy timeout, [history] busy_timeout_s)"
     if "readonly" in text or "unable to open" in text:
-        return "%s (check the file's and its directory's permissions, or pass --history PATH)" % text
+        return f"{text} (check the file's and its directory's permissions, or pass --history PATH)"
     return text
 
 
@@ -622,7 +623,7 @@ class Recorder:
     def warn(self, text: str) -> None:
         if not self.warned:
             self.warned = True
-            self._warn("history: %s; this run goes on without history" % text)
+            self._warn(f"history: {text}; this run goes on without history")
 
     def cells(self, entries: Iterable[Tuple[str, str, Any]], hosts: Sequence[str]) -> List[Cell]:
         """A Cell per (host, check, result) with its context and figures (flattened before any baseline WARN)."""
@@ -692,7 +693,7 @@ class Recorder:
 
 
 def _stderr_warning(text: str) -> None:
-    print("preflight: warning: %s" % text, file=sys.stderr, flush=True)
+    print(f"preflight: warning: {text}", file=sys.stderr, flush=True)
 
 
 def context(check: str, host: str, hosts: Sequence[str], thresholds: Mapping[str, Any]) -> str:
@@ -754,7 +755,7 @@ def parse_age(text: str, option: str) -> float:
     """Seconds of ``7d``, ``12h``, ``30m``, ``2w``, ``90s``; ValueError naming the option otherwise."""
     m = _AGE.match(text or "")
     if not m or float(m.group(1)) <= 0:
-        raise ValueError("%s %r is not an age; give a number and a unit, e.g. 7d, 12h, 30m, 2w" % (option, text))
+        raise ValueError(f"{option} {text!r} is not an age; give a number and a unit, e.g. 7d, 12h, 30m, 2w")
     return float(m.group(1)) * _AGE_SECONDS[m.group(2)]
 
 
@@ -774,7 +775,7 @@ class Run:
 
     def title(self) -> str:
         n = len(self.hosts)
-        return "%s (%s, %s, %d host%s)" % (self.run_id, self.when(), self.kind, n, "" if n == 1 else "s")
+        return f"{self.run_id} ({self.when()}, {self.kind}, {n} host{'' if n == 1 else 's'})"
 
 
 _RUN_COLUMNS = "id, run_id, started, kind, hosts, exit_code, version, commit_id"
@@ -790,7 +791,7 @@ def _run(row: Sequence[Any]) -> Run:
 
 def runs(store: Store, since: Optional[float] = None, host: Optional[str] = None) -> List[Run]:
     """The runs in time order, since a unix time, and with a host, if given."""
-    sql = "SELECT %s FROM runs" % _RUN_COLUMNS
+    sql = f"SELECT {_RUN_COLUMNS} FROM runs"
     where: List[str] = []
     params: List[Any] = []
     if since is not None:
@@ -807,28 +808,29 @@ def runs(store: Store, since: Optional[float] = None, host: Optional[str] = None
 def find_run(store: Store, text: str) -> Run:
     """A run by its id, a unique prefix of it, or ``last``; HistoryError naming what matched otherwise."""
     if text == "last":
-        rows = store.query("SELECT %s FROM runs ORDER BY id DESC LIMIT 1" % _RUN_COLUMNS)
+        rows = store.query(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT 1")
         if not rows:
-            raise HistoryError("%s: no run recorded yet" % store.path)
+            raise HistoryError(f"{store.path}: no run recorded yet")
         return _run(rows[0])
     like = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    rows = store.query("SELECT %s FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3" % _RUN_COLUMNS,
+    rows = store.query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3",
                        (like,))
     if not rows:
-        raise HistoryError("no run %r in %s (`preflight history` lists them)" % (text, store.path))
+        raise HistoryError(f"no run {text!r} in {store.path} (`preflight history` lists them)")
     if len(rows) > 1 and not any(r[1] == text for r in rows):
-        raise HistoryError("run %r is ambiguous in %s: %s, ..." % (text, store.path, ", ".join(r[1] for r in rows[:2])))
+        first = ", ".join(r[1] for r in rows[:2])
+        raise HistoryError(f"run {text!r} is ambiguous in {store.path}: {first}, ...")
     return _run(next((r for r in rows if r[1] == text), rows[0]))
 
 
 def previous_run(store: Store, run: Run) -> Run:
     """The last run before ``run`` of the same kind that shares a host with it (``--against last``)."""
-    for row in store.query("SELECT %s FROM runs WHERE id < ? AND kind = ? ORDER BY id DESC LIMIT 1000"
-                           % _RUN_COLUMNS, (run.row, run.kind)):
+    for row in store.query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id < ? AND kind = ? ORDER BY id DESC LIMIT 1000",
+                           (run.row, run.kind)):
         candidate = _run(row)
         if set(candidate.hosts) & set(run.hosts):
             return candidate
-    raise HistoryError("%s: no %s run before %s with any of its hosts" % (store.path, run.kind, run.run_id))
+    raise HistoryError(f"{store.path}: no {run.kind} run before {run.run_id} with any of its hosts")
 
 
 def _cells(store: Store, run: Run) -> Dict[Tuple[str, str], Tuple[str, str, str]]:
@@ -852,30 +854,29 @@ def diff_lines(store: Store, a: Run, b: Run, settings: Settings) -> List[str]:
     """What changed from run a to run b: new failures, fixed hosts (and cells), and the declared figures that
     moved significantly (judged as a baseline is: against the host's own past spread, or the noise floor)."""
     before, after = _cells(store, a), _cells(store, b)
-    lines = ["preflight diff: %s -> %s" % (a.title(), b.title())]
+    lines = [f"preflight diff: {a.title()} -> {b.title()}"]
     new = [(k, v) for k, v in sorted(after.items()) if v[0] in BAD and (k not in before or before[k][0] not in BAD)]
-    lines.append("new failures: %d" % len(new))
+    lines.append(f"new failures: {len(new)}")
     for (host, check), (status, message, _) in new:
         was = before.get((host, check), ("not run",))[0]
-        lines.append("  %s::%s %s (was %s) - %s" % (display_host(host), check, _word(status), was.upper(),
-                                                  message[:200]))
+        lines.append(f"  {display_host(host)}::{check} {_word(status)} (was {was.upper()}) - {message[:200]}")
     fixed_cells = [(k, before[k][0], v[0]) for k, v in sorted(after.items())
                    if k in before and before[k][0] in BAD and v[0] not in BAD]
     bad_before = {h for (h, _), v in before.items() if v[0] in BAD}
     bad_after = {h for (h, _), v in after.items() if v[0] in BAD}
     hosts_b = {h for h, _ in after}
     fixed_hosts = [h for h in b.hosts + [CLUSTER] if h in bad_before and h in hosts_b and h not in bad_after]
-    lines.append("fixed hosts: %d%s" % (len(fixed_hosts), (" (%s)" % ", ".join(display_host(h) for h in fixed_hosts))
-                                        if fixed_hosts else ""))
+    named = f" ({', '.join(display_host(h) for h in fixed_hosts)})" if fixed_hosts else ""
+    lines.append(f"fixed hosts: {len(fixed_hosts)}{named}")
     for (host, check), was, now in fixed_cells:
         still = "" if host not in bad_after else " (the host still fails elsewhere)"
-        lines.append("  %s::%s %s -> %s%s" % (display_host(host), check, was.upper(), now.upper(), still))
+        lines.append(f"  {display_host(host)}::{check} {was.upper()} -> {now.upper()}{still}")
     moved = _moved(store, a, b, before, after, settings)
-    lines.append("metrics that moved: %d" % len(moved))
+    lines.append(f"metrics that moved: {len(moved)}")
     lines.extend("  " + m for m in moved)
     gone = sorted(set(a.hosts) - set(b.hosts))
     if gone:
-        lines.append("hosts only in %s: %s" % (a.run_id, ", ".join(gone)))
+        lines.append(f"hosts only in {a.run_id}: {', '.join(gone)}")
     return lines
 
 
@@ -905,9 +906,8 @@ def _moved(store: Store, a: Run, b: Run, before: Mapping[Tuple[str, str], Tuple[
             better = direction(patterns, key)
             worse = (change < 0) == (better == "higher")
             unit, scale = _unit(key)
-            out.append("%s::%s %s %s -> %s (%+.0f%%, %s; z %+.1f)" % (
-                display_host(host), check, key, _num(x / scale, unit), _num(y / scale, unit), 100 * change,
-                "worse" if worse else "better", z))
+            out.append(f"{display_host(host)}::{check} {key} {_num(x / scale, unit)} -> {_num(y / scale, unit)} "
+                       f"({100 * change:+.0f}%, {'worse' if worse else 'better'}; z {z:+.1f})")
     return out
 
 
@@ -916,13 +916,12 @@ def history_lines(store: Store, host: Optional[str], check: Optional[str], since
     if host is None:
         found = runs(store, since)
         if not found:
-            return ["no runs recorded%s in %s" % (" in that period" if since else "", store.path)]
+            return [f"no runs recorded{' in that period' if since else ''} in {store.path}"]
         width = max(len(r.run_id) for r in found)
-        lines = ["%-*s  %-19s  %-10s  %5s  %s" % (width, "run", "time", "kind", "hosts", "failed cells")]
+        lines = [f"{'run':<{width}}  {'time':<19}  {'kind':<10}  {'hosts':>5}  failed cells"]
         bad = dict(store.query("SELECT run, COUNT(*) FROM results WHERE status IN ('fail', 'error') GROUP BY run"))
         for r in found:
-            lines.append("%-*s  %s  %-10s  %5d  %d" % (width, r.run_id, r.when(), r.kind, len(r.hosts),
-                                                       bad.get(r.row, 0)))
+            lines.append(f"{r.run_id:<{width}}  {r.when()}  {r.kind:<10}  {len(r.hosts):>5}  {bad.get(r.row, 0)}")
         return lines
     key = CLUSTER if host == "cluster" else host
     sql = ("SELECT r.id, r.run_id, r.started, x.check_name, x.status, x.message FROM result_rows x JOIN runs r "
@@ -936,26 +935,27 @@ def history_lines(store: Store, host: Optional[str], check: Optional[str], since
         params.append(since)
     rows = store.query(sql + " ORDER BY r.id, x.check_name", params)
     if not rows:
-        return ["no results of %s%s recorded%s in %s" % (host, " for " + check if check else "",
-                                                         " in that period" if since else "", store.path)]
+        of_check = " for " + check if check else ""
+        period = " in that period" if since else ""
+        return [f"no results of {host}{of_check} recorded{period} in {store.path}"]
     figures: Dict[Tuple[int, str], List[Tuple[str, float]]] = {}
     runs_of = sorted({r[0] for r in rows})
     marks = ",".join("?" * len(runs_of))
-    for run, c, k, v in store.query("SELECT run, check_name, key, value FROM metric_rows WHERE host = ? AND run IN (%s)"
-                                    % marks, (key, *runs_of)):
+    figures_sql = f"SELECT run, check_name, key, value FROM metric_rows WHERE host = ? AND run IN ({marks})"
+    for run, c, k, v in store.query(figures_sql, (key, *runs_of)):
         figures.setdefault((run, c), []).append((k, float(v)))
     width = max(len(r[3]) for r in rows)
-    lines = ["%s: %d run%s" % (host, len(runs_of), "" if len(runs_of) == 1 else "s")]
+    lines = [f"{host}: {len(runs_of)} run{'' if len(runs_of) == 1 else 's'}"]
     patterns: Dict[str, List[Tuple["re.Pattern[str]", str]]] = {}
     for run, run_id, started, c, status, message in rows:
         if c not in patterns:
             patterns[c] = declared(c)
         shown = [(k, v) for k, v in sorted(figures.get((run, c), [])) if check or direction(patterns[c], k)]
-        text = "  ".join("%s %s" % (k, _num(v / _unit(k)[1], _unit(k)[0])) for k, v in shown[:8 if check else 4])
+        text = "  ".join(f"{k} {_num(v / _unit(k)[1], _unit(k)[0])}" for k, v in shown[:8 if check else 4])
         if status in KEEP_MESSAGE and message:
             text = (text + "  " if text else "") + "- " + message[:160]
         when = _dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S")
-        lines.append(("%s  %s  %-*s  %-5s  %s" % (when, run_id, width, c, status.upper(), text)).rstrip())
+        lines.append(f"{when}  {run_id}  {c:<{width}}  {status.upper():<5}  {text}".rstrip())
     return lines
 
 
@@ -964,7 +964,7 @@ def size_line(path: Path) -> str:
         size = sum(p.stat().st_size for p in (path, Path(str(path) + "-wal")) if p.exists())
     except OSError:
         return ""
-    return "%d bytes" % size
+    return f"{size} bytes"
 
 
 def main_history(path: Path, host: Optional[str], check: Optional[str], since: Optional[str],
@@ -985,8 +985,8 @@ def main_history(path: Path, host: Optional[str], check: Optional[str], since: O
                 gone = store.prune(time.time() - age)
             finally:
                 store.close()
-            print("pruned %d run%s older than %s from %s (%s -> %s)" % (
-                gone, "" if gone == 1 else "s", keep, path, before, size_line(path)), file=out)
+            plural = "" if gone == 1 else "s"
+            print(f"pruned {gone} run{plural} older than {keep} from {path} ({before} -> {size_line(path)})", file=out)
             return 0
         cutoff = time.time() - parse_age(since, "--since") if since else None
         store = Store(path, settings.busy_timeout_s, readonly=True)
@@ -995,7 +995,7 @@ def main_history(path: Path, host: Optional[str], check: Optional[str], since: O
         finally:
             store.close()
     except (ValueError, HistoryError) as exc:
-        print("preflight history: error: %s" % exc, file=err)
+        print(f"preflight history: error: {exc}", file=err)
         return 2
     out.write("\n".join(lines) + "\n")
     return 0
@@ -1026,7 +1026,7 @@ def main_diff(path: Path, run_a: Optional[str], run_b: Optional[str], against: O
         finally:
             store.close()
     except (ValueError, HistoryError) as exc:
-        print("preflight diff: error: %s" % exc, file=err)
+        print(f"preflight diff: error: {exc}", file=err)
         return 2
     out.write("\n".join(lines) + "\n")
     return 0
