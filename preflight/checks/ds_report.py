@@ -60,7 +60,7 @@ try:
     out["torch"] = str(torch.__version__)
     out["torch_cuda"] = getattr(torch.version, "cuda", None)
 except Exception as exc:
-    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+    out["torch_error"] = f"{type(exc).__name__}: {exc}"
 try:
     import ninja  # noqa: F401 - what DeepSpeed's jit_load and ds_report test
     out["ninja_module"] = True
@@ -95,10 +95,10 @@ if out["installed"]:
                 entry["note"] = str(note)[:500] if note else None
             except Exception as exc:
                 entry["compatible"] = False
-                entry["note"] = "is_compatible raised %s: %s" % (type(exc).__name__, str(exc)[:300])
+                entry["note"] = f"is_compatible raised {type(exc).__name__}: {str(exc)[:300]}"
             out["ops"][name] = entry
     except Exception as exc:
-        out["import_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:500])
+        out["import_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
 else:
     out["import_error"] = "ModuleNotFoundError: No module named 'deepspeed'"
 sys.stdout.flush()
@@ -203,9 +203,9 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         res = sh([sys.executable, "-c", script], timeout=ctx.remaining(240))
     api = parse_api_output(res.out)
     if api is None:
-        facts["api_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()[-500:]))
+        facts["api_error"] = f"rc={res.rc}: {(res.err or res.out).strip()[-500:]}"
         if res.rc == 124:
-            facts["tool_timeout"] = "DeepSpeed op report timed out after %.0fs" % res.duration
+            facts["tool_timeout"] = f"DeepSpeed op report timed out after {res.duration:.0f}s"
     else:
         for key in ("deepspeed", "torch", "torch_cuda", "installed", "import_error", "ninja_module"):
             facts[key] = api.get(key)
@@ -224,9 +224,9 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
             if parsed["shm_bytes"] is not None and facts["shm_bytes"] is None:
                 facts["shm_bytes"] = parsed["shm_bytes"]
         else:
-            facts["ds_report_error"] = ("rc=%d: %s" % (rep.rc, (rep.err or rep.out).strip()[-300:]))
+            facts["ds_report_error"] = f"rc={rep.rc}: {(rep.err or rep.out).strip()[-300:]}"
             if rep.rc == 124:
-                facts["tool_timeout"] = "ds_report timed out after %.0fs" % rep.duration
+                facts["tool_timeout"] = f"ds_report timed out after {rep.duration:.0f}s"
     facts["ninja"] = bool(facts["ninja_module"]) and facts["ninja_binary"] is not None
     # What a JIT build would use here (CUDA_HOME and its nvcc, the C++ compiler, DS_SKIP_CUDA_CHECK): an op that is
     # compatible but not pre-built is usable only if its build can run (hostside/jit.py).
@@ -240,8 +240,8 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------
 
 def _op_fix(name: str) -> str:
-    return OP_FIXES.get(name, "run `ds_report` on this host to see why %s is not compatible and install what its "
-                              "warning names" % name)
+    return OP_FIXES.get(name, f"run `ds_report` on this host to see why {name} is not compatible and install what "
+                              "its warning names")
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -257,9 +257,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if not facts.get("deepspeed"):
         return _without_deepspeed(facts, python, required, metrics)
     if not facts.get("source"):
-        return error("DeepSpeed %s imports but its op table could not be read (%s; ds_report: %s)" % (
-            facts.get("deepspeed"), facts.get("import_error") or facts.get("api_error"), facts.get("ds_report_error")),
-            "run `ds_report` on the host by hand", **metrics)
+        why = facts.get("import_error") or facts.get("api_error")
+        return error(f"DeepSpeed {facts.get('deepspeed')} imports but its op table could not be read ({why}; "
+                     f"ds_report: {facts.get('ds_report_error')})", "run `ds_report` on the host by hand", **metrics)
 
     ops: Dict[str, Dict[str, Any]] = facts.get("ops") or {}
     findings = _op_findings(ops, required, ignore, facts.get("deepspeed"))
@@ -276,10 +276,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     why_not = ""
     if unbuildable:
         reasons = sorted({b.short for op in unbuildable for b in jit.blockers(op, facts) if b.status == Status.FAIL})
-        why_not = " (%d compatible but not buildable here: %s)" % (len(unbuildable), "; ".join(reasons))
-    ok = "DeepSpeed %s (torch %s, via %s): %d/%d ops usable%s%s; ninja present; /dev/shm %s MiB" % (
-        facts.get("deepspeed"), facts.get("torch"), facts.get("source"), len(usable), len(ops), why_not,
-        ", required %s usable" % required if required else "", (shm or 0) // 1048576)
+        why_not = f" ({len(unbuildable)} compatible but not buildable here: {'; '.join(reasons)})"
+    required_usable = f", required {required} usable" if required else ""
+    ok = (f"DeepSpeed {facts.get('deepspeed')} (torch {facts.get('torch')}, via {facts.get('source')}): "
+          f"{len(usable)}/{len(ops)} ops usable{why_not}{required_usable}; ninja present; "
+          f"/dev/shm {(shm or 0) // 1048576} MiB")
     metrics["ops_usable"] = len(usable)
     metrics["ops_unbuildable"] = unbuildable
     metrics["ops_total"] = len(ops)
@@ -290,23 +291,23 @@ def _without_deepspeed(facts: Dict[str, Any], python: str, required: List[str], 
     """No DeepSpeed version: it does not import (FAIL), the report could not be had (ERROR), or it is not installed
     (FAIL when ops are required, else SKIP)."""
     if facts.get("installed") and facts.get("import_error"):
-        return combine([Finding(Status.FAIL, "DeepSpeed is installed for %s but `import deepspeed` fails: %s"
-                                % (python, facts["import_error"]),
-                                "%s -m pip install --force-reinstall deepspeed, then check with %s -c 'import "
-                                "deepspeed'" % (python, python))], "", metrics)
+        return combine([Finding(Status.FAIL, f"DeepSpeed is installed for {python} but `import deepspeed` fails: "
+                                f"{facts['import_error']}",
+                                f"{python} -m pip install --force-reinstall deepspeed, then check with {python} -c "
+                                "'import deepspeed'")], "", metrics)
     if facts.get("tool_timeout"):
-        return error("could not get DeepSpeed's op report: %s" % facts["tool_timeout"],
+        return error(f"could not get DeepSpeed's op report: {facts['tool_timeout']}",
                      "run `ds_report` on the host by hand", **metrics)
     if facts.get("installed") is None and facts.get("api_error"):
-        return error("could not run the DeepSpeed op report (child %s: %s; ds_report: %s)" % (
-            python, facts["api_error"], facts.get("ds_report_error")),
-            "run `%s -c 'import deepspeed'` and `ds_report` on the host by hand" % shlex.quote(str(python)),
-            **metrics)
-    reason = "DeepSpeed is not installed for %s (%s) and no ds_report is on PATH" % (
-        python, facts.get("import_error") or facts.get("api_error") or "not importable")
-    fix = "%s -m pip install deepspeed" % shlex.quote(str(python))
+        return error(f"could not run the DeepSpeed op report (child {python}: {facts['api_error']}; ds_report: "
+                     f"{facts.get('ds_report_error')})",
+                     f"run `{shlex.quote(str(python))} -c 'import deepspeed'` and `ds_report` on the host by hand",
+                     **metrics)
+    why = facts.get("import_error") or facts.get("api_error") or "not importable"
+    reason = f"DeepSpeed is not installed for {python} ({why}) and no ds_report is on PATH"
+    fix = f"{shlex.quote(str(python))} -m pip install deepspeed"
     if required:
-        return combine([Finding(Status.FAIL, reason + ", but required_ops = %s" % required, fix)], "", metrics)
+        return combine([Finding(Status.FAIL, reason + f", but required_ops = {required}", fix)], "", metrics)
     return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)
 
 
@@ -318,21 +319,21 @@ def _op_findings(ops: Dict[str, Dict[str, Any]], required: List[str], ignore: Se
     for op in required:
         entry = ops.get(op)
         if entry is None:
-            findings.append(Finding(Status.FAIL, "required op %r is not a DeepSpeed %s op (known: %s)" % (
-                op, deepspeed, ", ".join(sorted(ops))),
-                "fix the name in [ds_report] required_ops"))
+            findings.append(Finding(Status.FAIL, f"required op {op!r} is not a DeepSpeed {deepspeed} op (known: "
+                                    f"{', '.join(sorted(ops))})",
+                                    "fix the name in [ds_report] required_ops"))
         elif not entry.get("installed") and not entry.get("compatible"):
-            findings.append(Finding(Status.FAIL, "required op %s is neither pre-built nor compatible for a JIT "
-                                                 "build (installed NO, compatible NO)%s" % (
-                                                     op, ": " + entry["note"] if entry.get("note") else ""),
+            note = ": " + entry["note"] if entry.get("note") else ""
+            findings.append(Finding(Status.FAIL, f"required op {op} is neither pre-built nor compatible for a JIT "
+                                                 f"build (installed NO, compatible NO){note}",
                                     _op_fix(op)))
     for op, entry in sorted(ops.items()):
         if op in required or op in ignore:
             continue
         if not entry.get("installed") and not entry.get("compatible"):
-            findings.append(Finding(Status.WARN, "op %s is not compatible (cannot be JIT-built here)%s" % (
-                op, ": " + entry["note"] if entry.get("note") else ""),
-                _op_fix(op) + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
+            note = ": " + entry["note"] if entry.get("note") else ""
+            findings.append(Finding(Status.WARN, f"op {op} is not compatible (cannot be JIT-built here){note}",
+                                    _op_fix(op) + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
     return findings
 
 
@@ -344,11 +345,12 @@ def _no_ninja(facts: Dict[str, Any], ops: Dict[str, Dict[str, Any]], required: L
         missing.append("the ninja Python package (DeepSpeed checks `import ninja`)")
     if not facts.get("ninja_binary") and facts.get("source") == "api":
         missing.append("the ninja binary on PATH (torch's JIT build runs `ninja --version`)")
+    what = "; ".join(missing) or "not found"
+    required_jit = f"; required ops needing JIT: {needs_jit}" if needs_jit else ""
     return Finding(
         Status.FAIL if needs_jit else Status.WARN,
-        "ninja is missing (%s): ops that are not pre-built cannot be JIT-compiled%s" % (
-            "; ".join(missing) or "not found", "; required ops needing JIT: %s" % needs_jit if needs_jit else ""),
-        "%s -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)" % python)
+        f"ninja is missing ({what}): ops that are not pre-built cannot be JIT-compiled{required_jit}",
+        f"{python} -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)")
 
 
 def _shm_findings(shm: Optional[int], shm_min: int) -> List[Finding]:
@@ -358,9 +360,8 @@ def _shm_findings(shm: Optional[int], shm_min: int) -> List[Finding]:
                         "mount a tmpfs: sudo mount -t tmpfs -o size=16g tmpfs /dev/shm (docker: "
                         "--shm-size=16g or --ipc=host)")]
     if shm < shm_min:
-        return [Finding(Status.WARN, "/dev/shm is %d MiB, below %d MiB (DeepSpeed's ds_report warns below "
-                                     "512 MiB; NCCL's shared-memory transport needs it)" % (
-                                         shm // 1048576, shm_min // 1048576),
+        return [Finding(Status.WARN, f"/dev/shm is {shm // 1048576} MiB, below {shm_min // 1048576} MiB (DeepSpeed's "
+                                     "ds_report warns below 512 MiB; NCCL's shared-memory transport needs it)",
                         "docker run --shm-size=16g (or --ipc=host); on a host: sudo mount -o remount,size=16g "
                         "/dev/shm")]
     return []

@@ -51,7 +51,7 @@ def parse_nvcc_release(text: Optional[str]) -> Optional[str]:
     """'Cuda compilation tools, release 13.0, V13.0.88' -> '13.0' (major.minor, as DeepSpeed's
     installed_cuda_version reads it: op_builder/builder.py:58-60)."""
     m = _RELEASE.search(text or "")
-    return "%s.%s" % (m.group(1), m.group(2)) if m else None
+    return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
 def build_tools(timeout: float = 20.0) -> Dict[str, Any]:
@@ -64,12 +64,12 @@ def build_tools(timeout: float = 20.0) -> Dict[str, Any]:
         # DeepSpeed runs CUDA_HOME/bin/nvcc -V (installed_cuda_version, builder.py:43-61), whatever is on PATH.
         out["nvcc_path"] = os.path.join(out["cuda_home"], "bin", "nvcc")
         if not os.path.exists(out["nvcc_path"]):
-            out["nvcc_error"] = "%s does not exist" % out["nvcc_path"]
+            out["nvcc_error"] = f"{out['nvcc_path']} does not exist"
         else:
             res = sh([out["nvcc_path"], "-V"], timeout=timeout)
             out["nvcc"] = parse_nvcc_release(res.out) if res.ok else None
             if out["nvcc"] is None:
-                out["nvcc_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()))[:300]
+                out["nvcc_error"] = f"rc={res.rc}: {(res.err or res.out).strip()}"[:300]
     # torch.utils.cpp_extension.get_cxx_compiler (cpp_extension.py:477-482): $CXX, else c++.
     out["cxx_name"] = env.get("CXX") or "c++"
     out["cxx"] = shutil.which(out["cxx_name"])
@@ -130,16 +130,17 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
     ninja = facts.get("ninja_binary") if "ninja_binary" in facts else facts.get("ninja")
     if not ninja:
         # DeepSpeed 0.19.8 jit_load: torch's verify_ninja_availability runs `ninja --version` (builder.py:573-577).
-        found.append(Blocker(Status.FAIL, "no ninja on PATH: the JIT build stops with \"Unable to JIT load the %s op "
-                             "due to ninja not being installed.\"" % op,
+        found.append(Blocker(Status.FAIL, "no ninja on PATH: the JIT build stops with \"Unable to JIT load the "
+                             f"{op} op due to ninja not being installed.\"",
                              "python -m pip install ninja in the job's environment, with its bin directory on the "
                              "PATH of a non-interactive ssh login", "no ninja"))
     if "cxx" in facts and not facts.get("cxx"):
         name = facts.get("cxx_name") or "c++"
-        found.append(Blocker(Status.FAIL, "no C++ compiler: torch builds the op with %s (%s), not found on PATH"
-                             % (name, "$CXX" if name != "c++" else "$CXX unset, so c++"),
+        origin = "$CXX" if name != "c++" else "$CXX unset, so c++"
+        found.append(Blocker(Status.FAIL, f"no C++ compiler: torch builds the op with {name} ({origin}), not found on "
+                             "PATH",
                              "install one (apt-get install -y g++; dnf install -y gcc-c++), or point CXX at it in "
-                             "the job's environment (.deepspeed_env)", "no C++ compiler (%s)" % name))
+                             "the job's environment (.deepspeed_env)", f"no C++ compiler ({name})"))
     if not (is_cuda_op(op, entry) and needs_cuda(facts)):
         return found
     torch_cuda = facts.get("torch_cuda")
@@ -147,31 +148,31 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
     if not nvcc and "nvcc" in facts:
         where = facts.get("cuda_home")
         if where and facts.get("nvcc_error"):
-            why = "CUDA_HOME %s has no working nvcc (%s)" % (where, facts["nvcc_error"])
+            why = f"CUDA_HOME {where} has no working nvcc ({facts['nvcc_error']})"
         elif where:
-            why = "no nvcc found under CUDA_HOME %s" % where
+            why = f"no nvcc found under CUDA_HOME {where}"
         else:
             why = ("no CUDA toolkit: CUDA_HOME and CUDA_PATH are unset, no nvcc is on PATH and there is no "
                    "/usr/local/cuda, so torch's build stops with \"CUDA_HOME environment variable is not set\"")
-        found.append(Blocker(Status.FAIL, "%s is a CUDA op and %s" % (op, why),
-                             "install the CUDA toolkit %s (torch's CUDA) and export CUDA_HOME=/usr/local/cuda-%s in "
-                             "the job's environment (.deepspeed_env), or pre-build the op on a host that has it: "
-                             "DS_BUILD_%s=1 pip install deepspeed" % (torch_cuda or "", torch_cuda or "X.Y",
-                                                                     op.upper()), "no nvcc"))
+        found.append(Blocker(Status.FAIL, f"{op} is a CUDA op and {why}",
+                             f"install the CUDA toolkit {torch_cuda or ''} (torch's CUDA) and export "
+                             f"CUDA_HOME=/usr/local/cuda-{torch_cuda or 'X.Y'} in the job's environment "
+                             "(.deepspeed_env), or pre-build the op on a host that has it: "
+                             f"DS_BUILD_{op.upper()}=1 pip install deepspeed", "no nvcc"))
         return found
     if torch_cuda and major(nvcc) is not None and major(nvcc) != major(torch_cuda):
         source = skip_cuda_check(facts, launch_env)
-        consequence = ("nvcc %s and torch's CUDA %s differ in major version: the JIT build compiles %s against CUDA "
-                       "%s inside a process that runs torch's CUDA %s; DeepSpeed refuses this pair with "
-                       "CUDAMismatchException (op_builder/builder.py:107-129: at every JIT build before DeepSpeed "
-                       "0.12.3, and when pre-building, DS_BUILD_OPS=1 pip install deepspeed, which therefore fails "
-                       "the same way here)" % (nvcc, torch_cuda, op, nvcc, torch_cuda))
-        match = ("install the CUDA %s toolkit and export CUDA_HOME=/usr/local/cuda-%s for the job (.deepspeed_env), "
-                 "or install the torch build for CUDA %s" % (torch_cuda, torch_cuda, nvcc))
-        short = "nvcc %s vs torch's CUDA %s" % (nvcc, torch_cuda)
+        consequence = (f"nvcc {nvcc} and torch's CUDA {torch_cuda} differ in major version: the JIT build compiles "
+                       f"{op} against CUDA {nvcc} inside a process that runs torch's CUDA {torch_cuda}; DeepSpeed "
+                       "refuses this pair with CUDAMismatchException (op_builder/builder.py:107-129: at every JIT "
+                       "build before DeepSpeed 0.12.3, and when pre-building, DS_BUILD_OPS=1 pip install deepspeed, "
+                       "which therefore fails the same way here)")
+        match = (f"install the CUDA {torch_cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{torch_cuda} for the job "
+                 f"(.deepspeed_env), or install the torch build for CUDA {nvcc}")
+        short = f"nvcc {nvcc} vs torch's CUDA {torch_cuda}"
         if source:
-            found.append(Blocker(Status.WARN, "%s; DS_SKIP_CUDA_CHECK=1 (%s) is DeepSpeed's override and allows it "
-                                 "\"but it may result in unexpected behavior\"" % (consequence, source), match,
+            found.append(Blocker(Status.WARN, f"{consequence}; DS_SKIP_CUDA_CHECK=1 ({source}) is DeepSpeed's override "
+                                 "and allows it \"but it may result in unexpected behavior\"", match,
                                  short + ", allowed by DS_SKIP_CUDA_CHECK=1"))
         else:
             found.append(Blocker(Status.FAIL, consequence,
