@@ -27,7 +27,7 @@ NAME = "ssh"
 
 
 def _names(hosts: List[str]) -> str:
-    return hosts[0] if len(hosts) == 1 else "%s and %s" % (", ".join(hosts[:-1]), hosts[-1])
+    return hosts[0] if len(hosts) == 1 else f"{', '.join(hosts[:-1])} and {hosts[-1]}"
 
 
 def same_machine(same: Dict[str, Any], metrics: Dict[str, Any]) -> Outcome:
@@ -37,31 +37,31 @@ def same_machine(same: Dict[str, Any], metrics: Dict[str, Any]) -> Outcome:
     gpu_ids: List[List[int]] = [list(ids) for ids in same.get("gpu_ids", [])]
     gpus = int(same.get("gpus") or 0)
     total = sum(slots)
-    ident = "machine-id %s, boot id %s" % (str(same.get("machine_id") or "?")[:8], str(same.get("boot_id") or "?")[:8])
-    head = "%s are one machine (%s)" % (_names(hosts), ident)
-    per_name = ", ".join("%s slots=%d" % (h, n) for h, n in zip(hosts, slots))
+    ident = f"machine-id {str(same.get('machine_id') or '?')[:8]}, boot id {str(same.get('boot_id') or '?')[:8]}"
+    head = f"{_names(hosts)} are one machine ({ident})"
+    per_name = ", ".join(f"{h} slots={n}" for h, n in zip(hosts, slots))
     used = [i for ids in gpu_ids for i in ids]
     shared = sorted({i for i in used if used.count(i) > 1})
     keep = hosts[0]
+    others = _names(hosts[1:])
     metrics = dict(metrics, same_machine=same)
     if gpus and total > gpus:
-        return Outcome(Status.FAIL, "%s: DeepSpeed would start %d ranks on it (%s) and it has %d GPU(s)"
-                       % (head, total, per_name, gpus),
-                       "list the machine once in the hostfile: %s slots=%d, without %s"
-                       % (keep, gpus, _names(hosts[1:])), metrics)
+        return Outcome(Status.FAIL, f"{head}: DeepSpeed would start {total} ranks on it ({per_name}) and it has "
+                       f"{gpus} GPU(s)",
+                       f"list the machine once in the hostfile: {keep} slots={gpus}, without {others}", metrics)
     if gpus and shared:
-        return Outcome(Status.FAIL, "%s: each name's ranks would use GPU %s (CUDA_VISIBLE_DEVICES from each name's "
-                       "slots), two ranks on one GPU (%s)" % (head, ",".join(map(str, shared)), per_name),
-                       "list the machine once in the hostfile: %s slots=%d, without %s"
-                       % (keep, min(total, gpus), _names(hosts[1:])), metrics)
+        return Outcome(Status.FAIL, f"{head}: each name's ranks would use GPU {','.join(map(str, shared))} "
+                       f"(CUDA_VISIBLE_DEVICES from each name's slots), two ranks on one GPU ({per_name})",
+                       f"list the machine once in the hostfile: {keep} slots={min(total, gpus)}, without {others}",
+                       metrics)
     if gpus:
-        return Outcome(Status.WARN, "%s: DeepSpeed would start a launcher for each name on it (%s; no GPU shared)"
-                       % (head, per_name),
-                       "unless two launchers per machine are meant, list it once: %s slots=%d, without %s"
-                       % (keep, total, _names(hosts[1:])), metrics)
-    return Outcome(Status.WARN, "%s without GPUs: DeepSpeed would start %d ranks on this one box (%s)"
-                   % (head, total, per_name),
-                   "list the machine once in the hostfile: keep %s, without %s" % (keep, _names(hosts[1:])), metrics)
+        return Outcome(Status.WARN, f"{head}: DeepSpeed would start a launcher for each name on it ({per_name}; no "
+                       "GPU shared)",
+                       f"unless two launchers per machine are meant, list it once: {keep} slots={total}, without "
+                       f"{others}", metrics)
+    return Outcome(Status.WARN, f"{head} without GPUs: DeepSpeed would start {total} ranks on this one box "
+                   f"({per_name})",
+                   f"list the machine once in the hostfile: keep {keep}, without {others}", metrics)
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -75,21 +75,22 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     if same and len(same.get("hosts", [])) > 1:
         return same_machine(same, metrics)
     if facts.get("local"):
-        return Outcome(Status.PASS, "local host, no SSH needed (hostname %s)" % facts.get("hostname"),
+        return Outcome(Status.PASS, f"local host, no SSH needed (hostname {facts.get('hostname')})",
                        metrics=metrics)
     rtt = facts.get("rtt_ms")
     if facts.get("via") == "srun":
         # A step launch goes through slurmctld and slurmd: its time is not a network round trip.
         step = "one step shared by every node" if facts.get("step") == "shared" else "a job step of its own"
-        return Outcome(Status.PASS, "reached %s in %s (srun), no SSH; step launch %.0f ms"
-                       % (facts.get("hostname"), step, rtt or 0.0), metrics=metrics)
+        return Outcome(Status.PASS, f"reached {facts.get('hostname')} in {step} (srun), no SSH; step launch "
+                       f"{rtt or 0.0:.0f} ms", metrics=metrics)
     via = facts.get("via")
     # Through a jump host or a ProxyCommand the round trip is timed at the SSH level (no TCP socket of ours).
-    message = "connected to %s as %s in %.2fs%s, %s round trip %.1f ms" % (
-        facts.get("hostname"), facts.get("user", "?"), facts.get("connect_s", 0.0),
-        f" through {via}" if via else "", "SSH" if via else "network", rtt or 0.0)
+    through = f" through {via}" if via else ""
+    timed = "SSH" if via else "network"
+    message = (f"connected to {facts.get('hostname')} as {facts.get('user', '?')} in "
+               f"{facts.get('connect_s', 0.0):.2f}s{through}, {timed} round trip {rtt or 0.0:.1f} ms")
     if rtt is not None and rtt > lim["warn_rtt_ms"]:
-        return Outcome(Status.WARN, message + " (above %.0f ms)" % lim["warn_rtt_ms"],
+        return Outcome(Status.WARN, message + f" (above {lim['warn_rtt_ms']:.0f} ms)",
                        "a slow control path slows every check and the launcher; check the network to this host",
                        metrics)
     return Outcome(Status.PASS, message, metrics=metrics)
