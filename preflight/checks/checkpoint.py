@@ -70,7 +70,7 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             os.close(fd)
         out.update(writable=True, test_file=name)
     except OSError as exc:
-        out["error"] = "cannot write a file there: %s" % (exc.strerror or exc)
+        out["error"] = f"cannot write a file there: {exc.strerror or exc}"
         if exc.errno == errno.EEXIST:
             tempfiles.forget(name)  # another's file of that name: never removed as ours
         else:

@@ -101,7 +101,7 @@ def _measure_cpu(torch: Any, seconds: float, chunks: int, n: int, copy_mib: int,
 def _gpu_info(torch: Any, index: int) -> Dict[str, Any]:
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)  # torch >= 2.1; "GPU-" + it is what nvidia-smi -L prints
-    return {"index": index, "name": props.name, "uuid": ("GPU-%s" % uuid) if uuid else None,
+    return {"index": index, "name": props.name, "uuid": f"GPU-{uuid}" if uuid else None,
             "memory_gib": round(props.total_memory / (1 << 30), 1)}
 
 
@@ -163,13 +163,13 @@ def _measure_gpus(torch: Any, count: int, params: Dict[str, Any], seconds: float
                             list(range(count)), count, max(1.0, deadline - time.monotonic()))
     for g, res in zip(gpus, computed):
         if isinstance(res, BaseException):  # one GPU that fails (OOM: memory in use) is that GPU's result
-            g["error"] = "%s: %s" % (type(res).__name__, str(res)[:300])
+            g["error"] = f"{type(res).__name__}: {str(res)[:300]}"
             continue
         g.update(res)
         try:
             g.update(_gpu_pcie(torch, g["index"], seconds / 4, chunks, int(params["pcie_mib"])))
         except Exception as exc:
-            g["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+            g["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return gpus
 
 
@@ -184,14 +184,14 @@ def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         import torch
     except Exception as exc:  # no torch in --python: nothing to measure with
         out["torch"] = None
-        out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        out["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         return out
     out["torch"] = torch.__version__
     start = time.monotonic()
     try:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as exc:  # a driver problem: the gpu and driver_cuda checks say more
-        out["cuda_error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        out["cuda_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         # Whether this host should have GPUs at all: if so, a CPU measurement is no result (evaluate FAILs it).
         out["gpu_evidence"] = gpu_evidence(getattr(getattr(torch, "version", None), "cuda", None))
         gpus = 0
@@ -311,16 +311,16 @@ def _devices(by_host: Dict[str, Any]) -> List[Dict[str, Any]]:
                 if "error" in g:
                     continue
                 out.append(dict(g, host=host, device="gpu", model=_model_key(g.get("name")),
-                                label="GPU %s (%s)" % (g.get("index"), g.get("uuid") or "uuid unknown")))
+                                label=f"GPU {g.get('index')} ({g.get('uuid') or 'uuid unknown'})"))
         elif isinstance(facts.get("cpu"), dict) and "gemm_gflops" in facts["cpu"]:
             cpu = facts["cpu"]
             out.append(dict(cpu, host=host, device="cpu", label="CPU",
-                            model="%s x%s threads" % (cpu.get("model"), cpu.get("threads"))))
+                            model=f"{cpu.get('model')} x{cpu.get('threads')} threads"))
     return out
 
 
 def _fmt(value: float, unit: str) -> str:
-    return ("%.3g %s" if value < 100 else "%.0f %s") % (value, unit)
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
 def _comparisons(devices: List[Dict[str, Any]], lim: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -381,9 +381,9 @@ def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
         if c["verdict"] not in ("fail", "warn"):
             continue
         d = c["device"]
+        status = Status.FAIL if c["verdict"] == "fail" else Status.WARN
         out.setdefault((d["host"], d["label"]), []).append(Finding(
-            Status.FAIL if c["verdict"] == "fail" else Status.WARN, "%s %s: %s" % (d["host"], d["label"], _compared(
-                c, lim, remeasured)), _fix(d, c["key"])))
+            status, f"{d['host']} {d['label']}: {_compared(c, lim, remeasured)}", _fix(d, c["key"])))
     return out
 
 
@@ -391,10 +391,10 @@ def _compared(c: Dict[str, Any], lim: Dict[str, Any], remeasured: Dict[str, int]
     """``CPU memory copy 4.2 GB/s is 34% of the median of the other 3 AMD EPYC x2 threads (12.3 GB/s; robust z
     -0.7, p = 0.2)``: the value, the others' median (leave-one-out), and the z and p that decided."""
     host = c["device"]["host"]
-    return "%s %s is %.0f%% of the median of the other %d %s (%s; robust z %.1f, %s%s)" % (
-        c["label"], _fmt(c["value"], c["unit"]), 100 * c["ratio"], c["peers"], c["model"], _fmt(c["median"], c["unit"]),
-        c["z"], p_text(c["z"], float(lim["max_p"])),
-        "; the best of %d measurements" % (1 + remeasured[host]) if remeasured.get(host) else "")
+    best = f"; the best of {1 + remeasured[host]} measurements" if remeasured.get(host) else ""
+    return (f"{c['label']} {_fmt(c['value'], c['unit'])} is {100 * c['ratio']:.0f}% of the median of the other "
+            f"{c['peers']} {c['model']} ({_fmt(c['median'], c['unit'])}; robust z {c['z']:.1f}, "
+            f"{p_text(c['z'], float(lim['max_p']))}{best})")
 
 
 def _unsure(devices: List[Dict[str, Any]], lim: Dict[str, Any],
@@ -404,8 +404,8 @@ def _unsure(devices: List[Dict[str, Any]], lim: Dict[str, Any],
     out: Dict[str, List[str]] = {}
     for c in _comparisons(devices, lim):
         if c["verdict"] == "unsure":
-            out.setdefault(c["device"]["host"], []).append("%s: %s" % (c["device"]["label"], _compared(
-                c, lim, remeasured or {})))
+            note = f"{c['device']['label']}: {_compared(c, lim, remeasured or {})}"
+            out.setdefault(c["device"]["host"], []).append(note)
     return out
 
 
@@ -419,26 +419,26 @@ def _baseline_findings(d: Dict[str, Any], lim: Dict[str, Any]) -> List[Finding]:
         peak, x = peaks.get(key), d.get(key)
         fraction = float(lim["baseline_warn_fraction"].get(key, 0.0))
         if isinstance(peak, (int, float)) and peak > 0 and isinstance(x, (int, float)) and x < fraction * peak:
-            found.append(Finding(Status.WARN, "%s %s: %s %s is below %.0f%% of the %s peak %s (%.0f%%)"
-                                 % (d["host"], d["label"], label, _fmt(float(x), unit), 100 * fraction, d["model"],
-                                    _fmt(float(peak), unit), 100 * float(x) / float(peak)), _fix(d, key)))
+            found.append(Finding(Status.WARN, f"{d['host']} {d['label']}: {label} {_fmt(float(x), unit)} is below "
+                                 f"{100 * fraction:.0f}% of the {d['model']} peak {_fmt(float(peak), unit)} "
+                                 f"({100 * float(x) / float(peak):.0f}%)", _fix(d, key)))
     return found
 
 
 def _fix(d: Dict[str, Any], key: str) -> str:
     host = d["host"]
     if d["device"] == "cpu":
-        return ("on %s: look for CPU limits and load (cgroup cpu.max / cpu.cfs_quota_us, cpupower frequency-info, "
-                "top), or leave the host out of the hostfile" % host)
+        return (f"on {host}: look for CPU limits and load (cgroup cpu.max / cpu.cfs_quota_us, cpupower "
+                "frequency-info, top), or leave the host out of the hostfile")
     gpu = d.get("index")
     if key in ("h2d_gbps", "d2h_gbps"):
-        return ("on %s GPU %s: nvidia-smi -q -i %s -d PCIE (link generation and width downtrained?), NUMA binding "
-                "of the process; CPU/NVMe offload runs over this path" % (host, gpu, gpu))
+        return (f"on {host} GPU {gpu}: nvidia-smi -q -i {gpu} -d PCIE (link generation and width downtrained?), NUMA "
+                "binding of the process; CPU/NVMe offload runs over this path")
     if key == "hbm_gbps":
-        return ("on %s GPU %s: nvidia-smi -q -i %s -d ECC,ROW_REMAPPER (a degraded HBM stack), then ask for the GPU "
-                "to be replaced" % (host, gpu, gpu))
-    return ("on %s GPU %s: nvidia-smi -q -i %s -d CLOCK,PERFORMANCE,POWER (clocks held low, power or thermal "
-            "slowdown), then reset or drain the GPU" % (host, gpu, gpu))
+        return (f"on {host} GPU {gpu}: nvidia-smi -q -i {gpu} -d ECC,ROW_REMAPPER (a degraded HBM stack), then ask for "
+                "the GPU to be replaced")
+    return (f"on {host} GPU {gpu}: nvidia-smi -q -i {gpu} -d CLOCK,PERFORMANCE,POWER (clocks held low, power or "
+            "thermal slowdown), then reset or drain the GPU")
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -447,7 +447,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for h in facts.get("unreachable") or []:
         out[h] = error("not run: the host is unreachable (see its ssh result)")
     for h, why in (facts.get("errors") or {}).items():
-        out[h] = error("could not measure on %s: %s" % (h, why), "rerun with -v for the host-side error")
+        out[h] = error(f"could not measure on {h}: {why}", "rerun with -v for the host-side error")
     by_host: Dict[str, Any] = facts.get("by_host") or {}
     devices = _devices(by_host)
     peers = _peer_findings(devices, lim, facts.get("remeasured"))
@@ -456,41 +456,40 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         if not isinstance(hf, dict):
             continue
         if hf.get("torch") is None:
-            out[h] = skip("torch is not importable by --python on %s (%s): nothing to measure with"
-                          % (h, hf.get("error")))
+            out[h] = skip(f"torch is not importable by --python on {h} ({hf.get('error')}): nothing to measure with")
             continue
         mine = [d for d in devices if d["host"] == h]
         findings: List[Finding] = []
         expected, why = gpus_expected(hf, False)
         if hf.get("cuda_error") and expected:
-            findings.append(Finding(Status.FAIL, "CUDA failed on %s: %s, although %s; its CPU was measured "
-                                                 "instead, which says nothing of its GPUs" % (h, hf["cuda_error"], why),
-                                    "see the driver_cuda and gpu checks of %s; nvidia-smi there shows whether the "
-                                    "driver answers" % h))
+            findings.append(Finding(Status.FAIL, f"CUDA failed on {h}: {hf['cuda_error']}, although {why}; its CPU was "
+                                                 "measured instead, which says nothing of its GPUs",
+                                    f"see the driver_cuda and gpu checks of {h}; nvidia-smi there shows whether the "
+                                    "driver answers"))
         for g in hf.get("gpus") or []:
             if "error" in g:
-                findings.append(Finding(Status.ERROR, "%s GPU %s: could not measure: %s" % (h, g.get("index"),
-                                                                                             g["error"]),
+                findings.append(Finding(Status.ERROR, f"{h} GPU {g.get('index')}: could not measure: {g['error']}",
                                         "free the GPU (nvidia-smi shows who holds it) and rerun"))
         for d in mine:
             findings += peers.get((h, d["label"]), []) + _baseline_findings(d, lim)
         if not mine and not findings:
-            out[h] = error("no measurement came back from %s" % h, "rerun with -v")
+            out[h] = error(f"no measurement came back from {h}", "rerun with -v")
             continue
         if mine and mine[0]["device"] == "gpu":
-            ok = "%d GPU%s: %s" % (len(mine), "" if len(mine) == 1 else "s", "; ".join(
-                "GPU %s %s TFLOPS, HBM %s GB/s, H2D/D2H %s/%s GB/s" % (
-                    d.get("index"), d.get("gemm_tflops"), d.get("hbm_gbps"), d.get("h2d_gbps"), d.get("d2h_gbps"))
-                for d in mine[:8]))
+            plural = "" if len(mine) == 1 else "s"
+            each = "; ".join(f"GPU {d.get('index')} {d.get('gemm_tflops')} TFLOPS, HBM {d.get('hbm_gbps')} GB/s, "
+                             f"H2D/D2H {d.get('h2d_gbps')}/{d.get('d2h_gbps')} GB/s" for d in mine[:8])
+            ok = f"{len(mine)} GPU{plural}: {each}"
         elif mine:
-            ok = "CPU fp32 GEMM %s GFLOPS, memory copy %s GB/s (%s threads)" % (
-                mine[0].get("gemm_gflops"), mine[0].get("mem_gbps"), mine[0].get("torch_threads"))
+            cpu = mine[0]
+            ok = (f"CPU fp32 GEMM {cpu.get('gemm_gflops')} GFLOPS, memory copy {cpu.get('mem_gbps')} GB/s "
+                  f"({cpu.get('torch_threads')} threads)")
         else:
             ok = "nothing measured"
         if unsure.get(h):
             # Measured low, but the other hosts disagree with each other too much for that to be evidence: no
             # FAIL or WARN at p >= max_p (it was measured again first: coordinate's confirm rounds).
-            ok += "; not named, the evidence is weak (p >= %g): %s" % (float(lim["max_p"]), "; ".join(unsure[h]))
+            ok += f"; not named, the evidence is weak (p >= {float(lim['max_p']):g}): {'; '.join(unsure[h])}"
         keys = [k for k, _, _ in (GPU_METRICS if mine and mine[0]["device"] == "gpu" else CPU_METRICS)]
         shown = ["device", "index", "uuid", "model", "torch_threads"] + keys + [k + "_noise" for k in keys]
         metrics: Dict[str, Any] = {"devices": [{k: d.get(k) for k in shown if k in d} for d in mine]}
@@ -520,15 +519,15 @@ def _summary(devices: List[Dict[str, Any]], out: Dict[str, Outcome], lim: Dict[s
         medians[model] = med
         # "cluster median": of every device of the model; a device's own line compares it with the median of the
         # other devices (leave-one-out), and says so.
-        parts.append("%d x %s: cluster median %s" % (len(members), model, ", ".join(
-            "%s %s" % (label, _fmt(med[key], unit)) for key, unit, label in kinds)))
+        figures = ", ".join(f"{label} {_fmt(med[key], unit)}" for key, unit, label in kinds)
+        parts.append(f"{len(members)} x {model}: cluster median {figures}")
         if len(members) < int(lim["min_peers"]):
-            parts[-1] += " (fewer than %d: not compared with each other)" % int(lim["min_peers"])
+            parts[-1] += f" (fewer than {int(lim['min_peers'])}: not compared with each other)"
     named = sorted(h for h, o in out.items() if h != CLUSTER and o.status in (Status.WARN, Status.FAIL))
     message = "; ".join(parts)
     metrics = {"medians": medians, "named": named, "hosts_measured": measured}
     if named:
-        return Outcome(Status.PASS, "slow device(s) on %s (see their rows); %s" % (", ".join(named), message),
+        return Outcome(Status.PASS, f"slow device(s) on {', '.join(named)} (see their rows); {message}",
                        metrics=metrics)
     return Outcome(Status.PASS, message, metrics=metrics)
 
@@ -562,7 +561,7 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     # Compared with the host's own past runs (preflight/history.py), per device.
-    baseline={"devices[*].%s" % key: "higher" for key, _, _ in GPU_METRICS + CPU_METRICS},
+    baseline={f"devices[*].{key}": "higher" for key, _, _ in GPU_METRICS + CPU_METRICS},
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
     prom_metrics=prom_metrics,
