@@ -11,9 +11,10 @@ Parses the config like DeepSpeed does (hjson: comments allowed; duplicate keys a
 
 Where each part runs: ``coordinate`` (coordinator) gathers facts with ``gather`` (and ``host`` on each host
 through the agent) and DeepSpeed's own models (``deepspeed_models``); ``evaluate`` is pure and reads as the
-list of verdicts: ``keycheck`` (keys, versions, optimizer), ``batch``, ``precision``, ``ops`` (and whether their
-JIT build can run), ``offload``, ``memory``, ``launch`` (the config file on every host, the checkpoint to
-resume). ``parse`` reads the config; ``keys`` holds DeepSpeed's key tables. Thresholds: ``[ds_config]``.
+list of verdicts: ``keycheck`` (keys, versions, optimizer), ``batch`` ("auto" without the HF integration too),
+``precision`` (and the bf16 note), ``pipeline``, ``cpus`` (CPUs per rank), ``ops`` (and whether their JIT build
+can run), ``offload``, ``memory``, ``launch`` (the config file on every host, the checkpoint to resume).
+``parse`` reads the config; ``keys`` holds DeepSpeed's key tables. Thresholds: ``[ds_config]``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Dict
 from ...hostside.seams import CheckOptions, CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_batch
+from .cpus import check_cpus_per_slot
 from .deepspeed_models import validate_with_deepspeed
 from .gather import HOST_FACTS, base_facts, no_config_finding, probe_hosts
 from .launch import check_config_file, check_resume
@@ -30,6 +32,7 @@ from .keycheck import check_deprecated, check_installed, check_keys, check_optim
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
 from .ops import check_ops, required_ops
+from .pipeline import check_pipeline
 from .parse import load_config, nvme_paths, offload_devices, optimizer_type, usage_error, zero_stage
 from .precision import check_precision
 from .findings import Report, gpus_by_host, host_versions, vstr
@@ -105,11 +108,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     check_keys(config, facts.get("deepspeed_models"), report)
     check_deprecated(config, versions, report)
     check_versions(config, versions, report)
+    lim = limits(thresholds, NAME)
     batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
                         [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
-                        facts.get("model_parallel_size"))
+                        facts.get("model_parallel_size"), str(lim["integration"]))
     precision = check_precision(config, gpus, report)
     check_optimizer(config, versions, report)
+    check_pipeline(config, report)
+    cpus = check_cpus_per_slot(facts, float(lim["min_cpus_per_slot"]), report)
     ops = check_ops(config, facts, report)
     check_offload_stage(config, report)
     check_nvme(config, facts, report)
@@ -122,7 +128,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
     if optimizer_type(config):
         parts.append("optimizer %s" % optimizer_type(config))
-    parts += [p for p in (batch, ops, memory, same_file, resume) if p]
+    parts += [p for p in (batch, cpus, ops, memory, same_file, resume) if p]
     if versions:
         parts.append("DeepSpeed %s on the hosts" % ", ".join(sorted({vstr(v) for v in versions.values()})))
     ok = "%s: %s" % (os.path.basename(str(facts.get("config_path") or "config")), "; ".join(parts))

@@ -63,10 +63,11 @@ def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool
 
 
 def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report,
-                model_parallel: Optional[int] = None) -> str:
+                model_parallel: Optional[int] = None, integration: str = "deepspeed") -> str:
     """model_parallel: --model-parallel-size (tensor x pipeline degree), None when not given. Known, the
     data-parallel size is world / (model_parallel x sequence_parallel_size) and a mismatch is a FAIL; unknown,
-    a mismatch that a tensor-parallel degree would explain is a WARN naming the option."""
+    a mismatch that a tensor-parallel degree would explain is a WARN naming the option. integration: ``[ds_config]
+    integration``, "hf" when transformers' Trainer or Accelerate fills the "auto" values, else plain DeepSpeed."""
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     vals: Dict[str, Optional[float]] = {}
     for k in keys:
@@ -82,6 +83,8 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
         return ""
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     if auto:
+        if integration != "hf":
+            _auto_without_hf(auto, tb, mb, ga, dp, report)
         return _auto_batch(tb, mb, ga, dp, dp_note, auto, report)
 
     values, err = resolve_batch(tb, mb, ga, dp)
@@ -118,6 +121,26 @@ def _data_parallel_size(config: Dict[str, Any], world_size: int, model_parallel:
         dp = dp / model_parallel
         dp_note += " / model-parallel size %d" % model_parallel
     return dp, dp_note
+
+
+def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float,
+                     report: Report) -> None:
+    """"auto" under plain DeepSpeed: nothing replaces it, and DeepSpeedConfig's batch math runs on the string
+    (runtime/config.py:607-648 _set_batch_related_parameters: ``train_batch // micro_batch``; :596-600
+    _batch_assertion: ``train_batch > 0``), so deepspeed.initialize raises TypeError on every rank. Only the
+    Hugging Face integration (transformers' HfTrainerDeepSpeedConfig, Accelerate) fills "auto" first. A WARN, not a
+    FAIL: preflight cannot see which the launched script uses; ``[ds_config] integration = "hf"`` says so."""
+    m = int(mb) if mb is not None else 1
+    g = int(ga) if ga is not None else 1
+    example = ", ".join(f'"{k}": {num(v)}' for k, v in (
+        ("train_micro_batch_size_per_gpu", m), ("gradient_accumulation_steps", g),
+        ("train_batch_size", tb if tb is not None else m * g * dp)))
+    report.add(Status.WARN, f"{', '.join(auto)} = \"auto\": only the Hugging Face integration (transformers' "
+                            f"Trainer, Accelerate) fills \"auto\"; under plain DeepSpeed the batch math runs on the "
+                            f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)",
+               f"put numbers in the config (e.g. {example}, train_batch_size = micro x accumulation x "
+               f"{num(dp)}), or, if the script runs through the Trainer or Accelerate, say so: a --config file "
+               f"with [ds_config] integration = \"hf\"")
 
 
 def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float, dp_note: str,

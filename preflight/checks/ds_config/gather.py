@@ -15,8 +15,8 @@ from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
 from .host import file_digest
 
-# The host checks whose facts the verdicts read.
-HOST_FACTS = ("gpu", "ds_report", "nvme", "python")
+# The host checks whose facts the verdicts read (compute: each host's CPUs, cpu.threads).
+HOST_FACTS = ("gpu", "ds_report", "nvme", "python", "compute")
 
 
 def base_facts(cluster: ClusterView) -> Dict[str, Any]:

@@ -181,6 +181,12 @@ SECTIONS: Dict[str, Dict[str, Dict[str, object]]] = {
     "data_types": {"grad_accum_dtype": {}, "param_dtype": {"added": ("0.19.0", "0.19.4")},
                    "buffer_dtype": {"added": ("0.19.0", "0.19.4")}},
     "torch_autocast": {k: {} for k in ("enabled", "dtype", "lower_precision_safe_modules")},
+    # DeepSpeed 0.19.8 copies every pipeline key over its defaults (runtime/config.py:272-285: stages, partition,
+    # seed_layers, activation_checkpoint_interval, pipe_partitioned, grad_partitioned) and the PipelineEngine
+    # reads pipe_partitioned, grad_partitioned (runtime/pipe/engine.py:135-138), use_reentrant (:210-212) and
+    # activation_checkpoint_interval (:217-218); any other key is kept and never read.
+    "pipeline": {k: {} for k in ("stages", "partition", "seed_layers", "activation_checkpoint_interval",
+                                 "pipe_partitioned", "grad_partitioned", "use_reentrant")},
 }
 SECTIONS["flops_profiler"]["recompute_fwd_factor"] = {"added": ("0.9.0", "0.9.3")}
 

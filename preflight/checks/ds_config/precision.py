@@ -1,4 +1,5 @@
-"""Verdicts on precision: fp16 with bf16, bf16 on GPUs older than Ampere, static fp16 loss scaling without clipping.
+"""Verdicts on precision: fp16 with bf16, bf16 on GPUs older than Ampere, static fp16 loss scaling without clipping,
+and a note (not a WARN) for fp16 or fp32 on GPUs that all do bf16.
 
 Reads ``"bf16": {"enabled": true}`` against the gpu facts' compute capability, e.g. ``"cc": [7, 0]`` (V100).
 """
@@ -44,4 +45,29 @@ def check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]]
                                     "dynamic scaling, loss_scale 0, or clipping): overflows are not caught" % num(ls),
                        'set "fp16": {"loss_scale": 0} (dynamic), add "gradient_clipping": 1.0, or use bf16 on '
                        "Ampere or newer")
-    return "bf16" if bf16 else "fp16" if fp16 else "precision auto" if (bf16 is None or fp16 is None) else "fp32"
+    label = "bf16" if bf16 else "fp16" if fp16 else "precision auto" if (bf16 is None or fp16 is None) else "fp32"
+    note = bf16_note(config, label, gpus)
+    return f"{label} ({note})" if note else label
+
+
+def bf16_note(config: Dict[str, Any], label: str, gpus: Dict[str, List[Dict[str, Any]]]) -> str:
+    """A note, never a WARN: fp16 or fp32 where every GPU of every host does bf16 (compute capability >= 8.0, as
+    DeepSpeed's bf16 needs). bf16 has fp32's exponent range, so it needs no loss scaling, and halves fp32's memory
+    (the choice is the user's: some models are validated in fp16 or fp32)."""
+    if label not in ("fp16", "fp32") or not gpus:
+        return ""
+    if label == "fp32" and enabled(config.get("torch_autocast")):
+        return ""  # torch autocast lowers precision itself
+    ccs = set()
+    for lst in gpus.values():
+        for g in lst:
+            cc = g.get("cc")
+            if not isinstance(cc, (list, tuple)) or not cc:
+                return ""  # a GPU whose capability is unknown: no claim about all of them
+            ccs.add((int(cc[0]), int(cc[1]) if len(cc) > 1 else 0))
+    if not ccs or min(ccs) < (8, 0):
+        return ""
+    shown = ", ".join(f"{a}.{b}" for a, b in sorted(ccs))
+    why = "needs no loss scaling" if label == "fp16" else "halves the memory of fp32 and runs on the tensor cores"
+    return (f"note: every GPU does bf16 (compute capability {shown}): \"bf16\": {{\"enabled\": true}} "
+            f"{why}")
