@@ -17,7 +17,7 @@ variables and the .deepspeed_env lines, hostside/launchenv.py), one state per va
     TORCH_NCCL_ASYNC_ERROR_HANDLING  not set  (1 in ~/.deepspeed_env: preflight recommends nothing, it stays)
 
 and an inherited value that contradicts a measured one (a check's contribution, not a general default) is a WARN
-of the inherited environment's check (``contradictions``).
+of the check that judged the inherited environment (``contradictions``, ``add_to_inherited_row``).
 """
 from __future__ import annotations
 
@@ -61,8 +61,9 @@ GENERAL = (
 )
 NOT_NEEDED = ("TORCH_NCCL_ASYNC_ERROR_HANDLING is not recommended: torch's default (3, SkipCleanUp) already ends "
               "the job when a collective fails or times out; only 0 or 2 keep it hanging (named above if inherited)")
-# The check whose row holds the inherited environment's findings (it reads the launch shell and .deepspeed_env).
-INHERITED_CHECK = "launcher_ssh"
+# The metric by which the check that judged the inherited environment marks its results (the launch shell's and
+# .deepspeed_env's exported names, on its cluster row or the first host's): the contradictions join that check.
+INHERITED_METRIC = "launch_env"
 # Variables whose value is a list of NCCL names: the same names with or without '=' (exact) or ':port' match
 # the same interfaces on hosts without look-alike names, so that is no contradiction.
 NAME_LISTS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"})
@@ -252,13 +253,15 @@ def contradictions(diff: Mapping[str, Mapping[str, Any]], reasons: Mapping[str, 
     return found
 
 
-def add_to_inherited_row(results: List[Any], findings: Sequence[Finding], ran: Sequence[str]) -> None:
-    """Put the contradictions on the cluster row of the inherited environment's check, next to its own findings
-    there (or as that row, if it has none); nothing when that check did not run."""
-    if not findings or INHERITED_CHECK not in ran:
-        return
+def add_to_inherited_row(results: List[Any], findings: Sequence[Finding]) -> None:
+    """Put the contradictions on the cluster row of the check that judged the inherited environment (the one whose
+    results carry the ``launch_env`` metric), next to its own findings there (or as that row, if it has none);
+    nothing when no check looked at it (not run, a single host, srun)."""
     from preflight.results import CLUSTER, Result
-    row = next((i for i, r in enumerate(results) if r.host == CLUSTER and r.check == INHERITED_CHECK), None)
+    check = next((r.check for r in results if isinstance(r.metrics, dict) and INHERITED_METRIC in r.metrics), None)
+    if not findings or check is None:
+        return
+    row = next((i for i, r in enumerate(results) if r.host == CLUSTER and r.check == check), None)
     mine = list(findings)
     metrics: Dict[str, Any] = {}
     if row is not None:
@@ -269,7 +272,7 @@ def add_to_inherited_row(results: List[Any], findings: Sequence[Finding], ran: S
                    for f in old.metrics.get("findings") or [] if isinstance(f, dict) and "status" in f]
         mine = (earlier or [Finding(old.status, old.message, old.fix)]) + mine
     outcome = combine(mine, "", metrics)
-    result = Result.from_outcome(CLUSTER, INHERITED_CHECK, outcome)
+    result = Result.from_outcome(CLUSTER, check, outcome)
     if row is None:
         results.append(result)
     else:

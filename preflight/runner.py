@@ -504,7 +504,7 @@ class Runner:
             # The recommendation, and how it differs from what the launcher passes the ranks today.
             advice = advise(cluster, self.results)
             env, reasons, notes = advice.env, advice.reasons, advice.notes
-            add_to_inherited_row(self.results, advice.findings, self.o.checks)
+            add_to_inherited_row(self.results, advice.findings)
         finally:
             self.progress.note("cleaning up on the hosts")
             self._cleanup()

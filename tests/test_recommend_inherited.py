@@ -88,23 +88,24 @@ def test_the_fix_works_when_pasted(tmp_path):
 def test_contradictions_join_the_inherited_environments_row():
     from preflight.hostside.outcome import Finding
     warn = Finding(Status.WARN, "NCCL_SOCKET_IFNAME=eth0 (x) contradicts ...", "sed ...")
-    # No row yet: the WARN is the row.
-    results = [Result("node01", "launcher_ssh", Status.PASS, "ok")]
-    add_to_inherited_row(results, [warn], ["launcher_ssh"])
+    # No row yet: the WARN is the row of the check that marked its results with what the ranks inherit.
+    results = [Result("node01", "launcher_ssh", Status.PASS, "ok", metrics={"launch_env": {"exported": []}}),
+               Result("node01", "iperf3", Status.PASS, "ok")]
+    add_to_inherited_row(results, [warn])
     assert (results[-1].host, results[-1].check, results[-1].status) == ("*", "launcher_ssh", Status.WARN)
     # A FAIL row already there: it stays a FAIL, and lists both findings.
     fail = {"status": "fail", "message": "NCCL_SOCKET_IFNAME=bogus0 matches no interface", "fix": "set it"}
     results = [Result("*", "launcher_ssh", Status.FAIL, fail["message"], "set it",
                       {"launch_env": {"exported": ["NCCL_SOCKET_IFNAME"]}, "findings": [fail]}, 1.5)]
-    add_to_inherited_row(results, [warn], ["launcher_ssh"])
+    add_to_inherited_row(results, [warn])
     (row,) = results
     assert row.status == Status.FAIL and row.message == fail["message"] + "; " + warn.message
     assert row.fix == "set it; sed ..." and row.duration_s == 1.5 and row.metrics["launch_env"]
     assert [f["status"] for f in row.metrics["findings"]] == ["fail", "warn"]
-    # The check did not run: nowhere to put it.
-    results = []
-    add_to_inherited_row(results, [warn], ["iperf3"])
-    assert results == []
+    # No check looked at the inherited environment (not run, one host, srun): nowhere to put it.
+    results = [Result("node01", "iperf3", Status.PASS, "ok")]
+    add_to_inherited_row(results, [warn])
+    assert len(results) == 1
 
 
 def _measured_cluster():
