@@ -49,7 +49,7 @@ def deepspeed_pool(hostfile: Path, exclude: str) -> Dict[str, List[int]]:
 
 def verdict_line(report: Report, context: launchable.Context) -> str:
     out = io.StringIO()
-    print_report(report, console(out, 400), quiet=True, launch=context)
+    print_report(report, console(out, 400), quiet=True, relaunch=context)
     return out.getvalue().splitlines()[0]
 
 
@@ -155,11 +155,11 @@ def test_min_hosts_counts_and_fractions():
     assert launchable.exit_code(report, "0.6") == 0 and launchable.exit_code(report, "0.7") == 1  # ceil(4.2) = 5
     assert launchable.exit_code(two_failing(), "5") == 0  # node05 still launches on 7 of its GPUs
     out = io.StringIO()
-    write(report, out, Settings(quiet=True, width=400, launch=launchable.Context(min_hosts="4")))
+    write(report, out, Settings(quiet=True, width=400, relaunch=launchable.Context(min_hosts="4")))
     assert out.getvalue().splitlines()[0] == "READY on 4 of 6 hosts (--min-hosts 4), without 2 hosts that need " \
         "fixing (node03 unreachable, node05 nvme)"
     out = io.StringIO()
-    write(report, out, Settings(quiet=True, width=400, launch=launchable.Context(min_hosts="5")))
+    write(report, out, Settings(quiet=True, width=400, relaunch=launchable.Context(min_hosts="5")))
     assert "4 of 6 hosts healthy, fewer than --min-hosts 5 (5)" in out.getvalue()
     allreduce = Result(CLUSTER, "allreduce", Status.FAIL, "busbw low")
     assert launchable.exit_code(cluster_report(6, down=["node03"], extra=[allreduce]), "1") == 1

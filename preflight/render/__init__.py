@@ -29,12 +29,13 @@ STDOUT = "-"  # as a path: write to stdout (``--json -``); then the terminal rep
 @dataclass(frozen=True)
 class Settings:
     """How the user asked for output: ``-v`` / ``-q``, the terminal's width (None: the stream's own), and what the
-    verdict's launch command names (the hostfiles, Slurm, --min-hosts)."""
+    verdict's job command names (the hostfiles, Slurm, --min-hosts)."""
 
     verbose: bool = False
     quiet: bool = False
     width: Optional[int] = None
-    launch: Any = None  # preflight.launchable.Context: the verdict line's ready launch command (``preflight run``)
+    relaunch: Any = None  # preflight.launchable.Context: the verdict line's command that starts the job on the
+    # healthy hosts (``preflight run``)
 
 
 Write = Callable[["Report", TextIO, Settings], None]

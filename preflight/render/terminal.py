@@ -282,7 +282,7 @@ def matrix(report: Report) -> Table:
 
 
 def print_report(report: Report, console: Console, verbose: bool = False, quiet: bool = False,
-                 launch: Any = None) -> None:
+                 relaunch: Any = None) -> None:
     """Everything printed is a Text built from plain(): host text is never rich markup nor a raw escape.
 
     One line per cause (FAIL and ERROR, then WARN, then SKIP), or with -v one per (host, check); the matrix; the
@@ -321,10 +321,10 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
         for note in report.notes if verbose else []:
             console.print(Text(plain(f"note: {note}"), style="dim"), soft_wrap=True)
     line, style = verdict(report, found), verdict_style(report)
-    if launch is not None:  # the run's context (preflight/launchable.py): the launch still possible, --min-hosts
+    if relaunch is not None:  # the run's context (preflight/launchable.py): the job still possible, --min-hosts
         from preflight import launchable
-        line = launchable.verdict_line(report, launch, line)
-        if launchable.subset_passes(report, launch.min_hosts):
+        line = launchable.verdict_line(report, relaunch, line)
+        if launchable.subset_passes(report, relaunch.min_hosts):
             style = "bold yellow"
     console.print(Text(line, style=style), soft_wrap=True)
     console.print(Text(summary_line(report), style=STYLE[worst(report)]))
@@ -335,7 +335,7 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
 def write(report: Report, out: TextIO, settings: Settings) -> None:
     """The terminal renderer (``RENDERERS``' "terminal"): the report printed on ``out`` as print_report does."""
     print_report(report, console(out, settings.width), verbose=settings.verbose, quiet=settings.quiet,
-                 launch=settings.launch)
+                 relaunch=settings.relaunch)
 
 
 def console(file: Optional[TextIO] = None, width: Optional[int] = None) -> Console:
