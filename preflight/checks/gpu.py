@@ -55,9 +55,10 @@ _SMI_FIELDS_FULL = ("index,name,uuid,pci.bus_id,driver_version,memory.total,memo
                     "pcie.link.width.current,pcie.link.width.max,ecc.errors.uncorrected.volatile.total,"
                     "ecc.errors.corrected.volatile.total,clocks_event_reasons.active,persistence_mode,"
                     "mig.mode.current,mig.mode.pending,compute_mode,compute_cap,retired_pages.pending")
+# A str.format template, filled in when queried: {reasons} = this driver's name for the clock event reasons.
 _SMI_FIELDS_BASIC = ("index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used,memory.free,"
                      "temperature.gpu,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,"
-                     "pcie.link.width.max,ecc.errors.uncorrected.volatile.total,%s,persistence_mode,"
+                     "pcie.link.width.max,ecc.errors.uncorrected.volatile.total,{reasons},persistence_mode,"
                      "mig.mode.current,compute_mode")
 
 MIB = 1024 * 1024
@@ -248,7 +249,7 @@ def _nvml_call(raw: Dict[str, Any], key: str, fn: Any, *args: Any) -> Any:
     try:
         value = fn(*args)
     except Exception as exc:  # noqa: BLE001 - NotSupported etc. is a fact about this GPU
-        raw[key] = "ERR %s %s" % (type(exc).__name__, exc)
+        raw[key] = f"ERR {type(exc).__name__} {exc}"
         return None
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
@@ -272,7 +273,7 @@ def _read_nvml_gpu(pynvml: Any, handle: Any) -> Dict[str, Any]:
         except Exception:  # noqa: BLE001
             pass
     except Exception as exc:  # noqa: BLE001
-        raw["memory"] = "ERR %s %s" % (type(exc).__name__, exc)
+        raw["memory"] = f"ERR {type(exc).__name__} {exc}"
     _nvml_call(raw, "temp", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
     _nvml_call(raw, "temp_slowdown", pynvml.nvmlDeviceGetTemperatureThreshold, handle,
                pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
@@ -304,7 +305,7 @@ def _read_nvml_gpu(pynvml: Any, handle: Any) -> Dict[str, Any]:
         bus = as_str(info.busId)
         raw["pci"] = {"busId": bus}
     except Exception as exc:  # noqa: BLE001
-        raw["pci"] = "ERR %s %s" % (type(exc).__name__, exc)
+        raw["pci"] = f"ERR {type(exc).__name__} {exc}"
     _nvml_call(raw, "retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     _nvml_call(raw, "processes", lambda h: [
         {"pid": int(p.pid), "used_memory": (int(p.usedGpuMemory) if p.usedGpuMemory is not None else None)}
@@ -322,14 +323,14 @@ def _collect_nvml(facts: Dict[str, Any]) -> bool:
                     try:
                         handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                     except Exception as exc:  # noqa: BLE001 - a GPU NVML cannot open is itself a finding
-                        gpus.append(dict(normalize_nvml_gpu({}, i), handle_error="%s %s" % (type(exc).__name__, exc)))
+                        gpus.append(dict(normalize_nvml_gpu({}, i), handle_error=f"{type(exc).__name__} {exc}"))
                         continue
                     gpus.append(normalize_nvml_gpu(_read_nvml_gpu(pynvml, handle), i))
                 facts["gpus"] = gpus
                 facts["source"] = "nvml"
                 return True
             except Exception as exc:  # noqa: BLE001
-                facts["nvml_error"] = "NVML query: %s" % (str(exc) or type(exc).__name__)
+                facts["nvml_error"] = f"NVML query: {str(exc) or type(exc).__name__}"
                 return False
     except NVMLUnavailable as exc:
         facts["nvml_error"] = str(exc)
@@ -337,8 +338,8 @@ def _collect_nvml(facts: Dict[str, Any]) -> bool:
 
 
 def _collect_smi(ctx: HostContext, facts: Dict[str, Any]) -> None:
-    attempts = [_SMI_FIELDS_FULL, _SMI_FIELDS_BASIC % "clocks_event_reasons.active",
-                _SMI_FIELDS_BASIC % "clocks_throttle_reasons.active"]
+    attempts = [_SMI_FIELDS_FULL, _SMI_FIELDS_BASIC.format(reasons="clocks_event_reasons.active"),
+                _SMI_FIELDS_BASIC.format(reasons="clocks_throttle_reasons.active")]
     res = None
     for fields in attempts:
         res = sh(["nvidia-smi", "--query-gpu=" + fields, "--format=csv"], timeout=ctx.remaining(30))
@@ -348,7 +349,7 @@ def _collect_smi(ctx: HostContext, facts: Dict[str, Any]) -> None:
     if res.rc == 124:
         facts["tool_timeout"] = "nvidia-smi timed out"
     if not res.ok:
-        facts["smi_error"] = ("rc=%d: %s" % (res.rc, (res.err or res.out).strip()))[:500]
+        facts["smi_error"] = f"rc={res.rc}: {(res.err or res.out).strip()}"[:500]
         return
     rows = parse_nvidia_smi_csv(res.out)
     facts["gpus"] = [normalize_smi_gpu(r) for r in rows]
@@ -375,7 +376,7 @@ def _read_kmsg(deadline: float) -> Tuple[Optional[str], Optional[str]]:
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        return None, "/dev/kmsg: %s" % (exc.strerror or exc)
+        return None, f"/dev/kmsg: {exc.strerror or exc}"
     chunks: List[str] = []
     try:
         while time.monotonic() < deadline:
@@ -386,7 +387,7 @@ def _read_kmsg(deadline: float) -> Tuple[Optional[str], Optional[str]]:
                     break
                 if exc.errno == errno.EPIPE:  # a record was overwritten while reading: go on
                     continue
-                return None, "/dev/kmsg: %s" % (exc.strerror or exc)
+                return None, f"/dev/kmsg: {exc.strerror or exc}"
             if not data:
                 break
             line = data.decode(errors="replace")
@@ -403,7 +404,8 @@ def _collect_kernel_log(ctx: HostContext, facts: Dict[str, Any]) -> None:
     if res.ok:
         text, facts["kernel_log_source"] = res.out, "dmesg"
     else:
-        reasons = ["dmesg: %s" % ((res.err or res.out).strip().splitlines() or ["rc=%d" % res.rc])[-1][:200]]
+        last = ((res.err or res.out).strip().splitlines() or [f"rc={res.rc}"])[-1]
+        reasons = [f"dmesg: {last[:200]}"]
         text, why = _read_kmsg(time.monotonic() + ctx.remaining(10))
         if text is None:
             reasons.append(why or "/dev/kmsg unreadable")
@@ -436,13 +438,13 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------
 
 def _label(gpu: Dict[str, Any]) -> str:
-    return "GPU %s (%s)" % (gpu.get("index"), gpu.get("uuid") or "uuid unknown")
+    return f"GPU {gpu.get('index')} ({gpu.get('uuid') or 'uuid unknown'})"
 
 
 def _gpu_findings(gpu: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Finding]:
     label = _label(gpu)
     i = shlex.quote(str(gpu.get("index")))  # host-reported: one shell word in every printed command
-    reset = "sudo nvidia-smi -r -i %s (GPU reset, needs the GPU idle) or reboot" % i
+    reset = f"sudo nvidia-smi -r -i {i} (GPU reset, needs the GPU idle) or reboot"
     f, unreadable = _readability(gpu, label, i, reset)
     if unreadable:
         return f
@@ -457,19 +459,19 @@ def _readability(gpu: Dict[str, Any], label: str, i: str, reset: str) -> Tuple[L
     """(findings, whether nothing else can be judged): NVML could not open the GPU, or every query failed; a
     WARN when only some health fields could not be read."""
     if gpu.get("handle_error"):
-        return [Finding(Status.FAIL, "%s: NVML cannot open the GPU: %s" % (label, gpu["handle_error"]),
-                        "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset))], True
+        return [Finding(Status.FAIL, f"{label}: NVML cannot open the GPU: {gpu['handle_error']}",
+                        f"check `nvidia-smi -i {i} -q` and `dmesg | grep -i xid`; {reset}")], True
     errors = gpu.get("query_errors") or {}
     if not errors:
         return [], False
-    shown = "; ".join("%s: %s" % (k, v) for k, v in list(errors.items())[:4])
+    shown = "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:4])
     if len(errors) >= int(gpu.get("queried") or 0) > 0:
-        return [Finding(Status.FAIL, "%s: every query of the GPU failed (%s)" % (label, shown),
-                        "check `nvidia-smi -i %s -q` and `dmesg | grep -i xid`; %s" % (i, reset))], True
-    return [Finding(Status.WARN, "%s: %d of its health fields could not be read, so they were not checked "
-                                 "(%s)" % (label, len(errors), shown),
-                    "check `nvidia-smi -i %s -q`; a field that errors on an idle GPU often precedes a GPU that "
-                    "falls off the bus" % i)], False
+        return [Finding(Status.FAIL, f"{label}: every query of the GPU failed ({shown})",
+                        f"check `nvidia-smi -i {i} -q` and `dmesg | grep -i xid`; {reset}")], True
+    return [Finding(Status.WARN, f"{label}: {len(errors)} of its health fields could not be read, so they were not "
+                                 f"checked ({shown})",
+                    f"check `nvidia-smi -i {i} -q`; a field that errors on an idle GPU often precedes a GPU that "
+                    "falls off the bus")], False
 
 
 def _memory_health(gpu: Dict[str, Any], label: str, reset: str) -> List[Finding]:
@@ -477,21 +479,21 @@ def _memory_health(gpu: Dict[str, Any], label: str, reset: str) -> List[Finding]
     f: List[Finding] = []
     unc = gpu.get("ecc_uncorrected_volatile")
     if unc:
-        f.append(Finding(Status.FAIL, "%s: %d uncorrectable ECC error(s) since the driver loaded (volatile); "
-                                      "expected 0" % (label, unc),
-                         "drain the host; %s, re-run preflight; RMA the GPU if errors return" % reset))
+        f.append(Finding(Status.FAIL, f"{label}: {int(unc)} uncorrectable ECC error(s) since the driver loaded "
+                                      "(volatile); expected 0",
+                         f"drain the host; {reset}, re-run preflight; RMA the GPU if errors return"))
     if gpu.get("remap_failure"):
-        f.append(Finding(Status.FAIL, "%s: row remapping failed (no spare rows left); expected no failure"
-                         % label, "drain the host and RMA the GPU (nvidia-smi -q -d ROW_REMAPPER shows the "
-                                  "failure)"))
+        f.append(Finding(Status.FAIL, f"{label}: row remapping failed (no spare rows left); expected no failure",
+                         "drain the host and RMA the GPU (nvidia-smi -q -d ROW_REMAPPER shows the failure)"))
     if gpu.get("remap_pending"):
-        f.append(Finding(Status.WARN, "%s: a memory row remap is pending (%s uncorrectable, %s correctable rows "
-                                      "remapped); it takes effect only after a GPU reset"
-                         % (label, gpu.get("remapped_rows_uncorrectable"), gpu.get("remapped_rows_correctable")),
+        f.append(Finding(Status.WARN, f"{label}: a memory row remap is pending "
+                                      f"({gpu.get('remapped_rows_uncorrectable')} uncorrectable, "
+                                      f"{gpu.get('remapped_rows_correctable')} correctable rows remapped); it takes "
+                                      "effect only after a GPU reset",
                          reset))
     if gpu.get("retired_pages_pending"):
-        f.append(Finding(Status.WARN, "%s: retired memory pages are pending; they are retired only after a GPU "
-                                      "reset" % label, reset))
+        f.append(Finding(Status.WARN, f"{label}: retired memory pages are pending; they are retired only after a "
+                                      "GPU reset", reset))
     return f
 
 
@@ -501,17 +503,18 @@ def _pcie_link(gpu: Dict[str, Any], label: str, i: str) -> List[Finding]:
     gen, gen_max = gpu.get("pcie_gen"), gpu.get("pcie_gen_max")
     width, width_max = gpu.get("pcie_width"), gpu.get("pcie_width_max")
     if width is not None and width_max and width < width_max:
-        f.append(Finding(Status.FAIL, "%s: PCIe link downtrained to x%d (expected x%d): host<->GPU bandwidth "
-                                      "is cut to %d%%" % (label, width, width_max, 100 * width // width_max),
-                         "reseat the GPU/riser or replace the cable; check `sudo lspci -vv -s %s | grep -i "
-                         "LnkSta` and the BIOS PCIe settings" % shlex.quote(str(gpu.get("pci_bus_id") or "BUS_ID"))))
+        bus = shlex.quote(str(gpu.get("pci_bus_id") or "BUS_ID"))
+        f.append(Finding(Status.FAIL, f"{label}: PCIe link downtrained to x{int(width)} (expected x{int(width_max)}): "
+                                      f"host<->GPU bandwidth is cut to {int(100 * width // width_max)}%",
+                         f"reseat the GPU/riser or replace the cable; check `sudo lspci -vv -s {bus} | grep -i "
+                         "LnkSta` and the BIOS PCIe settings"))
     if gen is not None and gen_max and gen < gen_max:
-        f.append(Finding(Status.WARN, "%s: PCIe link at Gen%d, expected Gen%d (idle GPUs may lower the link "
-                                      "speed to save power; downtrained if it stays low under load)"
-                         % (label, gen, gen_max),
-                         "check under load: nvidia-smi -i %s --query-gpu=pcie.link.gen.current,"
+        f.append(Finding(Status.WARN, f"{label}: PCIe link at Gen{int(gen)}, expected Gen{int(gen_max)} (idle GPUs "
+                                      "may lower the link speed to save power; downtrained if it stays low under "
+                                      "load)",
+                         f"check under load: nvidia-smi -i {i} --query-gpu=pcie.link.gen.current,"
                          "pcie.link.gen.max --format=csv; if still low, reseat the GPU and check the BIOS "
-                         "PCIe speed setting" % i))
+                         "PCIe speed setting"))
     return f
 
 
@@ -522,12 +525,11 @@ def _clocks(gpu: Dict[str, Any], label: str, i: str) -> List[Finding]:
     if reasons:
         for bit, (name, status) in sorted(CLOCK_TROUBLE.items()):
             if reasons & bit:
-                f.append(Finding(status, "%s: clocks held down by %s (clock event reasons 0x%x, temp %s C, "
-                                         "power %s W); expected none before the job" % (
-                                             label, name, reasons, gpu.get("temp"),
-                                             _watts(gpu.get("power_mw"))),
-                                 "check cooling/airflow and PSU/power capping (nvidia-smi -q -i %s -d "
-                                 "PERFORMANCE,TEMPERATURE,POWER); drain the host if it persists" % i))
+                f.append(Finding(status, f"{label}: clocks held down by {name} (clock event reasons 0x{reasons:x}, "
+                                         f"temp {gpu.get('temp')} C, power {_watts(gpu.get('power_mw'))} W); "
+                                         "expected none before the job",
+                                 f"check cooling/airflow and PSU/power capping (nvidia-smi -q -i {i} -d "
+                                 "PERFORMANCE,TEMPERATURE,POWER); drain the host if it persists"))
     return f
 
 
@@ -541,12 +543,13 @@ def _temperature(gpu: Dict[str, Any], label: str, lim: Dict[str, Any]) -> List[F
     if temp is None:
         return []
     if temp >= fail_c:
-        return [Finding(Status.FAIL, "%s: temperature %d C >= %d C (slowdown threshold %s C)" % (
-            label, temp, fail_c, slowdown if slowdown else "unknown"),
+        shown_slowdown = slowdown if slowdown else "unknown"
+        return [Finding(Status.FAIL, f"{label}: temperature {int(temp)} C >= {int(fail_c)} C (slowdown threshold "
+                                     f"{shown_slowdown} C)",
             "check fans/airflow/coolant for this host; the GPU will throttle under load")]
     if temp >= warn_c:
-        return [Finding(Status.WARN, "%s: temperature %d C >= %d C before the job started" % (
-            label, temp, warn_c), "check fans/airflow/coolant; an idle GPU should run well below this")]
+        return [Finding(Status.WARN, f"{label}: temperature {int(temp)} C >= {int(warn_c)} C before the job started",
+                        "check fans/airflow/coolant; an idle GPU should run well below this")]
     return []
 
 
@@ -554,19 +557,18 @@ def _modes(gpu: Dict[str, Any], label: str, i: str, reset: str, lim: Dict[str, A
     """Persistence mode off, MIG on (or a change pending), a compute mode other than Default."""
     f: List[Finding] = []
     if gpu.get("persistence") == 0:
-        f.append(Finding(Status.WARN, "%s: persistence mode is off (each job pays driver init, and GPU state "
-                                      "can reset between jobs)" % label,
-                         "sudo nvidia-smi -i %s -pm 1 (better: sudo systemctl enable --now nvidia-persistenced)"
-                         % i))
+        f.append(Finding(Status.WARN, f"{label}: persistence mode is off (each job pays driver init, and GPU state "
+                                      "can reset between jobs)",
+                         f"sudo nvidia-smi -i {i} -pm 1 (better: sudo systemctl enable --now nvidia-persistenced)"))
 
     mig = gpu.get("mig")
     if mig and mig[0] == 1 and not lim["allow_mig"]:
-        f.append(Finding(Status.FAIL, "%s: MIG mode is enabled: the GPU is split into instances and NCCL "
-                                      "cannot communicate between MIG instances" % label,
-                         "sudo nvidia-smi -i %s -mig 0 && %s (or set [gpu] allow_mig = true)" % (i, reset)))
+        f.append(Finding(Status.FAIL, f"{label}: MIG mode is enabled: the GPU is split into instances and NCCL "
+                                      "cannot communicate between MIG instances",
+                         f"sudo nvidia-smi -i {i} -mig 0 && {reset} (or set [gpu] allow_mig = true)"))
     elif mig and len(mig) > 1 and mig[1] is not None and mig[0] != mig[1]:
-        f.append(Finding(Status.WARN, "%s: a MIG mode change is pending (current %s, pending %s)" % (
-            label, mig[0], mig[1]), reset))
+        f.append(Finding(Status.WARN, f"{label}: a MIG mode change is pending (current {mig[0]}, pending {mig[1]})",
+                         reset))
 
     mode = gpu.get("compute_mode")
     if mode is not None and mode != 0:
@@ -575,8 +577,8 @@ def _modes(gpu: Dict[str, Any], label: str, i: str, reset: str, lim: Dict[str, A
         why = ("no process can create a CUDA context" if mode == 2 else
                "only one process may hold a context; anything else on the GPU (another rank, a monitor, a "
                "leftover process) makes the job fail")
-        f.append(Finding(status, "%s: compute mode is %s, expected Default: %s" % (label, name, why),
-                         "sudo nvidia-smi -i %s -c DEFAULT" % i))
+        f.append(Finding(status, f"{label}: compute mode is {name}, expected Default: {why}",
+                         f"sudo nvidia-smi -i {i} -c DEFAULT"))
     return f
 
 
@@ -590,16 +592,17 @@ def _memory_in_use(gpu: Dict[str, Any], label: str, lim: Dict[str, Any]) -> List
     if in_use <= limit:
         return []
     procs = gpu.get("processes") or []
-    who = ", ".join("pid %s (%s MiB)" % (p.get("pid"), _mib(p.get("used_memory"))) for p in procs[:5])
-    return [Finding(Status.WARN, "%s: %d MiB of %d MiB already in use before the job (threshold %d MiB)%s"
-                    % (label, in_use // MIB, (gpu.get("memory_total") or 0) // MIB, limit // MIB,
-                       ": " + who if who else ""),
+    who = ", ".join(f"pid {p.get('pid')} ({_mib(p.get('used_memory'))} MiB)" for p in procs[:5])
+    in_use_mib, total_mib = int(in_use // MIB), int((gpu.get("memory_total") or 0) // MIB)
+    owners = ": " + who if who else ""
+    return [Finding(Status.WARN, f"{label}: {in_use_mib} MiB of {total_mib} MiB already in use before the job "
+                                 f"(threshold {limit // MIB} MiB){owners}",
                     "find the owners with `nvidia-smi --query-compute-apps=pid,process_name,used_memory "
                     "--format=csv` and stop them (kill PID) before launching")]
 
 
 def _watts(mw: Any) -> str:
-    return "%.0f" % (mw / 1000.0) if isinstance(mw, (int, float)) else "?"
+    return f"{mw / 1000.0:.0f}" if isinstance(mw, (int, float)) else "?"
 
 
 def _mib(b: Any) -> str:
@@ -623,22 +626,21 @@ def _xid_findings(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Fin
     findings = []
     for (xid, pci), events in sorted(grouped.items()):
         gpu = by_pci.get(_pci_key(pci))  # type: ignore[arg-type]
-        where = _label(gpu) if gpu else "GPU at PCI %s" % pci
+        where = _label(gpu) if gpu else f"GPU at PCI {pci}"
         index = gpu.get("index") if gpu else "N"
         last = events[-1]["detail"]
         if xid in fail_set:
             findings.append(Finding(
-                Status.FAIL, "%s: Xid %d in the kernel log (%d time(s) since boot; last: %s); expected none of "
-                             "the hardware Xids %s" % (where, xid, len(events), last, sorted(fail_set)),
-                "drain the host; reset the GPU (sudo nvidia-smi -r -i %s) or power-cycle the host for Xid 79, "
-                "check `nvidia-smi -q -i %s`, RMA if it recurs (the lines stay in dmesg until reboot)"
-                % (index, index)))
+                Status.FAIL, f"{where}: Xid {xid} in the kernel log ({len(events)} time(s) since boot; last: "
+                             f"{last}); expected none of the hardware Xids {sorted(fail_set)}",
+                f"drain the host; reset the GPU (sudo nvidia-smi -r -i {index}) or power-cycle the host for Xid "
+                f"79, check `nvidia-smi -q -i {index}`, RMA if it recurs (the lines stay in dmesg until reboot)"))
         else:
             findings.append(Finding(
-                Status.WARN, "%s: Xid %d in the kernel log (%d time(s) since boot; last: %s)" % (
-                    where, xid, len(events), last),
-                "look up Xid %d in NVIDIA's Xid catalog; most non-hardware Xids come from an earlier job's "
-                "fault; add it to [gpu] xid_ignore if it is expected here" % xid))
+                Status.WARN, f"{where}: Xid {xid} in the kernel log ({len(events)} time(s) since boot; last: "
+                             f"{last})",
+                f"look up Xid {xid} in NVIDIA's Xid catalog; most non-hardware Xids come from an earlier job's "
+                "fault; add it to [gpu] xid_ignore if it is expected here"))
     return findings
 
 
@@ -648,10 +650,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     metrics: Dict[str, Any] = {"gpu_count": len(gpus), "driver": facts.get("driver"), "source": facts.get("source")}
 
     if not facts.get("driver_present"):
-        reason = "no NVIDIA driver on this host (NVML: %s; nvidia-smi: %s; /proc/driver/nvidia/version absent)" % (
-            facts.get("nvml_error") or "unavailable", facts.get("smi_error") or "unavailable")
+        nvml_error, smi_error = facts.get("nvml_error") or "unavailable", facts.get("smi_error") or "unavailable"
+        reason = (f"no NVIDIA driver on this host (NVML: {nvml_error}; nvidia-smi: {smi_error}; "
+                  "/proc/driver/nvidia/version absent)")
         if expected:
-            return combine([Finding(Status.FAIL, reason + ", but GPUs are expected (%s)" % why_expected,
+            return combine([Finding(Status.FAIL, reason + f", but GPUs are expected ({why_expected})",
                                     "install the NVIDIA datacenter driver and check that `nvidia-smi` lists the "
                                     "GPUs")], "", metrics)
         return skip(reason + "; GPU health does not apply (set gpus_expected = true to make this a failure)",
@@ -659,12 +662,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 
     if not facts.get("source"):
         if facts.get("tool_timeout"):
-            return error("could not query the GPUs: %s (NVML: %s)" % (facts["tool_timeout"], facts.get("nvml_error")),
+            return error(f"could not query the GPUs: {facts['tool_timeout']} (NVML: {facts.get('nvml_error')})",
                          "run `nvidia-smi` by hand; a hang usually means a GPU needs a reset or the host a reboot",
                          **metrics)
-        return combine([Finding(Status.FAIL, "the NVIDIA kernel module is loaded but neither NVML (%s) nor "
-                                             "nvidia-smi (%s) can query the GPUs" % (
-                                                 facts.get("nvml_error"), facts.get("smi_error")),
+        return combine([Finding(Status.FAIL, "the NVIDIA kernel module is loaded but neither NVML "
+                                             f"({facts.get('nvml_error')}) nor nvidia-smi "
+                                             f"({facts.get('smi_error')}) can query the GPUs",
                                 "install nvidia-ml-py / the driver's utilities matching the kernel module "
                                 "(cat /proc/driver/nvidia/version), or reboot after a driver upgrade")],
                        "", metrics)
@@ -672,7 +675,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     findings: List[Finding] = []
     if not gpus:
         findings.append(Finding(Status.FAIL if expected else Status.WARN,
-                                "the NVIDIA driver %s is loaded but reports 0 GPUs" % facts.get("driver"),
+                                f"the NVIDIA driver {facts.get('driver')} is loaded but reports 0 GPUs",
                                 "check `nvidia-smi -L`, `lspci | grep -i nvidia` and `dmesg | grep -i nvrm`"))
     failed_gpus: List[int] = []
     for gpu in gpus:
@@ -683,11 +686,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     per_gpu = len(findings)
 
     if facts.get("kernel_log_error"):
-        xid_note = "Xid scan skipped: kernel log not readable (%s; run preflight as root or set " \
-                   "kernel.dmesg_restrict=0)" % facts["kernel_log_error"]
+        xid_note = (f"Xid scan skipped: kernel log not readable ({facts['kernel_log_error']}; run preflight as "
+                    "root or set kernel.dmesg_restrict=0)")
     else:
         findings.extend(_xid_findings(facts, thresholds))
-        xid_note = "no Xid errors in %s" % (facts.get("kernel_log_source") or "the kernel log")
+        xid_note = f"no Xid errors in {facts.get('kernel_log_source') or 'the kernel log'}"
     metrics["xid_lines_total"] = facts.get("xid_lines_total", 0)
     # Which GPUs failed, when the host's failures are theirs alone: the launch can go on without just those slots
     # (DeepSpeed's -e host:slot; preflight/launchable.py). An Xid or a host-wide finding keeps it unset.
@@ -696,8 +699,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         metrics["failed_gpus"] = sorted(failed_gpus)
 
     names = sorted(set(g.get("name") or "?" for g in gpus))
-    ok = "%d GPU(s) healthy (%s, driver %s via %s); %s" % (len(gpus), ", ".join(names), facts.get("driver"),
-                                                          facts.get("source"), xid_note)
+    ok = (f"{len(gpus)} GPU(s) healthy ({', '.join(names)}, driver {facts.get('driver')} via "
+          f"{facts.get('source')}); {xid_note}")
     if not findings:
         findings.append(Finding(Status.PASS, ok))
     if facts.get("kernel_log_error"):
