@@ -104,7 +104,7 @@ def parse_if_inet6(text: str) -> Dict[str, List[str]]:
         if len(f) < 6 or len(f[0]) != 32:
             continue
         addr = ipaddress.IPv6Address(bytes.fromhex(f[0]))
-        out.setdefault(f[5], []).append("%s/%d" % (addr, int(f[2], 16)))
+        out.setdefault(f[5], []).append(f"{addr}/{int(f[2], 16)}")
     return out
 
 
@@ -126,7 +126,7 @@ def parse_ip_addr_json(text: str) -> Dict[str, Dict[str, Any]]:
             if local is None or plen is None:
                 continue
             (v4 if a.get("family") == "inet" else v6 if a.get("family") == "inet6" else []).append(
-                "%s/%s" % (local, plen))
+                f"{local}/{plen}")
         out[name] = {"ipv4": v4, "ipv6": v6, "operstate": item.get("operstate"), "mtu": item.get("mtu"),
                      "link_type": item.get("link_type"), "flags": item.get("flags") or []}
     return out
@@ -320,7 +320,7 @@ def _ioctl_ipv4(names: List[str]) -> Dict[str, List[str]]:
             except OSError:
                 continue
             plen = bin(struct.unpack("!I", mask)[0]).count("1")
-            out[name] = ["%s/%d" % (socket.inet_ntoa(addr), plen)]
+            out[name] = [f"{socket.inet_ntoa(addr)}/{plen}"]
     finally:
         s.close()
     return out
@@ -345,13 +345,13 @@ def _resolve(host: str, timeout: float) -> Dict[str, Any]:
             result["addresses"] = seen
             result["ip"] = seen[0] if seen else None
         except (socket.gaierror, OSError, UnicodeError) as exc:
-            result["error"] = "does not resolve: %s" % exc
+            result["error"] = f"does not resolve: {exc}"
 
     t = threading.Thread(target=work, daemon=True)
     t.start()
     t.join(timeout)
     if t.is_alive():
-        result["error"] = "name resolution timed out after %.0f s" % timeout
+        result["error"] = f"name resolution timed out after {timeout:.0f} s"
     elif result["ip"] is None and not result["error"]:
         result["error"] = "does not resolve: no addresses"
     return result
@@ -366,8 +366,8 @@ def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[
             r["via"] = "ip route get"
             return {"route": r, "error": None}
     if not res.ok and res.rc not in (124, 127) and ("RTNETLINK" in res.err or "unreachable" in res.err.lower()):
-        last = (res.err.strip().splitlines() or ["rc %d" % res.rc])[-1]
-        return {"route": None, "error": "ip route get %s: %s" % (ip, last)}
+        last = (res.err.strip().splitlines() or [f"rc {res.rc}"])[-1]
+        return {"route": None, "error": f"ip route get {ip}: {last}"}
     # Fallback without iproute2 (or without -j): let the kernel pick the source, then map it to an interface.
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     try:
@@ -378,7 +378,7 @@ def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[
         finally:
             s.close()
     except OSError as exc:
-        return {"route": None, "error": "no route to %s: %s" % (ip, exc.strerror or exc)}
+        return {"route": None, "error": f"no route to {ip}: {exc.strerror or exc}"}
     dev = None
     for itf in interfaces:
         if any(a.split("/")[0] == src for a in itf["ipv4"] + itf["ipv6"]):
@@ -387,7 +387,7 @@ def _route(ip: str, ctx: HostContext, interfaces: List[Dict[str, Any]]) -> Dict[
     if dev is None and proc:
         dev = proc["dev"]
     return {"route": {"dev": dev, "src": src, "gateway": proc["gateway"] if proc else None, "via": "socket"},
-            "error": None if dev else "route source %s matches no interface" % src}
+            "error": None if dev else f"route source {src} matches no interface"}
 
 
 def collect(ctx: HostContext) -> Dict[str, Any]:
@@ -409,7 +409,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         if link.ok:
             kinds = parse_ip_link_kinds(link.out)
     else:
-        facts["errors"].append("ip -j addr: rc %d %s" % (res.rc, res.err.strip()[:200]))
+        facts["errors"].append(f"ip -j addr: rc {res.rc} {res.err.strip()[:200]}")
         facts["sources"].append("ioctl + /proc/net/if_inet6")
         v4 = _ioctl_ipv4(names)
         v6 = parse_if_inet6(read_text("/proc/net/if_inet6") or "")
@@ -444,14 +444,14 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
             if facts["route_to_master"] is not None:
                 facts["route_to_master"]["ip"] = info["ip"]
         else:
-            facts["route_error"] = "master %s %s" % (master, info["error"])
+            facts["route_error"] = f"master {master} {info['error']}"
     return facts
 
 
 # --- evaluation ------------------------------------------------------------------------------
 
 def _port(p: Dict[str, Any]) -> str:
-    return "%s:%s" % (p.get("device"), p.get("port"))
+    return f"{p.get('device')}:{p.get('port')}"
 
 
 def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
@@ -465,12 +465,12 @@ def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
     bad = validate.bad_interface_names(facts)
     findings: List[Finding] = []
     if bad:
+        plural = "" if len(bad) == 1 else "s"
+        shown = ", ".join(f"{what} {validate.quote(v)}" for what, v in bad[:8]) + (", ..." if len(bad) > 8 else "")
         findings.append(Finding(
-            Status.FAIL, "this host reports %d name%s outside Linux's rules (expected 1-15 bytes of [A-Za-z0-9_.:@-], "
-            "not starting with '-'): %s; preflight leaves them out of every command and of the recommended "
-            "environment" % (len(bad), "" if len(bad) == 1 else "s",
-                             ", ".join("%s %s" % (what, validate.quote(v)) for what, v in bad[:8])
-                             + (", ..." if len(bad) > 8 else "")),
+            Status.FAIL, f"this host reports {len(bad)} name{plural} outside Linux's rules (expected 1-15 bytes of "
+            f"[A-Za-z0-9_.:@-], not starting with '-'): {shown}; preflight leaves them out of every command and of "
+            "the recommended environment",
             "ip -br link; rename with: ip link set dev OLD name NEW (or find out what on this host reports them)"))
     return trusted_interfaces(facts), findings
 
@@ -478,8 +478,9 @@ def trusted_view(facts: Any) -> Tuple[Dict[str, Any], List[Finding]]:
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     frac = float(limits(thresholds, NAME)["min_rate_fraction"])
     if not isinstance(facts, dict):
-        return Outcome(Status.ERROR, "the host reported interfaces facts of the wrong shape (%s, expected an object)"
-                       % type(facts).__name__, "rerun with -v; look at what runs as --python on the host")
+        return Outcome(Status.ERROR, f"the host reported interfaces facts of the wrong shape "
+                       f"({type(facts).__name__}, expected an object)",
+                       "rerun with -v; look at what runs as --python on the host")
     raw = facts
     facts, findings = trusted_view(facts)
     ifaces = facts.get("interfaces") or []
@@ -492,16 +493,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         findings.extend(_route_findings(master, route, facts.get("route_error"), ifaces))
 
     phys = [i for i in ifaces if not i.get("virtual")]
-    parts = ["%d interfaces (%s physical)" % (len(ifaces), ", ".join(
-        "%s %s%s MTU %s" % (i["name"], ",".join(i.get("ipv4") or []) or "no IPv4",
-                            (" %d Mb/s" % i["speed_mbps"]) if i.get("speed_mbps") else "", i.get("mtu"))
-        for i in phys) or "none")]
+    physical = ", ".join(_iface_summary(i) for i in phys) or "none"
+    parts = [f"{len(ifaces)} interfaces ({physical} physical)"]
     if ib:
-        parts.append("%d/%d IB/RoCE ports active (%s)" % (len(active), len(ib), ", ".join(
-            "%s %s %g Gb/s" % (_port(p), p.get("link_layer"), p.get("rate_gbps") or 0) for p in active)))
+        ports = ", ".join(f"{_port(p)} {p.get('link_layer')} {p.get('rate_gbps') or 0:g} Gb/s" for p in active)
+        parts.append(f"{len(active)}/{len(ib)} IB/RoCE ports active ({ports})")
     else:
         parts.append("no IB/RoCE devices")
-    parts.append("%s loaded" % facts.get("peermem_module") if facts.get("peermem")
+    parts.append(f"{facts.get('peermem_module')} loaded" if facts.get("peermem")
                  else "nvidia_peermem not loaded")
     gdr = gdr_path(raw)
     findings.extend(_gdr_findings(gdr, raw, active))
@@ -509,12 +508,19 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         parts.append(f"GPUDirect RDMA through DMA-BUF (open kernel module, kernel {_shown_kernel(raw.get('kernel'))}; "
                      f"needs NCCL >= 2.13, see the versions check)")
     if route:
-        parts.append("route to master %s via %s (src %s)" % (route.get("ip") or (master or {}).get("ip"),
-                                                             route.get("dev"), route.get("src")))
+        to_ip = route.get("ip") or (master or {}).get("ip")
+        parts.append(f"route to master {to_ip} via {route.get('dev')} (src {route.get('src')})")
     metrics = {k: raw.get(k) for k in ("interfaces", "ib", "peermem", "peermem_module", "route_to_master",
                                         "master")}
     metrics["gdr"] = gdr
     return combine(findings, "; ".join(parts), metrics)
+
+
+def _iface_summary(i: Dict[str, Any]) -> str:
+    """One physical interface as the PASS message shows it: name, IPv4 addresses, speed, MTU."""
+    ipv4 = ",".join(i.get("ipv4") or []) or "no IPv4"
+    speed = f" {int(i['speed_mbps'])} Mb/s" if i.get("speed_mbps") else ""  # whole Mb/s, a float truncated
+    return f"{i['name']} {ipv4}{speed} MTU {i.get('mtu')}"
 
 
 def _shown_kernel(release: Any) -> str:
@@ -550,20 +556,20 @@ def _ib_port_findings(ib: List[Dict[str, Any]], active: List[Dict[str, Any]], fr
     for p in ib:
         if p.get("active"):
             continue
-        fix = "ibstat %s" % p.get("device")
+        fix = f"ibstat {p.get('device')}"
         if (p.get("link_layer") or "").lower() == "ethernet" and p.get("netdevs"):
-            fix = "ip link set %s up; ethtool %s" % (p["netdevs"][0], p["netdevs"][0])
+            fix = f"ip link set {p['netdevs'][0]} up; ethtool {p['netdevs'][0]}"
         if active:
-            fix += "; export NCCL_IB_HCA==%s" % hca_list
+            fix += f"; export NCCL_IB_HCA=={hca_list}"
         else:
             fix += "; export NCCL_IB_DISABLE=1"
         hint = "; Polling = no link partner: check the cable and the switch port" if p.get("phys_state") == "Polling" \
             else ""
-        meanwhile = ("; until fixed, NCCL_IB_HCA==%s keeps NCCL on the active ports" % hca_list if active
+        meanwhile = (f"; until fixed, NCCL_IB_HCA=={hca_list} keeps NCCL on the active ports" if active
                      else "; until fixed, NCCL_IB_DISABLE=1 falls back to (slow) sockets")
-        findings.append(Finding(Status.FAIL, "IB port %s (%s) is %s / %s (expected ACTIVE / LinkUp)%s%s"
-                                % (_port(p), p.get("link_layer") or "?", p.get("state") or "?",
-                                   p.get("phys_state") or "?", hint, meanwhile), fix))
+        states = f"{p.get('state') or '?'} / {p.get('phys_state') or '?'}"
+        findings.append(Finding(Status.FAIL, f"IB port {_port(p)} ({p.get('link_layer') or '?'}) is {states} "
+                                             f"(expected ACTIVE / LinkUp){hint}{meanwhile}", fix))
 
     by_layer: Dict[str, List[Dict[str, Any]]] = {}
     for p in active:
@@ -575,18 +581,18 @@ def _ib_port_findings(ib: List[Dict[str, Any]], active: List[Dict[str, Any]], fr
         for p in ports:
             if p["rate_gbps"] < frac * fastest:
                 findings.append(Finding(
-                    Status.WARN, "IB port %s runs at %g Gb/s (%s), below the %g Gb/s of %s on this host (%s); "
-                    "check the negotiated width/speed, the cable and the switch port"
-                    % (_port(p), p["rate_gbps"], p.get("rate") or "", fastest, ", ".join(fast), layer),
-                    "ibstat %s" % p.get("device")))
+                    Status.WARN, f"IB port {_port(p)} runs at {p['rate_gbps']:g} Gb/s ({p.get('rate') or ''}), below "
+                    f"the {fastest:g} Gb/s of {', '.join(fast)} on this host ({layer}); check the negotiated "
+                    "width/speed, the cable and the switch port",
+                    f"ibstat {p.get('device')}"))
 
     for p in active:
         if (p.get("link_layer") or "").lower() == "ethernet" and not p.get("gids"):
             nd = (p.get("netdevs") or ["<netdev>"])[0]
-            findings.append(Finding(Status.WARN, "RoCE port %s has an empty GID table (expected a RoCE v2 GID from "
-                                                 "an IP address on %s; NCCL_IB_GID_INDEX needs one)" % (_port(p), nd),
-                                    "ip addr add <IP>/<PREFIX> dev %s && cat /sys/class/infiniband/%s/ports/%s/"
-                                    "gids/*" % (nd, p.get("device"), p.get("port"))))
+            findings.append(Finding(Status.WARN, f"RoCE port {_port(p)} has an empty GID table (expected a RoCE v2 "
+                                                 f"GID from an IP address on {nd}; NCCL_IB_GID_INDEX needs one)",
+                                    f"ip addr add <IP>/<PREFIX> dev {nd} && cat /sys/class/infiniband/"
+                                    f"{p.get('device')}/ports/{p.get('port')}/gids/*"))
     return findings
 
 
@@ -596,25 +602,23 @@ def _route_findings(master: Dict[str, Any], route: Optional[Dict[str, Any]], rou
     if route is None:
         err = route_error or "unknown error"
         if master.get("error"):
-            return [Finding(Status.FAIL, "master %s: %s (expected an address this host can reach)"
-                            % (master.get("given"), master.get("error") or err),
-                            "getent hosts %s || echo %s >> /etc/hosts"
-                            % (shlex.quote(str(master.get("given"))),
-                               shlex.quote("<MASTER_IP> %s" % master.get("given"))))]
+            given = master.get("given")
+            line = shlex.quote(f"<MASTER_IP> {given}")
+            return [Finding(Status.FAIL, f"master {given}: {master.get('error') or err} (expected an address this "
+                                         "host can reach)",
+                            f"getent hosts {shlex.quote(str(given))} || echo {line} >> /etc/hosts")]
         if "unreachable" in err.lower() or "no route" in err.lower():
-            return [Finding(Status.FAIL, "no route from this host to master %s (%s): %s (expected a "
-                                         "route on the cluster interface)"
-                            % (master.get("given"), master.get("ip"), err),
+            return [Finding(Status.FAIL, f"no route from this host to master {master.get('given')} "
+                                         f"({master.get('ip')}): {err} (expected a route on the cluster interface)",
                             "ip route show; ip -br addr")]
-        return [Finding(Status.ERROR, "could not find the route to master %s: %s"
-                        % (master.get("given"), err),
-                        "ip route get %s" % shlex.quote(str(master.get("ip"))))]
+        return [Finding(Status.ERROR, f"could not find the route to master {master.get('given')}: {err}",
+                        f"ip route get {shlex.quote(str(master.get('ip')))}")]
     dev = next((i for i in ifaces if i.get("name") == route.get("dev")), None)
     if dev and (dev.get("operstate") or "").lower() in ("down", "lowerlayerdown", "notpresent"):
-        return [Finding(Status.FAIL, "the route to master %s goes via %s, which is %s (expected up)"
-                        % (master.get("given"), dev["name"], dev.get("operstate")),
-                        "ip link set %s up; ip route get %s"
-                        % (dev["name"], shlex.quote(str(master.get("ip")))))]
+        to_ip = shlex.quote(str(master.get("ip")))
+        return [Finding(Status.FAIL, f"the route to master {master.get('given')} goes via {dev['name']}, which is "
+                                     f"{dev.get('operstate')} (expected up)",
+                        f"ip link set {dev['name']} up; ip route get {to_ip}")]
     return []
 
 

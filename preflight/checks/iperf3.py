@@ -74,7 +74,7 @@ def parse_client_json(text: str) -> Dict[str, Any]:
         data = json.loads(text or "")
     except ValueError:
         tail = (text or "").strip().splitlines()[-1:] or ["no output"]
-        out["error"] = "iperf3 printed no JSON: %s" % tail[0][:200]
+        out["error"] = f"iperf3 printed no JSON: {tail[0][:200]}"
         return out
     if not isinstance(data, dict):
         out["error"] = "iperf3 printed unexpected JSON"
@@ -133,7 +133,7 @@ def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[st
     counts as unknown, not slow), then by address for a stable order.
     """
     per_host = {h: host_subnets(facts_by_host.get(h) or {}) for h in hosts}
-    subnets = {h: ["%s (%s)" % (net, dev) for net, dev, _, _ in entries] for h, entries in per_host.items()}
+    subnets = {h: [f"{net} ({dev})" for net, dev, _, _ in entries] for h, entries in per_host.items()}
     if not hosts:
         return [], subnets
     common = set(net for net, _, _, _ in per_host[hosts[0]])
@@ -181,7 +181,7 @@ def link_floor(net: Dict[str, Any], t: Mapping[str, Any]) -> Tuple[Optional[floa
         return None, "no link-rate floor: the link rates were not recorded"
     unknown = sorted(h for h, r in rates.items() if not isinstance(r, int) or r <= 0)
     if unknown:
-        shown = ", ".join(unknown[:8]) + (" and %d more" % (len(unknown) - 8) if len(unknown) > 8 else "")
+        shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
         return None, (f"no link-rate floor: link rate unknown on {shown} (a virtual NIC, IPoIB, or speed -1), so "
                       f"only the hosts are compared with each other")
     slowest = min(rates, key=lambda h: (rates[h], h))
@@ -303,7 +303,7 @@ def serve(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             proc = None
         if proc is None:
             err = b"".join(tail).decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError("iperf3 -s did not start listening: %s" % err[0][:300])
+            raise RuntimeError(f"iperf3 -s did not start listening: {err[0][:300]}")
         ctx.ready({"port": port, "pid": proc.pid})
         # Stop a little before the agent's own deadline so that the finally below, not SIGALRM, cleans up.
         ctx.wait_stop(max(0.5, ctx.deadline - time.monotonic() - 2.0))
@@ -325,10 +325,10 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     connect_timeout = float(params.get("connect_timeout_s", 3.0))
     for key in ("addr", "bind"):  # host-reported addresses: only a real IP address reaches iperf3's argv
         if key in params and params[key] and not validate.ip_address(params[key]):
-            return dict(parse_client_json(""), error="%s %s is not an IP address" % (key, validate.quote(params[key])))
+            return dict(parse_client_json(""), error=f"{key} {validate.quote(params[key])} is not an IP address")
     argv = ["iperf3", "-c", str(params["addr"]), "-p", str(int(params["port"])), "-J", "-t", str(duration)]
     if params.get("interval_s"):
-        argv += ["-i", "%g" % float(params["interval_s"])]
+        argv += ["-i", f"{float(params['interval_s']):g}"]
     if params.get("bind"):
         argv += ["-B", str(params["bind"])]  # keep the test on the network under test whatever the routes say
     if int(params.get("streams", 1)) > 1:
@@ -342,9 +342,9 @@ def client(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     res = sh(argv, timeout=budget)
     out = parse_client_json(res.out)
     if res.rc == 124:
-        out["error"] = "iperf3 -c %s:%s timed out after %.0fs" % (params["addr"], params["port"], budget)
+        out["error"] = f"iperf3 -c {params['addr']}:{params['port']} timed out after {budget:.0f}s"
     elif out["error"] and "no JSON" in out["error"] and res.err.strip():
-        out["error"] = "iperf3 failed (rc %d): %s" % (res.rc, res.err.strip().splitlines()[-1][:300])
+        out["error"] = f"iperf3 failed (rc {res.rc}): {res.err.strip().splitlines()[-1][:300]}"
     out["argv"] = argv
     out["wall_s"] = round(res.duration, 3)
     return out
@@ -380,8 +380,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                                              if h.name not in hosts],
                              "duration_s": duration, "rounds": 0}
     if len(hosts) < 2:
-        facts["skipped"] = ("needs at least 2 reachable hosts to measure between them (reachable: %s)"
-                            % (", ".join(hosts) or "none"))
+        reachable = ", ".join(hosts) or "none"
+        facts["skipped"] = f"needs at least 2 reachable hosts to measure between them (reachable: {reachable})"
         return facts
 
     iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
@@ -390,7 +390,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         got = cluster.call_all(NAME + ".interfaces", {h: {} for h in missing}, timeout=30)
         for h, value in got.items():
             if isinstance(value, BaseException):
-                facts["errors"][h] = "could not list the interfaces: %s" % _err(value)
+                facts["errors"][h] = f"could not list the interfaces: {_err(value)}"
             else:
                 iface[h] = value
     usable = [h for h in hosts if iface.get(h)]
@@ -407,8 +407,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     progress = getattr(cluster, "progress", None)
     if progress is not None:
         # +1: the runner advances once more when the check ends.
-        progress.phase("iperf3 (%d network%s x %d round%s)" % (len(networks), "s"[:len(networks) != 1],
-                                                              len(rounds), "s"[:len(rounds) != 1]),
+        nets_s, rounds_s = "s"[:len(networks) != 1], "s"[:len(rounds) != 1]
+        progress.phase(f"iperf3 ({len(networks)} network{nets_s} x {len(rounds)} round{rounds_s})",
                        len(networks) * len(rounds) + 1)
     for net in networks:
         # The servers of one network listen on that network's addresses only, and only while it is measured.
@@ -422,7 +422,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
 
             for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
                 if isinstance(res, BaseException):
-                    facts["errors"][h] = "iperf3 server did not start: %s" % _err(res)
+                    facts["errors"][h] = f"iperf3 server did not start: {_err(res)}"
                 else:
                     ports[h] = res
             links = _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t, per_call, progress)
@@ -440,8 +440,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                 if not named and not doubt and not slow:
                     break
                 if progress is not None:
-                    progress.note("iperf3: measuring %s again to confirm %s"
-                                  % (net["network"], ", ".join(sorted(set(named) | set(doubt) | set(slow)))))
+                    suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
+                    progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
                 net["remeasured"] = int(net.get("remeasured") or 0) + 1
                 links = best_links(links + _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t,
                                                        per_call, progress))
@@ -490,7 +490,7 @@ def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[st
             src, dst = usable[a], usable[b]
             if dst not in ports:
                 links.append({"src": src, "dst": dst, "gbps": None, "retransmits": None, "blame": dst,
-                              "error": "no iperf3 server on %s (%s)" % (dst, errors.get(dst))})
+                              "error": f"no iperf3 server on {dst} ({errors.get(dst)})"})
                 continue
             params[src] = {"addr": net["addresses"][dst], "port": ports[dst], "dst": dst,
                            "bind": net["addresses"][src], "duration_s": float(t["duration_s"]),
@@ -500,7 +500,7 @@ def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[st
         for src, value in got.items():
             link = {"src": src, "dst": params[src]["dst"], "gbps": None, "retransmits": None, "error": None}
             if isinstance(value, BaseException):
-                link["error"] = "the client on %s did not report: %s" % (src, _err(value))
+                link["error"] = f"the client on {src} did not report: {_err(value)}"
                 link["agent_failed"] = True  # preflight's machinery, not evidence about the network
             else:
                 link.update(gbps=value.get("gbps"), retransmits=value.get("retransmits"),
@@ -511,7 +511,7 @@ def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[st
                     link["blame"] = src
             links.append(link)
         if progress is not None:
-            progress.advance(net["network"], "round of %d pair%s" % (len(rnd), "s"[:len(rnd) != 1]))
+            progress.advance(net["network"], f"round of {len(rnd)} pair{'s'[:len(rnd) != 1]}")
     return links
 
 
@@ -520,23 +520,23 @@ def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[st
 def _confidence(s: Dict[str, Any], max_p: float) -> str:
     if "z" not in s:
         return "n/a"
-    return "z %.1f, %s" % (s["z"], p_text(s["z"], max_p))
+    return f"z {s['z']:.1f}, {p_text(s['z'], max_p)}"
 
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
     d = shlex.quote(str(dev)) if validate.ifname(dev) else "<nic>"
-    return ("on %s: ethtool %s (negotiated speed/duplex), ip -s link show %s (errors/drops), tc qdisc show dev %s "
-            "(a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or leave "
-            "the host out of the hostfile" % (host, d, d, d))
+    return (f"on {host}: ethtool {d} (negotiated speed/duplex), ip -s link show {d} (errors/drops), tc qdisc show "
+            f"dev {d} (a leftover rate limit), and CPU load during the test; then swap the cable/switch port, or "
+            "leave the host out of the hostfile")
 
 
 def _network_line(net: Dict[str, Any]) -> str:
     devs = sorted(set(net["devices"].values()))
     good = ok_links(net)
     failed = len(net.get("links") or []) - len(good)
-    return "%s (%s): median %s over %d links%s" % (
-        net["network"], ",".join(devs), rate(net.get("median_gbps")), len(good),
-        (", %d failed" % failed) if failed else "")
+    failed_note = f", {failed} failed" if failed else ""
+    return (f"{net['network']} ({','.join(devs)}): median {rate(net.get('median_gbps'))} over {len(good)} "
+            f"links{failed_note}")
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -552,12 +552,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for h, msg in errors.items():
         installed = "not installed" not in msg and "command not found" not in msg
         out[h] = Outcome(Status.ERROR, msg, "rerun with -v for the host-side error" if installed
-                         else "install iperf3 on %s (apt-get install iperf3 / dnf install iperf3)" % h)
+                         else f"install iperf3 on {h} (apt-get install iperf3 / dnf install iperf3)")
     networks: List[Dict[str, Any]] = facts.get("networks") or []
     if not networks:
-        listing = "; ".join("%s: %s" % (h, ", ".join(s) or "none") for h, s in (facts.get("subnets") or {}).items())
-        out[CLUSTER] = Outcome(Status.FAIL, "no IPv4 network is shared by all hosts (usable subnets per host: %s)"
-                               % (listing or "unknown"),
+        listing = "; ".join(f"{h}: {', '.join(s) or 'none'}" for h, s in (facts.get("subnets") or {}).items())
+        out[CLUSTER] = Outcome(Status.FAIL, "no IPv4 network is shared by all hosts (usable subnets per host: "
+                                            f"{listing or 'unknown'})",
                                "put every host on one common subnet on a non-virtual NIC (NCCL needs direct "
                                "TCP between all hosts); see each host's interfaces result")
         return out
@@ -584,7 +584,7 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
     evidence: said, not named), below the minimum, or the common end of failed tests."""
     min_gbps = float(t["min_gbps"])
     max_p = float(t["max_p"])
-    where = "%s" % judged["network"]
+    where = str(judged["network"])
     links = judged.get("links") or []
     dev = judged["devices"].get(h)
     mine = [ln for ln in links if h in (ln["src"], ln["dst"])]
@@ -594,8 +594,8 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
     if h in stragglers:
         findings.append(_straggler_finding(h, stragglers[h], judged, dev, t))
     if min_gbps > 0 and med is not None and med < min_gbps:
-        findings.append(Finding(Status.FAIL, "%s: median %s over %d links on %s, below the minimum %s"
-                                % (h, rate(med), len(mine_ok), where, rate(min_gbps)), _fix_slow(h, dev)))
+        findings.append(Finding(Status.FAIL, f"{h}: median {rate(med)} over {len(mine_ok)} links on {where}, below "
+                                             f"the minimum {rate(min_gbps)}", _fix_slow(h, dev)))
     floor, floor_basis = link_floor(judged, t)
     if floor is not None and med is not None and med < floor and not (min_gbps > 0 and med < min_gbps):
         findings.append(Finding(Status.WARN, f"{h}: median {rate(med)} over {len(mine_ok)} links on {where}, below "
@@ -603,25 +603,23 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
                                              f"that)", _fix_slow(h, dev)))
     if h in blamed:
         bad = blamed[h]
-        shown = "; ".join("%s->%s: %s" % (ln["src"], ln["dst"], ln["error"]) for ln in bad[:3])
-        what = ("every iperf3 test to and from %s failed" % h if not mine_ok
-                else "%d of %d iperf3 tests with %s failed" % (len(bad), len(mine), h))
-        findings.append(Finding(Status.FAIL, "%s on %s (%s)" % (what, where, shown),
-                                "check the firewall on %s: NCCL and torch.distributed need TCP on arbitrary "
+        shown = "; ".join(f"{ln['src']}->{ln['dst']}: {ln['error']}" for ln in bad[:3])
+        what = (f"every iperf3 test to and from {h} failed" if not mine_ok
+                else f"{len(bad)} of {len(mine)} iperf3 tests with {h} failed")
+        findings.append(Finding(Status.FAIL, f"{what} on {where} ({shown})",
+                                f"check the firewall on {h}: NCCL and torch.distributed need TCP on arbitrary "
                                 "ports between all hosts (nft list ruleset / iptables -S); is iperf3 "
-                                "installed and the address %s up?" % (h, judged["addresses"].get(h))))
-    peers = ", ".join("%s %s %s" % ("->" if ln["src"] == h else "<-", ln["dst"] if ln["src"] == h else ln["src"],
-                                   rate(ln["gbps"]))
+                                f"installed and the address {judged['addresses'].get(h)} up?"))
+    peers = ", ".join(f"-> {ln['dst']} {rate(ln['gbps'])}" if ln["src"] == h else f"<- {ln['src']} {rate(ln['gbps'])}"
                       for ln in mine if not ln.get("error"))
-    ok_msg = "median %s over %d links on %s via %s (%s); cluster median %s" % (
-        rate(med), len(mine_ok), where, dev, peers or "none", rate(judged.get("median_gbps")))
+    ok_msg = (f"median {rate(med)} over {len(mine_ok)} links on {where} via {dev} ({peers or 'none'}); cluster "
+              f"median {rate(judged.get('median_gbps'))}")
     if h in doubt:
         # Below the straggler fraction, but the other hosts' links disagree too much for that to be evidence
         # (measured again first: coordinate's confirm rounds): said, not named.
         d = doubt[h]
-        ok_msg += ("; not named, the evidence is weak (p >= %g): %.0f%% of the median of the other hosts %s "
-                   "(confidence: %s)" % (max_p, 100 * d["ratio"], rate(d["reference_gbps"]),
-                                         _confidence(d, max_p)))
+        ok_msg += (f"; not named, the evidence is weak (p >= {max_p:g}): {100 * d['ratio']:.0f}% of the median of "
+                   f"the other hosts {rate(d['reference_gbps'])} (confidence: {_confidence(d, max_p)})")
     metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
                "median_gbps": med, "cluster_median_gbps": judged.get("median_gbps"), "floor_gbps": floor,
                "link_mbps": (judged.get("link_mbps") or {}).get(h),
@@ -642,19 +640,18 @@ def _straggler_finding(h: str, s: Dict[str, Any], judged: Dict[str, Any], dev: A
     """WARN for a straggler, FAIL below straggler_fail_fraction; says by which rule it was found, how sure, and
     whether every pair was measured again."""
     warn_frac, fail_frac = float(t["straggler_warn_fraction"]), float(t["straggler_fail_fraction"])
-    again = (("; every pair measured %d times, each judged by its best" % (1 + int(judged["remeasured"])))
+    again = (f"; every pair measured {1 + int(judged['remeasured'])} times, each judged by its best"
              if judged.get("remeasured") else "")
     status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
-    why = ("below %.0f%%" % (warn_frac * 100) if s["by"] == "fraction" else
-           "more than %.0f%% slower, robust z %.1f < -%g" % (100 * float(t["min_deficit"]), s["z"],
-                                                              float(t["z_threshold"])))
+    why = (f"below {warn_frac * 100:.0f}%" if s["by"] == "fraction" else
+           f"more than {100 * float(t['min_deficit']):.0f}% slower, robust z {s['z']:.1f} < "
+           f"-{float(t['z_threshold']):g}")
     # "median of the other hosts": of the links without this host (the reference it is judged by), not
     # the cluster median of every link that the PASS lines and the cluster row print.
-    return Finding(status, "%s: median %s over %d links vs median of the other hosts %s (%.0f%%) "
-                   "on %s via %s (straggler: %s; confidence: %s)"
-                   % (h, rate(s["median_gbps"]), s["links"], rate(s["reference_gbps"]),
-                      s["ratio"] * 100, "%s" % judged["network"], dev, why, _confidence(s, float(t["max_p"])))
-                   + again, _fix_slow(h, dev))
+    return Finding(status, f"{h}: median {rate(s['median_gbps'])} over {s['links']} links vs median of the other "
+                           f"hosts {rate(s['reference_gbps'])} ({s['ratio'] * 100:.0f}%) on {judged['network']} via "
+                           f"{dev} (straggler: {why}; confidence: {_confidence(s, float(t['max_p']))}){again}",
+                   _fix_slow(h, dev))
 
 
 def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, Any]], judged: Dict[str, Any],
@@ -675,13 +672,13 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
     floor, floor_basis = link_floor(judged, t)
     metrics.update(floor_gbps=floor, floor=floor_basis)
     if not chosen:
-        return Outcome(Status.FAIL, "no network reaches all hosts with iperf3 (%s)" % summary,
+        return Outcome(Status.FAIL, f"no network reaches all hosts with iperf3 ({summary})",
                        "see the hosts' iperf3 results: a firewall or a down interface blocks the tests", metrics)
     devs = sorted(set(chosen["devices"]))
-    message = "chosen %s via %s: cluster median %s (%d of %d tests ok); measured %s" % (
-        chosen["network"], ",".join(devs), rate(chosen["median_gbps"]), len(good), len(links), summary)
+    message = (f"chosen {chosen['network']} via {','.join(devs)}: cluster median {rate(chosen['median_gbps'])} "
+               f"({len(good)} of {len(links)} tests ok); measured {summary}")
     if stragglers:
-        message += "; stragglers: %s" % ", ".join("%s (%.0f%%)" % (h, s["ratio"] * 100) for h, s in stragglers.items())
+        message += "; stragglers: " + ", ".join(f"{h} ({s['ratio'] * 100:.0f}%)" for h, s in stragglers.items())
     elif measured == 2:
         message += " (2 hosts: a slow link cannot be attributed to either of them)"
     message += "; " + floor_basis
@@ -695,14 +692,14 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
                      "~20 Gbit/s")
     if min_gbps > 0 and chosen["median_gbps"] < min_gbps:
         status = Status.FAIL
-        problems.append("the best network's median %s is below the minimum %s" % (rate(chosen["median_gbps"]),
-                                                                                 rate(min_gbps)))
+        problems.append(f"the best network's median {rate(chosen['median_gbps'])} is below the minimum "
+                        f"{rate(min_gbps)}")
         fixes.append("check the NICs and switch ports (ethtool); a faster network may lack IPv4 addresses on "
                      "some hosts")
     if len(good) < len(links):
         status = Status.FAIL if status == Status.FAIL else Status.WARN
-        problems.append("%d of %d tests on the chosen network failed (see the hosts' results)"
-                        % (len(links) - len(good), len(links)))
+        problems.append(f"{len(links) - len(good)} of {len(links)} tests on the chosen network failed (see the "
+                        "hosts' results)")
         fixes.append("see the failing hosts' iperf3 results")
     return Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)
 
@@ -916,11 +913,11 @@ def recommend(given: RecommendInput) -> Recommendation:
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         # Facts of a shape no check produces (a broken or lying host): no network variables, never a crash.
         steps = [s for s in steps if isinstance(s, str)]
-        steps.append("no network recommendation: the hosts' interface facts are malformed (%s: %s)"
-                     % (type(exc).__name__, validate.quote(str(exc))))
+        steps.append("no network recommendation: the hosts' interface facts are malformed "
+                     f"({type(exc).__name__}: {validate.quote(str(exc))})")
     failing = sorted(set(given.failed.get("interfaces", [])) | set(given.failed.get(NAME, [])))
-    caveats = ("network checks failed (%s): fix them before trusting the interface recommendation"
-               % ", ".join(failing),) if failing else ()
+    caveats = (f"network checks failed ({', '.join(failing)}): fix them before trusting the interface "
+               "recommendation",) if failing else ()
     return Recommendation(tuple(steps), caveats)
 
 

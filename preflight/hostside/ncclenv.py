@@ -87,7 +87,7 @@ def roce_gid_index(ports: Sequence[Dict[str, Any]]) -> Tuple[Optional[int], str]
         idx = {g.get("index") for g in p.get("gids") or [] if validate.port_number(g.get("index"))
                if "v2" in (g.get("type") or "").lower() and str(g.get("gid", "")).startswith(IPV4_MAPPED_GID)}
         if not idx:
-            return None, "%s:%s has no RoCE v2 GID of an IPv4 address" % (p.get("device"), p.get("port"))
+            return None, f"{p.get('device')}:{p.get('port')} has no RoCE v2 GID of an IPv4 address"
         common = idx if common is None else common & idx
     if not common:
         return None, "the RoCE v2 IPv4 GID sits at different indexes on different ports"
@@ -104,11 +104,11 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
         devices: List[str] = list(chosen["devices"])
         named: List[Tuple[Any, Optional[str]]] = list(zip(chosen.get("hosts") or measured.get("hosts") or hosts,
                                                           devices))
-        why = ("network %s reaches all hosts with the best measured bandwidth (%.3g Gbit/s median iperf3)"
-               % (chosen["network"], chosen["median_gbps"]))
+        why = (f"network {chosen['network']} reaches all hosts with the best measured bandwidth "
+               f"({chosen['median_gbps']:.3g} Gbit/s median iperf3)")
         others = [n for n in measured.get("networks") or [] if n.get("network") != chosen["network"]]
         if others:
-            why += "; also measured: " + ", ".join("%s %.3g Gbit/s" % (n["network"], n.get("median_gbps") or 0)
+            why += "; also measured: " + ", ".join(f"{n['network']} {n.get('median_gbps') or 0:.3g} Gbit/s"
                                                    for n in others)
     elif measured and not measured.get("skipped"):
         steps.append("iperf3 found no network that reaches all hosts: NCCL_SOCKET_IFNAME is not recommended "
@@ -123,21 +123,21 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
         return
     bad = [(h, d) for h, d in named if not allowed(d, iface.get(h))]
     if bad:
-        steps.append("not recommending NCCL_SOCKET_IFNAME: %s is loopback, docker or a bridge (or unknown); NCCL "
-                     "must use the hosts' real NICs" % ", ".join(
-                         "%s on %s" % (d if validate.ifname(d) else validate.quote(d), h) for h, d in bad))
+        shown = ", ".join(f"{d if validate.ifname(d) else validate.quote(d)} on {h}" for h, d in bad)
+        steps.append(f"not recommending NCCL_SOCKET_IFNAME: {shown} is loopback, docker or a bridge (or unknown); "
+                     "NCCL must use the hosts' real NICs")
         return
     value = socket_ifname(devices)
     unique = sorted(set(devices))
     if len(unique) > 1:
-        why += "; the interface names differ across hosts (%s), so the exact list matches one on each" % ", ".join(
-            "%s %s" % (h, d) for h, d in named)
+        per_host = ", ".join(f"{h} {d}" for h, d in named)
+        why += f"; the interface names differ across hosts ({per_host}), so the exact list matches one on each"
         clash = [(h, d, o) for h, d in named for o in unique
                  if o != d and any(i.get("name") == o for i in (iface.get(h) or {}).get("interfaces") or [])]
         if clash:
-            steps.append("NCCL_SOCKET_IFNAME=%s also matches %s: NCCL would use that interface too; rename the "
-                         "interfaces to one name, or set NCCL_SOCKET_IFNAME per host"
-                         % (value, ", ".join("%s on %s (chosen: %s)" % (o, h, d) for h, d, o in clash)))
+            also = ", ".join(f"{o} on {h} (chosen: {d})" for h, d, o in clash)
+            steps.append(f"NCCL_SOCKET_IFNAME={value} also matches {also}: NCCL would use that interface too; rename "
+                         "the interfaces to one name, or set NCCL_SOCKET_IFNAME per host")
     steps.append(EnvVar("NCCL_SOCKET_IFNAME", value, why))
     if len(unique) == 1:
         steps.append(EnvVar("GLOO_SOCKET_IFNAME", unique[0],
@@ -145,11 +145,12 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
                             "collectives DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax"))
     else:
         net = chosen["network"] if chosen and _is_network(chosen.get("network")) else None
-        how = ("GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to %s | awk '{print $2}')" % net) if net else \
-            "GLOO_SOCKET_IFNAME=<that host's interface>"
+        how = (f"GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to {net} | awk '{{print $2}}')" if net else
+               "GLOO_SOCKET_IFNAME=<that host's interface>")
+        per_host = ", ".join(f"{h} {d}" for h, d in named)
         steps.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
-                     "fails on a host that lacks any of them, and the names differ (%s); set it per host in the "
-                     "launch script, e.g. export %s" % (", ".join("%s %s" % (h, d) for h, d in named), how))
+                     f"fails on a host that lacks any of them, and the names differ ({per_host}); set it per host in "
+                     f"the launch script, e.g. export {how}")
     if chosen:
         master = hosts[0] if hosts else None
         addr = chosen.get("addresses", {}).get(master)
@@ -158,9 +159,9 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
         except (ValueError, TypeError, KeyError):
             on_chosen = None  # a name, not an address: unknown
         if addr and on_chosen is False and validate.ip_address(addr):
-            steps.append("the hostfile names resolve to another network (%s is %s) than the fastest one: launch "
-                         "with deepspeed --master_addr=%s so that the rendezvous uses %s too"
-                         % (master, master_address, addr, chosen["network"]))
+            steps.append(f"the hostfile names resolve to another network ({master} is {master_address}) than the "
+                         f"fastest one: launch with deepspeed --master_addr={addr} so that the rendezvous uses "
+                         f"{chosen['network']} too")
 
 
 def ib_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]],
@@ -170,8 +171,8 @@ def ib_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]],
     when a RoCE port needs it."""
     if not iface or len(iface) < len(hosts):
         if hosts:
-            steps.append("no interfaces facts for %s: run the interfaces check for the IB/RoCE recommendation"
-                         % ", ".join(h for h in hosts if h not in iface))
+            missing = ", ".join(h for h in hosts if h not in iface)
+            steps.append(f"no interfaces facts for {missing}: run the interfaces check for the IB/RoCE recommendation")
         return
     active = {h: [p for p in iface[h].get("ib") or [] if p.get("active")] for h in hosts}
     if not any(active.values()):
@@ -180,20 +181,20 @@ def ib_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]],
         return
     without = [h for h in hosts if not active[h]]
     if without:
-        steps.append("%s %s no active IB/RoCE port while the others do: NCCL cannot mix IB and sockets in one job; "
-                     "fix the port, leave the host out, or set NCCL_IB_DISABLE=1 (sockets only, much slower)"
-                     % (", ".join(without), "has" if len(without) == 1 else "have"))
+        verb = "has" if len(without) == 1 else "have"
+        steps.append(f"{', '.join(without)} {verb} no active IB/RoCE port while the others do: NCCL cannot mix IB "
+                     "and sockets in one job; fix the port, leave the host out, or set NCCL_IB_DISABLE=1 (sockets "
+                     "only, much slower)")
     ports = [p for h in hosts for p in active[h]]
     # Host-reported names go into NCCL_IB_HCA only when they pass validate's rules (interfaces FAILs the others).
     odd = [p for p in ports if not (validate.hca_name(p.get("device")) and validate.port_number(p.get("port")))]
     if odd:
-        steps.append("not using IB ports with invalid names in NCCL_IB_HCA: %s (see the interfaces results)"
-                     % ", ".join("%s:%s" % (validate.quote(p.get("device")), validate.quote(p.get("port")))
-                                 for p in odd[:8]))
+        shown = ", ".join(f"{validate.quote(p.get('device'))}:{validate.quote(p.get('port'))}" for p in odd[:8])
+        steps.append(f"not using IB ports with invalid names in NCCL_IB_HCA: {shown} (see the interfaces results)")
         ports = [p for p in ports if p not in odd]
         if not ports:
             return
-    hcas = sorted({"%s:%s" % (p["device"], p["port"]) for p in ports})
+    hcas = sorted({f"{p['device']}:{p['port']}" for p in ports})
     steps.append(EnvVar("NCCL_IB_HCA", "=" + ",".join(hcas), "the active IB/RoCE ports; '=' makes NCCL match exact "
                                                              "names (without it mlx5_1 also matches mlx5_10..)"))
     roce = [p for p in ports if (p.get("link_layer") or "").lower() == "ethernet"]
@@ -204,13 +205,13 @@ def ib_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]],
         else:
             idx, why_not = roce_gid_index(roce)
             if idx is None:
-                steps.append("RoCE: cannot recommend NCCL_IB_GID_INDEX (%s); NCCL < 2.21 defaults to index 0 (RoCE "
-                             "v1/link-local), which usually fails across subnets" % why_not)
+                steps.append(f"RoCE: cannot recommend NCCL_IB_GID_INDEX ({why_not}); NCCL < 2.21 defaults to index 0 "
+                             "(RoCE v1/link-local), which usually fails across subnets")
             else:
                 steps.append(EnvVar("NCCL_IB_GID_INDEX", str(idx),
-                                    "RoCE ports: index %d holds the RoCE v2 GID of an IPv4 address on every active "
-                                    "RoCE port; NCCL < 2.21 uses index 0 unless told (newer NCCL finds the same "
-                                    "index itself)" % idx))
+                                    f"RoCE ports: index {idx} holds the RoCE v2 GID of an IPv4 address on every "
+                                    "active RoCE port; NCCL < 2.21 uses index 0 unless told (newer NCCL finds the "
+                                    "same index itself)"))
     if all(iface[h].get("peermem") for h in hosts) and not without:
         steps.append(EnvVar("NCCL_NET_GDR_LEVEL", "PHB", "nvidia_peermem is loaded on every host: allow GPUDirect "
                                                          "RDMA when the GPU and NIC share a CPU socket"))
