@@ -99,7 +99,7 @@ def contribution_input(spec: CheckSpec, cluster: Any, results: Sequence[Any]) ->
 def _refused(part: Recommendation) -> List[str]:
     """The variables of a part that preflight does not own (or must never set): a bug in that check."""
     if not isinstance(part, Recommendation):
-        return ["its answer %s (expected a Recommendation)" % type(part).__name__]
+        return [f"its answer {type(part).__name__} (expected a Recommendation)"]
     return [str(s.name) for s in part.steps if isinstance(s, EnvVar) and (s.name in NEVER or s.name not in OWNED_KEYS)]
 
 
@@ -145,8 +145,8 @@ def _gather(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec
         if not validate.env_key(var.name) or not validate.env_value(var.value):
             # The last gate before the printed exports and the --env-file: whatever a host reported, nothing a
             # shell or DeepSpeed's `export K="V"` would interpret gets through.
-            notes.append("not recommending %s: its value %s holds characters a shell would interpret"
-                         % (validate.quote(var.name), validate.quote(var.value)))
+            notes.append(f"not recommending {validate.quote(var.name)}: its value {validate.quote(var.value)} "
+                         "holds characters a shell would interpret")
             return
         env[var.name] = var.value
         reasons[var.name] = var.why
@@ -158,10 +158,10 @@ def _gather(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec
             part = spec.recommend(contribution_input(spec, cluster, results))
             refused = _refused(part)
             if refused:
-                raise ValueError("refusing to recommend %s" % ", ".join(refused))
+                raise ValueError(f"refusing to recommend {', '.join(refused)}")
         except Exception as exc:  # one check's bug costs its part of the environment, never the run
-            notes.append("no recommendation from the %s check (%s: %s)"
-                         % (spec.name, type(exc).__name__, validate.quote(str(exc))))
+            notes.append(f"no recommendation from the {spec.name} check "
+                         f"({type(exc).__name__}: {validate.quote(str(exc))})")
             continue
         for step in part.steps:
             if isinstance(step, EnvVar):
@@ -301,9 +301,9 @@ def env_file_text(env: Env) -> str:
     """DeepSpeed's .deepspeed_env: one KEY=VALUE line per variable and nothing else (a blank line crashes its
     launcher). Its pdsh runner turns each line into `export K=V` (quoted as "V" when V has other characters than
     [\\w@%+=:,./-]) in a shell on every node, so each value is checked again here: no $, `, ", \\ or newline."""
-    return "".join("%s=%s\n" % (k, v) for k, v in safe_env(env).items())
+    return "".join(f"{k}={v}\n" for k, v in safe_env(env).items())
 
 
 def export_lines(env: Env) -> List[str]:
     """The same variables as env_file_text, as shell lines to paste (shlex-quoted, so the same text)."""
-    return ["export %s=%s" % (k, shlex.quote(v)) for k, v in safe_env(env).items()]
+    return [f"export {k}={shlex.quote(v)}" for k, v in safe_env(env).items()]

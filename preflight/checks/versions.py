@@ -50,21 +50,24 @@ SOFTWARE: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "driver": ("NVIDIA driver branch", [("driver_cuda", "driver"), ("gpu", "driver")]),
 }
 
+# Templates filled in later with str.format: {value} = the majority's, {hosts} = the hosts to fix.
 _FIXES = {
-    "torch": "install torch==%s on %s from the same index as the other hosts (e.g. pip install torch==%s "
-             "--index-url https://download.pytorch.org/whl/cuXYZ), or use one container image everywhere",
-    "cuda": "install the torch build for CUDA %s on %s (the CUDA runtime comes with the torch wheel); "
+    "torch": "install torch=={value} on {hosts} from the same index as the other hosts (e.g. pip install "
+             "torch=={value} --index-url https://download.pytorch.org/whl/cuXYZ), or use one container image "
+             "everywhere",
+    "cuda": "install the torch build for CUDA {value} on {hosts} (the CUDA runtime comes with the torch wheel); "
             "one container image everywhere avoids this",
-    "nccl": "install NCCL %s on %s (it ships with torch: the same torch build, or pip install "
-            "nvidia-nccl-cuXX==%s)",
-    "deepspeed": "pip install deepspeed==%s on %s",
-    "python": "use Python %s on %s (the same venv/conda env or container image as the other hosts)",
-    "driver": "install NVIDIA driver branch %s on %s (mixed branches give different CUDA support and NCCL "
-              "behaviour)",
+    "nccl": "install NCCL {value} on {hosts} (it ships with torch: the same torch build, or pip install "
+            "nvidia-nccl-cuXX=={value})",
+    "deepspeed": "pip install deepspeed=={value} on {hosts}",
+    "python": "use Python {value} on {hosts} (the same venv/conda env or container image as the other hosts)",
+    "driver": "install NVIDIA driver branch {value} on {hosts} (mixed branches give different CUDA support and "
+              "NCCL behaviour)",
 }
 
 # GPUs, from the gpu check's facts (driver_cuda's gpu_count where the gpu check recorded nothing):
-# field -> (label, why a difference matters, fix with {value} = the majority's, {hosts} = the odd hosts).
+# field -> (label, why a difference matters, fix: a str.format template filled in later with {value} = the
+# majority's, {hosts} = the odd hosts).
 HARDWARE: Dict[str, Tuple[str, str, str]] = {
     "gpu_model": ("GPU model", "mixed GPU models in one job: synchronous data-parallel steps go at the slowest GPU's "
                   "pace", "run the job on hosts with {value} only (leave {hosts} out of the hostfile), or accept the "
@@ -186,7 +189,7 @@ def _hosts(names: Sequence[str], limit: int = 8) -> str:
     names = sorted(names)
     if len(names) <= limit:
         return ", ".join(names)
-    return "%s and %d more" % (", ".join(names[:limit]), len(names) - limit)
+    return f"{', '.join(names[:limit])} and {len(names) - limit} more"
 
 
 def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], status: Status,
@@ -196,24 +199,23 @@ def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], sta
     ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _show(kv[0], field)))
     top_value, top_hosts = ranked[0]
     if len(ranked[1][1]) == len(top_hosts):
-        parts = "; ".join("%s on %s" % (_show(v, field), _hosts(n)) for v, n in ranked)
-        message = "%s differs between hosts with no majority: %s" % (label, parts)
+        parts = "; ".join(f"{_show(v, field)} on {_hosts(n)}" for v, n in ranked)
+        message = f"{label} differs between hosts with no majority: {parts}"
         odd_names = [n for _v, names in ranked for n in names]
         named_for_fix = "every host"
     else:
         odd = ranked[1:]
         odd_names = [n for _v, names in odd for n in names]
-        parts = "; ".join("%s has %s" % (_hosts(n), _show(v, field)) for v, n in odd)
-        message = "%s differs: %s, expected %s like the other %d host(s) (%s)" % (
-            label, parts, _show(top_value, field), len(top_hosts), _hosts(top_hosts, 3))
+        parts = "; ".join(f"{_hosts(n)} has {_show(v, field)}" for v, n in odd)
+        message = (f"{label} differs: {parts}, expected {_show(top_value, field)} like the other "
+                   f"{len(top_hosts)} host(s) ({_hosts(top_hosts, 3)})")
         named_for_fix = _hosts(odd_names)
     for n in odd_names:
         odd_hosts.setdefault(n, []).append(field)
     if field in HARDWARE:
         _label, why, fix = HARDWARE[field]
         return Finding(status, f"{message}: {why}", fix.format(value=_show(top_value, field), hosts=named_for_fix))
-    return Finding(status, message, _FIXES[field] % ((_show(top_value), named_for_fix) +
-                                                     ((_show(top_value),) if field in ("torch", "nccl") else ())))
+    return Finding(status, message, _FIXES[field].format(value=_show(top_value), hosts=named_for_fix))
 
 
 def _gdr_findings(gdr: Dict[str, str], hosts: Dict[str, Dict[str, Any]]) -> Tuple[List[Finding], Dict[str, Any]]:
@@ -278,11 +280,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     if gdr_metrics:
         metrics["gdr"] = gdr_metrics
     if len(hosts) < 2:
-        ok = "%d host: nothing to compare" % len(hosts)
+        ok = f"{len(hosts)} host: nothing to compare"
     else:
-        same = ["%s %s" % (FIELDS[f][0].split(" (")[0], ", ".join(summary[f].keys() - {"unknown"}))
+        same = [f"{FIELDS[f][0].split(' (')[0]} {', '.join(summary[f].keys() - {'unknown'})}"
                 for f in FIELDS if f in summary and len(summary[f].keys() - {"unknown"}) == 1]
-        ok = "all %d hosts agree: %s" % (len(hosts), "; ".join(same) or "no versions recorded")
+        ok = f"all {len(hosts)} hosts agree: {'; '.join(same) or 'no versions recorded'}"
     return {"*": combine(findings, ok, metrics)}
 
 
