@@ -83,7 +83,7 @@ class Rehearsal(LaunchRun):
                 transport.connect()
             except TransportError as exc:
                 self.unreachable.append(name)
-                self.errors[name] = ("preflight could not reach it to write the rehearsal script: %s" % exc,
+                self.errors[name] = (f"preflight could not reach it to write the rehearsal script: {exc}",
                                      exc.fix or "check the host and the SSH options")
             if self.progress is not None:
                 self.progress.advance(name)
@@ -91,7 +91,7 @@ class Rehearsal(LaunchRun):
         budget = max([self.options.ssh.connect_timeout * 3 + 10] + [0.0])
         for name, done in zip(names, parallel_map(one, names, max(1, self.o.parallel), budget)):
             if isinstance(done, BaseException) and name not in self.errors:
-                self.errors[name] = ("connecting did not finish: %s" % done, "check the host")
+                self.errors[name] = (f"connecting did not finish: {done}", "check the host")
 
     def reap(self) -> None:
         super().reap()
@@ -125,8 +125,8 @@ class Rehearsal(LaunchRun):
             # A process of the run that survived the clean-up is an ERROR of its host: nothing may be left behind.
             name = LOCAL if host == CLUSTER else host
             results.append(Result(host, CHECK + "_cleanup", Status.ERROR,
-                                  "processes of the rehearsal survived pkill -KILL on %s: %s" % (name, left),
-                                  "kill them by hand (pkill -KILL -f %s)" % self.pattern))
+                                  f"processes of the rehearsal survived pkill -KILL on {name}: {left}",
+                                  f"kill them by hand (pkill -KILL -f {self.pattern})"))
         hosts = [HostRecord(h.name, getattr(self.transports.get(h.name), "address", h.name), h.slots,
                             h.name not in self.errors) for h in self.o.hosts]
         return Report(started_at, time.monotonic() - t0, hosts, results, [CHECK], strict=self.o.strict)
@@ -203,37 +203,38 @@ def build_options(args: argparse.Namespace) -> Tuple[RehearseOptions, Optional[s
     except HostfileError as exc:
         raise UsageError(str(exc)) from None
     if any(h.name == CLUSTER_NAME for h in hosts):
-        raise UsageError("%s: a host named %r would share the name of the cluster-wide result; use another name"
-                         % (args.hostfile, CLUSTER_NAME))
-    where = "--deepspeed-config %s" % args.deepspeed_config
+        raise UsageError(f"{args.hostfile}: a host named {CLUSTER_NAME!r} would share the name of the cluster-wide "
+                         "result; use another name")
+    where = f"--deepspeed-config {args.deepspeed_config}"
     try:
         text = read_text_limited(args.deepspeed_config, "--deepspeed-config", MAX_DEEPSPEED_CONFIG_BYTES)
     except FileNotFoundError:
-        raise UsageError("%s: no such file on this machine (the ranks open the same path on every host)" % where) \
+        raise UsageError(f"{where}: no such file on this machine (the ranks open the same path on every host)") \
             from None
     except (OSError, UnicodeDecodeError, InputError) as exc:
-        raise UsageError("%s: cannot read: %s" % (where, getattr(exc, "strerror", None) or exc)) from None
+        raise UsageError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         config = json.loads(text)
     except ValueError as exc:
-        raise UsageError("%s: not JSON (%s); DeepSpeed's ranks would fail to read it" % (where, exc)) from None
+        raise UsageError(f"{where}: not JSON ({exc}); DeepSpeed's ranks would fail to read it") from None
     if not isinstance(config, dict):
-        raise UsageError("%s: the top level must be a JSON object" % where)
+        raise UsageError(f"{where}: the top level must be a JSON object")
     names = [h.name for h in hosts]
     if args.launch_from not in ("first", "local") and args.launch_from not in names:
-        raise UsageError("--launch-from %s: not 'first', 'local' or a host of %s (%s)"
-                         % (args.launch_from, args.hostfile, ", ".join(names[:5])))
+        first_names = ", ".join(names[:5])
+        raise UsageError(f"--launch-from {args.launch_from}: not 'first', 'local' or a host of {args.hostfile} "
+                         f"({first_names})")
     if not shlex.split(args.deepspeed or ""):
         raise UsageError("--deepspeed is empty; give the launcher command, e.g. deepspeed")
     if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
-        raise UsageError("--ssh-key %s: no such file" % args.ssh_key)
+        raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
     env_name = os.environ.get("DS_ENV_FILE", DEFAULT_ENV_NAME)
     env_text: Optional[str] = None
     if os.path.isfile(env_name):
         try:
             env_text = read_text_limited(env_name, "./" + env_name, 1 << 20)
         except (OSError, UnicodeDecodeError, InputError) as exc:
-            raise UsageError("./%s: cannot read: %s" % (env_name, getattr(exc, "strerror", None) or exc)) from None
+            raise UsageError(f"./{env_name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
                      connect_timeout=args.connect_timeout)
@@ -262,14 +263,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         options, env_text, hostfile_text = build_options(args)
     except UsageError as exc:
-        err.print(Text(rep.plain("preflight: error: %s" % exc)), soft_wrap=True)
+        err.print(Text(rep.plain(f"preflight: error: {exc}")), soft_wrap=True)
         return 2
     if not args.quiet:
         where = options.launch_from if options.launch_from != "first" else options.hosts[0].name
-        env = "with ./%s" % os.path.basename(options.env_file) if options.env_file else "without ./.deepspeed_env"
-        err.print("preflight: rehearsing the launch of %d ranks on %d hosts from %s (%s)" % (
-            len(expected_ranks(options.hosts)), len(options.hosts), where, env), soft_wrap=True, highlight=False,
-            markup=False)
+        env = f"with ./{os.path.basename(options.env_file)}" if options.env_file else "without ./.deepspeed_env"
+        ranks, hosts = len(expected_ranks(options.hosts)), len(options.hosts)
+        err.print(f"preflight: rehearsing the launch of {ranks} ranks on {hosts} hosts from {where} ({env})",
+                  soft_wrap=True, highlight=False, markup=False)
     rehearsal = Rehearsal(options, rep.TerminalProgress(err, quiet=args.quiet))
     try:
         report = rehearsal.run(env_text, hostfile_text)
@@ -284,7 +285,7 @@ def main(args: argparse.Namespace) -> int:
             try:
                 output.to_path(report, path)
             except OSError as exc:
-                err.print(Text(rep.plain("preflight: error: cannot write %s: %s" % (path, exc.strerror))))
+                err.print(Text(rep.plain(f"preflight: error: cannot write {path}: {exc.strerror}")))
                 return 2
     tty = sys.stdout.isatty() or "COLUMNS" in os.environ
     render.get("terminal").load()(report, sys.stdout, render.Settings(args.verbose, args.quiet, None if tty else 240))

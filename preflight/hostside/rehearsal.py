@@ -132,20 +132,20 @@ def gloo_address(env: Dict[str, str], hostname: str) -> Dict[str, Any]:
     if ifname:
         first = ifname.split(",")[0]
         address = interface_address(first)
-        return {"address": address, "source": "GLOO_SOCKET_IFNAME=%s" % ifname,
+        return {"address": address, "source": f"GLOO_SOCKET_IFNAME={ifname}",
                 "loopback": bool(address and address.startswith("127.")) or first == "lo"}
     try:
         infos = socket.getaddrinfo(hostname, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as exc:
         infos = []
-        why = "the hostname %s does not resolve (%s)" % (hostname, exc)
+        why = f"the hostname {hostname} does not resolve ({exc})"
     else:
-        why = "the hostname %s resolves to no address of this host" % hostname
+        why = f"the hostname {hostname} resolves to no address of this host"
     resolved = [str(info[4][0]) for info in infos]
     for family, _, _, _, sockaddr in infos:
         if bindable(str(sockaddr[0]), family):
             address = str(sockaddr[0])
-            return {"address": address, "source": "hostname %s resolves to %s" % (hostname, address),
+            return {"address": address, "source": f"hostname {hostname} resolves to {address}",
                     "resolved": resolved, "loopback": address.startswith("127.") or address == "::1"}
     return {"address": LOOPBACK_FALLBACK, "source": why + ": gloo falls back to the loopback address",
             "resolved": resolved, "loopback": True}
@@ -371,7 +371,7 @@ LAUNCH_FILE = "launch.json"  # in the launch directory: what the supervisor runs
 
 def pattern_of(token: str) -> str:
     """pkill -f's pattern for a token: its first letter bracketed, so that it never matches the shell running it."""
-    return "[%s]%s" % (token[0], token[1:])
+    return f"[{token[0]}]{token[1:]}"
 
 
 def unmatched(path: str, token: str) -> str:
@@ -379,7 +379,8 @@ def unmatched(path: str, token: str) -> str:
     on the same host must not match the shell that runs the line); the shell joins the pieces back."""
     at = path.index(token)
     cut = at + len(token) // 2
-    return "'%s''%s'" % (path[:cut].replace("'", "'\\''"), path[cut:].replace("'", "'\\''"))
+    head, tail = (part.replace("'", "'\\''") for part in (path[:cut], path[cut:]))
+    return f"'{head}''{tail}'"
 
 
 def reap_everywhere(hosts: Sequence[str], token: str, directory: str, timeout: float) -> Dict[str, Any]:
@@ -387,7 +388,7 @@ def reap_everywhere(hosts: Sequence[str], token: str, directory: str, timeout: f
     and here: pkill -KILL -f of the run's token, then rm -rf of the directory."""
     out: Dict[str, Any] = {}
     pattern = pattern_of(token)
-    line = "pkill -KILL -f '%s'; rm -rf -- %s" % (pattern, unmatched(directory, token))
+    line = f"pkill -KILL -f '{pattern}'; rm -rf -- {unmatched(directory, token)}"
     if hosts and _which("pdsh"):
         try:
             proc = subprocess.run(["pdsh", "-S", "-w", ",".join(hosts), line], stdin=subprocess.DEVNULL,
@@ -438,7 +439,7 @@ def supervise_main(argv: Sequence[str]) -> int:
         proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     except OSError as exc:
-        rep.emit("launcher_exit", rc=127, error="%s: %s" % (launcher[0] if launcher else "", exc.strerror))
+        rep.emit("launcher_exit", rc=127, error=f"{launcher[0] if launcher else ''}: {exc.strerror}")
     while proc is not None and proc.poll() is None and not gone.is_set() and time.monotonic() < deadline:
         gone.wait(0.2)
     if proc is not None and proc.poll() is not None:

@@ -88,8 +88,8 @@ class LaunchRun:
             argv += ["--ssh_port", str(self.o.launcher_ssh_port)]
         return argv + ["--launcher", "pdsh", SCRIPT, "--deepspeed_config", self.o.deepspeed_config,
                        "--preflight-run", self.token, "--steps", str(self.o.steps),
-                       "--model-params", "%g" % self.o.model_params, "--init-timeout", "%g" % self.o.init_timeout,
-                       "--lifetime", "%g" % self.lifetime]
+                       "--model-params", f"{self.o.model_params:g}", "--init-timeout", f"{self.o.init_timeout:g}",
+                       "--lifetime", f"{self.lifetime:g}"]
 
     # -- phases
     def prepare(self, env_text: Optional[str], hostfile_text: str) -> None:
@@ -104,7 +104,7 @@ class LaunchRun:
             res = self.transports[name].run(
                 ["sh", "-c", 'umask 077 && mkdir -p "$1" && cat > "$1/$2"', "sh", self.dir, path], 30, stdin=data)
             if res.rc != 0:
-                return (res.stderr.strip() or res.error or "rc %d" % res.rc)[:300]
+                return (res.stderr.strip() or res.error or f"rc {res.rc}")[:300]
             return None
 
         def one(name: str) -> None:
@@ -117,15 +117,15 @@ class LaunchRun:
             for path, data in files:
                 problem = write(name, path, data)
                 if problem:
-                    self.errors[name] = ("could not write %s/%s: %s" % (self.dir, path, problem),
-                                         "make %s writable on the host, or pass --workdir" % self.o.workdir)
+                    self.errors[name] = (f"could not write {self.dir}/{path}: {problem}",
+                                         f"make {self.o.workdir} writable on the host, or pass --workdir")
                     break
             if self.progress is not None:
                 self.progress.advance(name)
 
         for name, done in zip(hosts, parallel_map(one, hosts, max(1, self.o.parallel), 120.0)):
             if isinstance(done, BaseException) and name not in self.errors:
-                self.errors[name] = ("writing the script did not finish: %s" % done, "check the host")
+                self.errors[name] = (f"writing the script did not finish: {done}", "check the host")
 
     def launch_and_watch(self, log: EventLog) -> Tuple[str, Dict[str, Any]]:
         """Start the supervisor on the launch host and watch the events until the end: (why it stopped, facts of
@@ -143,7 +143,7 @@ class LaunchRun:
         deadline = started + self.o.timeout
         total = len(expected_ranks(self.o.hosts))
         if self.progress is not None:
-            self.progress.phase("rehearsing from %s" % self.launch_host, total)
+            self.progress.phase(f"rehearsing from {self.launch_host}", total)
         reason = ""
         finished_at: Optional[float] = None
         counted = 0
@@ -168,23 +168,23 @@ class LaunchRun:
                         break
                 errors = [v.seen["error"].get("arrived", 0) for v in views if "error" in v.seen]
                 if errors and now - log.arrived - min(errors) > GRACE_S:
-                    reason = "stopped %s after the first rank raised" % secs(GRACE_S)
+                    reason = f"stopped {secs(GRACE_S)} after the first rank raised"
                     break
                 # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
                 # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes).
                 in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
                            if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
                 if in_init and now - log.arrived - min(in_init) > self.o.init_timeout + GRACE_S:
-                    reason = "init did not finish within --init-timeout %s" % secs(self.o.init_timeout)
+                    reason = f"init did not finish within --init-timeout {secs(self.o.init_timeout)}"
                     break
                 if now > deadline:
-                    reason = "--timeout %s passed" % secs(self.o.timeout)
+                    reason = f"--timeout {secs(self.o.timeout)} passed"
                     break
         except KeyboardInterrupt:
             reason = "interrupted (Ctrl-C)"
             self.interrupted = True
         launched["elapsed"] = time.monotonic() - log.arrived  # the events' clock
-        self._note("stopping the launch on %s" % self.launch_host)
+        self._note(f"stopping the launch on {self.launch_host}")
         cmd.close_stdin(wait=False)  # the supervisor's lifeline: it kills the launcher and reaps over pdsh
         if not cmd.join(STOP_S):
             cmd.kill()
@@ -197,7 +197,7 @@ class LaunchRun:
         """Kill whatever of the run is left on every host (pkill by the run's token) and remove the launch
         directories; what survives is recorded per host."""
         names = list(self.transports)
-        self._note("cleaning up on %d host(s)" % len(names))
+        self._note(f"cleaning up on {len(names)} host(s)")
 
         def one(name: str) -> Dict[str, Any]:
             transport = self.transports[name]
@@ -208,7 +208,7 @@ class LaunchRun:
             out["killed"] = kill.rc == 0
             transport.run(["pkill", "-KILL", "-f", pattern_of(self.mark)], REAP_S)
             # The token is never written out in the command, or pkill -f of another host's reap would match it.
-            transport.run(["sh", "-c", 'rm -rf -- "$1/%s$2"' % TOKEN_PREFIX, "sh", self.o.workdir,
+            transport.run(["sh", "-c", f'rm -rf -- "$1/{TOKEN_PREFIX}$2"', "sh", self.o.workdir,
                            self.token[len(TOKEN_PREFIX):]], REAP_S)
             left = transport.run(["pgrep", "-a", "-f", self.pattern], REAP_S)
             if left.rc == 0 and left.stdout.strip():
@@ -252,14 +252,14 @@ class LaunchRun:
                 message, fix = self.errors[h.name]
                 rows[h.name] = Outcome(Status.ERROR, message, fix)
             else:
-                rows[h.name] = Outcome(Status.ERROR, "not rehearsed: %s could not be prepared" % first,
-                                       "see %s's result" % first)
+                rows[h.name] = Outcome(Status.ERROR, f"not rehearsed: {first} could not be prepared",
+                                       f"see {first}'s result")
         if LOCAL in self.errors:
             message, fix = self.errors[LOCAL]
-            rows[CLUSTER] = Outcome(Status.ERROR, "this machine: %s" % message, fix)
+            rows[CLUSTER] = Outcome(Status.ERROR, f"this machine: {message}", fix)
         else:
-            rows[CLUSTER] = Outcome(Status.ERROR, "not launched: %s could not be prepared" % first,
-                                    "see %s's result" % first)
+            rows[CLUSTER] = Outcome(Status.ERROR, f"not launched: {first} could not be prepared",
+                                    f"see {first}'s result")
         return rows
 
     def survivors(self) -> Dict[str, str]:

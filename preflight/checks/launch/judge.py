@@ -223,13 +223,13 @@ def rank_views(slots: Sequence[Slot], events: Sequence[Dict[str, Any]]) -> Tuple
 
 def secs(value: Any) -> str:
     try:
-        return "%.3g s" % float(value)
+        return f"{float(value):.3g} s"
     except (TypeError, ValueError):
         return "?"
 
 
 def _rank_name(view: RankView) -> str:
-    return "rank %d (local %d)" % (view.slot.rank, view.slot.local_rank)
+    return f"rank {view.slot.rank} (local {view.slot.local_rank})"
 
 
 def _last_line(text: str) -> str:
@@ -237,6 +237,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+# A template: filled in with .format(hostfile=..., host=...) where a loopback rank is found.
 IFNAME_FIX = ("set GLOO_SOCKET_IFNAME (gloo) and NCCL_SOCKET_IFNAME (NCCL) to the cluster interface in "
               "./.deepspeed_env, which DeepSpeed's launcher exports to every rank: `preflight run --hostfile "
               "{hostfile} --env-file .deepspeed_env` writes both from the hosts' measured network; or make "
@@ -262,53 +263,52 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
     err = view.seen["error"]
     phase, kind_name = str(err.get("phase", "")), str(err.get("type", "Exception"))
     message = str(err.get("message", ""))
-    text = "%s raised %s in %s: %s" % (_rank_name(view), kind_name, phase, _last_line(message)[:400] or kind_name)
+    rank, said = _rank_name(view), _last_line(message)
+    text = f"{rank} raised {kind_name} in {phase}: {said[:400] or kind_name}"
     host = view.slot.host
     config = ctx.options.deepspeed_config
     if err.get("op"):
-        return ("op build", "%s raised while loading DeepSpeed op %s: %s: %s" % (
-            _rank_name(view), err["op"], kind_name, _last_line(message)[:400]),
-            "the op is JIT-built at the first use: install its build tools on %s (a C++ compiler, ninja; nvcc "
+        return ("op build", f"{rank} raised while loading DeepSpeed op {err['op']}: {kind_name}: {said[:400]}",
+            f"the op is JIT-built at the first use: install its build tools on {host} (a C++ compiler, ninja; nvcc "
             "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 pip install "
-            "deepspeed); `ds_report` on %s lists the ops" % (host, host))
+            f"deepspeed); `ds_report` on {host} lists the ops")
     if kind_name in ("OutOfMemoryError", "MemoryError") or "out of memory" in message.lower():
-        return ("OOM", text, "the rehearsal's model is small (--rehearse-model-params): memory is short on %s "
+        return ("OOM", text, f"the rehearsal's model is small (--rehearse-model-params): memory is short on {host} "
                 "before the real model loads; lower train_micro_batch_size_per_gpu, or use ZeRO-3 / offload; "
-                "`preflight run --model-params N` estimates the full model" % host)
+                "`preflight run --model-params N` estimates the full model")
     if phase == "config":
         if kind_name == "FileNotFoundError":
-            return ("config missing", "%s cannot open the DeepSpeed config %s on %s: %s" % (
-                _rank_name(view), config, host, _last_line(message)),
-                "the launcher passes the path, and every rank opens it on its own host: copy %s to the same path "
-                "on %s (or put it on a shared filesystem)" % (config, host))
-        return ("config", text, "the config %s on %s is not the JSON this machine read: copy the same file to "
-                "every host" % (config, host))
+            return ("config missing", f"{rank} cannot open the DeepSpeed config {config} on {host}: {said}",
+                f"the launcher passes the path, and every rank opens it on its own host: copy {config} to the same "
+                f"path on {host} (or put it on a shared filesystem)")
+        return ("config", text, f"the config {config} on {host} is not the JSON this machine read: copy the same file "
+                "to every host")
     if phase == "import":
-        return ("import", text, "install torch and DeepSpeed in the interpreter the launcher starts on %s (the "
-                "launch host's sys.executable, at the same path on every host)" % host)
+        return ("import", text, f"install torch and DeepSpeed in the interpreter the launcher starts on {host} (the "
+                "launch host's sys.executable, at the same path on every host)")
     if phase == "init":
         if view in ctx.loopback:
             return _loopback(view, ctx)
         if ctx.loopback:
             other = ctx.loopback[0]
-            return ("rendezvous", "%s failed at init: %s (the loopback address %s that %s on %s advertised)" % (
-                _rank_name(view), _last_line(message)[:300], _advertised(other), _rank_name(other),
-                other.slot.host), IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
+            return ("rendezvous", f"{rank} failed at init: {said[:300]} (the loopback address "
+                    f"{_advertised(other)} that {_rank_name(other)} on {other.slot.host} advertised)",
+                    IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
         peers = _peers_named(message, ctx)
         if peers:
             owners = sorted({v.slot.host for v in _peer_views(message, ctx)})
-            return ("rendezvous", "%s (%s)" % (text, peers),
-                    "the rank on %s could not connect to %s: allow inbound TCP from the other hosts to %s (gloo and "
-                    "NCCL listen on ephemeral ports, 1024-65535, besides the master port); `preflight run --checks "
-                    "ports` names the blocked pairs" % (view.slot.host, ", ".join(owners), ", ".join(owners)))
+            hosts = ", ".join(owners)
+            return ("rendezvous", f"{text} ({peers})",
+                    f"the rank on {view.slot.host} could not connect to {hosts}: allow inbound TCP from the other "
+                    f"hosts to {hosts} (gloo and NCCL listen on ephemeral ports, 1024-65535, besides the master "
+                    "port); `preflight run --checks ports` names the blocked pairs")
         return ("rendezvous", text, _rendezvous_fix(view, ctx))
     if phase == "initialize":
         if "batch" in message.lower():
             return ("config", text, "train_batch_size must equal train_micro_batch_size_per_gpu x "
-                    "gradient_accumulation_steps x the data-parallel size (%d ranks here); fix %s" % (
-                        _world(ctx), config))
-        return ("config", text, "deepspeed.initialize refused %s with this world: fix the key it names "
-                "(`preflight run --deepspeed-config %s` checks it against the cluster)" % (config, config))
+                    f"gradient_accumulation_steps x the data-parallel size ({_world(ctx)} ranks here); fix {config}")
+        return ("config", text, f"deepspeed.initialize refused {config} with this world: fix the key it names "
+                f"(`preflight run --deepspeed-config {config}` checks it against the cluster)")
     return ("raised", text, "see the traceback in the JSON report (launch metrics) or with -v")
 
 
@@ -334,8 +334,8 @@ def _peers_named(message: str, ctx: Context) -> str:
     for address in _addresses(message):
         owners = _owners(address, ctx)
         if owners:
-            found.append("remote %s is %s" % (address, ", ".join("%s on %s" % (_rank_name(v), v.slot.host)
-                                                                 for v in owners)))
+            ranks = ", ".join(f"{_rank_name(v)} on {v.slot.host}" for v in owners)
+            found.append(f"remote {address} is {ranks}")
     return "; ".join(found)
 
 
@@ -350,19 +350,19 @@ def _advertised(view: RankView) -> str:
 
 def _loopback(view: RankView, ctx: Context) -> Tuple[str, str, str]:
     advertise = (view.seen.get("init_begin") or {}).get("advertise") or {}
-    return ("loopback", "%s advertised the loopback address %s to the other ranks (%s; GLOO_SOCKET_IFNAME is not "
-            "set): gloo's connectFullMesh cannot reach it from another host" % (
-                _rank_name(view), advertise.get("address"), advertise.get("source", "")),
+    return ("loopback", f"{_rank_name(view)} advertised the loopback address {advertise.get('address')} to the "
+            f"other ranks ({advertise.get('source', '')}; GLOO_SOCKET_IFNAME is not set): gloo's connectFullMesh "
+            "cannot reach it from another host",
             IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=view.slot.host))
 
 
 def _rendezvous_fix(view: RankView, ctx: Context) -> str:
     env = (view.seen.get("start") or {}).get("env") or {}
     addr, port = env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?")
-    return ("every rank meets at MASTER_ADDR:MASTER_PORT (%s:%s) and then connects to every other rank: allow TCP "
-            "%s and the ranks' ports between the hosts (firewall), and launch with --master_addr set to an address "
-            "every host reaches if %s is not one (`preflight run --checks ports,interfaces` names the blocked "
-            "host)" % (addr, port, port, addr))
+    return (f"every rank meets at MASTER_ADDR:MASTER_PORT ({addr}:{port}) and then connects to every other rank: "
+            f"allow TCP {port} and the ranks' ports between the hosts (firewall), and launch with --master_addr set "
+            f"to an address every host reaches if {addr} is not one (`preflight run --checks ports,interfaces` names "
+            "the blocked host)")
 
 
 def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
@@ -370,42 +370,41 @@ def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
     if "done" in view.seen:
         t = view.timings()
         steps = "/".join(secs(s).replace(" s", "") for s in t.get("step_s", [])) + " s"
-        peak = (", peak %.0f MiB" % t["peak_rss_mib"]) if t.get("peak_rss_mib") else ""
-        return (Status.PASS, "%s: init %s, initialize %s, steps %s%s" % (
-            _rank_name(view), secs(t.get("init_s")), secs(t.get("initialize_s")), steps, peak), "", "ok")
+        peak = f", peak {t['peak_rss_mib']:.0f} MiB" if t.get("peak_rss_mib") else ""
+        return (Status.PASS, f"{_rank_name(view)}: init {secs(t.get('init_s'))}, initialize "
+                f"{secs(t.get('initialize_s'))}, steps {steps}{peak}", "", "ok")
     if "error" in view.seen:
         kind, message, fix = classify_error(view, ctx)
         return Status.FAIL, message, fix, kind
     if "deadline" in view.seen:
-        return (Status.FAIL, "%s ended itself at its lifetime (%s) in %s" % (
-            _rank_name(view), secs(view.seen["deadline"].get("lifetime")), view.phase),
+        lifetime = secs(view.seen["deadline"].get("lifetime"))
+        return (Status.FAIL, f"{_rank_name(view)} ended itself at its lifetime ({lifetime}) in {view.phase}",
             "raise --timeout, or see why the rank was slow", "deadline")
     if not view.started:
-        return Status.FAIL, "%s never started" % _rank_name(view), "", "never started"
+        return Status.FAIL, f"{_rank_name(view)} never started", "", "never started"
     where = view.phase
     arrivals = [float(e["arrived"]) for e in view.seen.values() if isinstance(e.get("arrived"), (int, float))]
     since = max(arrivals) if arrivals else None  # when it began what it was still doing
-    waited = ("%s" % secs(ctx.elapsed - since)) if isinstance(since, (int, float)) else "a while"
+    waited = secs(ctx.elapsed - since) if isinstance(since, (int, float)) else "a while"
     if view.op_running:
-        return (Status.FAIL, "%s was still loading DeepSpeed op %s (JIT build) when the rehearsal stopped (%s)" % (
-            _rank_name(view), view.op_running, ctx.stop_reason),
+        return (Status.FAIL, f"{_rank_name(view)} was still loading DeepSpeed op {view.op_running} (JIT build) when "
+                f"the rehearsal stopped ({ctx.stop_reason})",
             "pre-build the op (DS_BUILD_OPS=1 pip install deepspeed), or warm the torch extensions cache "
             "(~/.cache/torch_extensions) on every host; a cold JIT build delays every job start", "op build")
     if where == "init":
         if view in ctx.loopback:
             _, message, fix = _loopback(view, ctx)
-            return (Status.FAIL, "%s; it was still in init_process_group after %s" % (message, waited), fix,
+            return (Status.FAIL, f"{message}; it was still in init_process_group after {waited}", fix,
                     "loopback")
         if ctx.loopback:
             other = ctx.loopback[0]
-            return (Status.FAIL, "%s was still in init_process_group after %s, waiting on the loopback address %s "
-                    "that %s on %s advertised" % (_rank_name(view), waited, _advertised(other), _rank_name(other),
-                                                  other.slot.host),
+            return (Status.FAIL, f"{_rank_name(view)} was still in init_process_group after {waited}, waiting on the "
+                    f"loopback address {_advertised(other)} that {_rank_name(other)} on {other.slot.host} advertised",
                     IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host), "rendezvous")
-        return (Status.FAIL, "%s hung in init_process_group for %s (%s)" % (_rank_name(view), waited, ctx.stop_reason),
+        return (Status.FAIL, f"{_rank_name(view)} hung in init_process_group for {waited} ({ctx.stop_reason})",
                 _rendezvous_fix(view, ctx), "hung at init")
-    return (Status.FAIL, "%s was still in %s after %s when the rehearsal stopped (%s)" % (
-        _rank_name(view), where, waited, ctx.stop_reason),
+    return (Status.FAIL, f"{_rank_name(view)} was still in {where} after {waited} when the rehearsal stopped "
+            f"({ctx.stop_reason})",
         "a rank waits for the others in every collective: see the other hosts' results", "hung")
 
 
@@ -474,7 +473,7 @@ class Outcomes:
 
     def env_lines(self) -> str:
         files = self._launcher_event("launcher").get("env_files") or []
-        bad = ["%s line %s" % (f.get("path"), ", ".join(str(n) for n in f["bad_lines"])) for f in files
+        bad = [f"{f.get('path')} line {', '.join(str(n) for n in f['bad_lines'])}" for f in files
                if f.get("bad_lines")]
         return "; ".join(bad) or "the .deepspeed_env files it read"
 
@@ -495,7 +494,8 @@ class Outcomes:
             # Not even the supervisor said a word: its interpreter (--python) or the launch directory is missing.
             # Its output came through the log (the channel streams both of its streams there).
             said = "\n".join(list(self.log.launcher) + [str(self.launched.get("stderr") or "")])
-            line = _last_line(said) or "exit code %s" % self.launched.get("rc")
+            line = _last_line(said) or f"exit code {self.launched.get('rc')}"
+            # The fix is a template: host_rows fills in {launch} with .format.
             return ("no supervisor", line[:400], "pass --python with an interpreter that exists on {launch} "
                     "(it runs the rehearsal's supervisor, standard library only)")
         exit_event = self._launcher_event("launcher_exit")
@@ -509,7 +509,7 @@ class Outcomes:
             return found
         if exit_event or self.launched.get("rc") not in (None, 0):
             tail = _last_line("\n".join(lines)) or "no output"
-            return "launcher", tail[:400], "run the launch by hand on %s and read its output" % self.launch_host
+            return "launcher", tail[:400], f"run the launch by hand on {self.launch_host} and read its output"
         return None
 
     def host_rows(self) -> Dict[str, Outcome]:
@@ -525,15 +525,16 @@ class Outcomes:
                 metrics["traceback"] = "\n\n".join(str(e.get("traceback", "")) for e in errors)[-8000:]
             if failed_launch is not None:
                 kind, line, fix = failed_launch
+                # The tables' fixes are templates, filled in here (LAUNCHER_FAILED, launcher_failure).
                 fix = fix.format(launch=self.launch_host, hostfile=self.o.hostfile, env_lines=self.env_lines(),
                                  first=self.o.hosts[0].name)
                 if host.name == self.launch_host:
-                    rows[host.name] = Outcome(Status.FAIL, "DeepSpeed's launcher on %s failed before any rank "
-                                              "started (%s): %s" % (self.launch_host, kind, line), fix,
+                    rows[host.name] = Outcome(Status.FAIL, f"DeepSpeed's launcher on {self.launch_host} failed "
+                                              f"before any rank started ({kind}): {line}", fix,
                                               dict(metrics, cause=kind))
                 else:
-                    rows[host.name] = Outcome(Status.FAIL, "its %d rank(s) never started: the launcher on %s failed "
-                                              "(%s)" % (len(mine), self.launch_host, kind), fix,
+                    rows[host.name] = Outcome(Status.FAIL, f"its {len(mine)} rank(s) never started: the launcher on "
+                                              f"{self.launch_host} failed ({kind})", fix,
                                               dict(metrics, cause=kind))
                 continue
             verdicts = [verdict_of(v, ctx) for v in mine]
@@ -546,12 +547,13 @@ class Outcomes:
                 names = ", ".join(str(v.slot.rank) for v in never)
                 if cause:
                     kind, line, fix = cause
-                    text = "rank(s) %s never started (%s): %s" % (names, kind, line)
+                    text = f"rank(s) {names} never started ({kind}): {line}"
+                    # NEVER_STARTED's fixes are templates, filled in here.
                     fix = fix.format(host=host.name, launch=self.launch_host, python=self._python())
                 else:
-                    text = "rank(s) %s never started; pdsh said nothing about %s (%s)" % (
-                        names, host.name, self.stop_reason)
-                    fix = "run the launch by hand on %s and read %s's lines" % (self.launch_host, host.name)
+                    text = (f"rank(s) {names} never started; pdsh said nothing about {host.name} "
+                            f"({self.stop_reason})")
+                    fix = f"run the launch by hand on {self.launch_host} and read {host.name}'s lines"
                 verdicts = [(Status.FAIL, text, fix, "never started")] + \
                     [v for v in verdicts if v[3] != "never started"]
             bad = [v for v in verdicts if v[0] != Status.PASS]
@@ -569,12 +571,12 @@ class Outcomes:
             if self.o.env_file and os.path.basename(os.path.dirname(path)).startswith(TOKEN_PREFIX):
                 return self.o.env_file
             return path
-        return ", ".join("%s (%s)" % (name(str(f.get("path"))), ", ".join(f.get("keys") or []) or "empty")
+        return ", ".join(f"{name(str(f.get('path')))} ({', '.join(f.get('keys') or []) or 'empty'})"
                          for f in files) or "no .deepspeed_env"
 
     def _python(self) -> str:
         argv = self._launcher_event("launcher").get("argv") or []
-        return "the launch host's interpreter" if not argv else "the interpreter of %s" % argv[0]
+        return "the launch host's interpreter" if not argv else f"the interpreter of {argv[0]}"
 
     def cluster_row(self, rows: Dict[str, Outcome]) -> Outcome:
         ctx = self.context()
@@ -589,7 +591,7 @@ class Outcomes:
         start = next((v.seen["start"] for v in self.views if "start" in v.seen), {})
         master = (start.get("env") or {}) if isinstance(start, dict) else {}
         if master.get("MASTER_ADDR"):
-            metrics["master"] = "%s:%s" % (master.get("MASTER_ADDR"), master.get("MASTER_PORT", ""))
+            metrics["master"] = f"{master.get('MASTER_ADDR')}:{master.get('MASTER_PORT', '')}"
         for key in ("import_s", "init_s", "initialize_s"):
             values = [float(v.timings()[key]) for v in self.views if v.timings().get(key) is not None]
             if values:
@@ -604,31 +606,30 @@ class Outcomes:
         shape = ""
         if first is not None:
             t = first.timings()
-            shape = "ZeRO-%s, micro batch %s x %s accumulation x %d ranks = %s; " % (
-                t.get("zero_stage"), t.get("micro_batch"), t.get("gradient_accumulation"), len(self.slots),
-                t.get("train_batch"))
+            shape = (f"ZeRO-{t.get('zero_stage')}, micro batch {t.get('micro_batch')} x "
+                     f"{t.get('gradient_accumulation')} accumulation x {len(self.slots)} ranks = "
+                     f"{t.get('train_batch')}; ")
         env = self.env_text(metrics["env_files"])
         if len(done) == len(self.slots) and all(o.status == Status.PASS for o in rows.values()):
             def slowest(key: str) -> str:
                 values = [(v.timings().get(key) or 0, v.slot.rank) for v in self.views]
                 value, rank = max(values)
-                return "%s (rank %d)" % (secs(value), rank)
-            message = ("%d ranks on %d hosts started by `deepspeed --launcher pdsh` from %s (%s; master %s): "
-                       "%sslowest init %s, initialize %s, step %s; %s from launch to the last step" % (
-                           len(self.slots), len(self.o.hosts), self.launch_host, env, metrics.get("master", "?"),
-                           shape, slowest("init_s"),
-                           slowest("initialize_s"), secs(metrics.get("max_step_s")),
-                           secs(metrics.get("launch_to_last_step_s"))))
+                return f"{secs(value)} (rank {rank})"
+            step, to_last = secs(metrics.get("max_step_s")), secs(metrics.get("launch_to_last_step_s"))
+            message = (f"{len(self.slots)} ranks on {len(self.o.hosts)} hosts started by `deepspeed --launcher pdsh` "
+                       f"from {self.launch_host} ({env}; master {metrics.get('master', '?')}): {shape}slowest init "
+                       f"{slowest('init_s')}, initialize {slowest('initialize_s')}, step {step}; {to_last} from "
+                       "launch to the last step")
             return Outcome(Status.PASS, message, metrics=metrics)
         failing = {h: o for h, o in rows.items() if o.status != Status.PASS}
         root = self._root_cause(ctx, failing)
-        message = "the launch failed (%s; %s): %s" % (self.stop_reason, env, root[0])
+        message = f"the launch failed ({self.stop_reason}; {env}): {root[0]}"
         return Outcome(Status.FAIL, message, root[1], dict(metrics, cause=root[2]))
 
     def _root_cause(self, ctx: Context, failing: Dict[str, Outcome]) -> Tuple[str, str, str]:
         if ctx.loopback:
-            names = ", ".join("%s on %s (%s)" % (_rank_name(v), v.slot.host, _advertised(v)) for v in ctx.loopback)
-            return ("gloo ranks advertised a loopback address: %s" % names,
+            names = ", ".join(f"{_rank_name(v)} on {v.slot.host} ({_advertised(v)})" for v in ctx.loopback)
+            return (f"gloo ranks advertised a loopback address: {names}",
                     IFNAME_FIX.format(hostfile=self.o.hostfile, host=ctx.loopback[0].slot.host), "loopback")
         order = ["config missing", "no pdsh", "no supervisor", "env file", "never started", "python", "ssh",
                  "op build", "OOM", "config", "rendezvous", "hung at init"]
@@ -639,4 +640,4 @@ class Outcomes:
         if not ranked:
             return "not every rank finished", "", "incomplete"
         host, outcome = ranked[0]
-        return "%s: %s" % (host, outcome.message), outcome.fix, str(outcome.metrics.get("cause", ""))
+        return f"{host}: {outcome.message}", outcome.fix, str(outcome.metrics.get("cause", ""))
