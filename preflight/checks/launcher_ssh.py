@@ -52,8 +52,8 @@ def ssh_argv(host: str, connect_timeout: int, port: Optional[int] = None) -> Lis
     # them. Without a port, ssh's own choice (the config's Port, else 22), as DeepSpeed without --ssh_port.
     # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
     return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
-            "-o", "ConnectTimeout=%d" % max(1, int(connect_timeout)), "-x"] + \
-        (["-p", "%d" % int(port)] if port else []) + ["--", host, "hostname"]
+            "-o", f"ConnectTimeout={max(1, int(connect_timeout))}", "-x"] + \
+        (["-p", str(int(port))] if port else []) + ["--", host, "hostname"]
 
 
 # --- pure classification ---------------------------------------------------------------------
@@ -113,51 +113,51 @@ def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] 
     port when given, else what ssh used). Each command in a fix is pasteable on the first host as it is."""
     last = next((ln.strip() for ln in reversed((stderr or "").splitlines()) if ln.strip()), "").rstrip(".")
     p = ssh_port_of(stderr, port)
-    dash_p = "" if p == 22 else "-p %d " % p
+    dash_p = "" if p == 22 else f"-p {p} "
     # OpenSSH records a host off port 22 as [host]:port; ssh-keyscan -p writes that form, ssh-keygen -R needs it.
-    entry = q(host) if p == 22 else q("[%s]:%d" % (host, p))
+    entry = q(host) if p == 22 else q(f"[{host}]:{p}")
     # The first host's own known_hosts, recorded once: ssh-keygen -F skips the scan when the entry is there.
-    scan = "ssh-keygen -F %s >/dev/null || ssh-keyscan -H %s%s >> ~/.ssh/known_hosts" % (entry, dash_p, q(host))
+    scan = f"ssh-keygen -F {entry} >/dev/null || ssh-keyscan -H {dash_p}{q(host)} >> ~/.ssh/known_hosts"
     m = re.search(r"No (\w+) host key is known", stderr or "")
-    pub = "/etc/ssh/ssh_host_%s_key.pub" % (m.group(1).lower() if m else "ed25519")
-    on_port = "" if p == 22 else " for port %d" % p
+    key_type = m.group(1).lower() if m else "ed25519"
+    pub = f"/etc/ssh/ssh_host_{key_type}_key.pub"
+    on_port = "" if p == 22 else f" for port {p}"
     if kind == "auth":
         methods = _auth_methods(stderr)
         asks = " (it would ask for a password)" if "password" in methods or "keyboard" in methods else ""
-        return ("the key was refused: %s%s" % (last or "Permission denied", asks),
-                "on %s: ssh-copy-id %s%s (or append %s's ~/.ssh/id_*.pub to %s:~/.ssh/authorized_keys, mode 600, "
-                "~/.ssh mode 700)" % (master, dash_p, q(host), master, host))
+        return (f"the key was refused: {last or 'Permission denied'}{asks}",
+                f"on {master}: ssh-copy-id {dash_p}{q(host)} (or append {master}'s ~/.ssh/id_*.pub to "
+                f"{host}:~/.ssh/authorized_keys, mode 600, ~/.ssh mode 700)")
     if kind == "host_key_unknown":
-        return ("%s's host key%s is not in %s's known_hosts (Host key verification failed)"
-                % (host, on_port, master),
-                "on %s, after comparing the key with the host's own (ssh-keygen -lf %s on %s):\n  %s"
-                % (master, pub, host, scan))
+        return (f"{host}'s host key{on_port} is not in {master}'s known_hosts (Host key verification failed)",
+                f"on {master}, after comparing the key with the host's own (ssh-keygen -lf {pub} on {host}):"
+                f"\n  {scan}")
     if kind == "host_key_changed":
-        return ("%s's host key%s CHANGED since %s recorded it" % (host, on_port, master),
-                "if %s was reinstalled (compare the new key with ssh-keygen -lf %s there), on %s, in order:"
-                "\n  ssh-keygen -R %s\n  %s" % (host, pub, master, entry, scan))
+        return (f"{host}'s host key{on_port} CHANGED since {master} recorded it",
+                f"if {host} was reinstalled (compare the new key with ssh-keygen -lf {pub} there), on {master}, "
+                f"in order:\n  ssh-keygen -R {entry}\n  {scan}")
     if kind == "unresolved":
-        return ("the name %s does not resolve on %s (%s)" % (host, master, last),
-                "make the hostfile name resolvable on %s: /etc/hosts or DNS (DeepSpeed uses the hostfile names)"
-                % master)
+        return (f"the name {host} does not resolve on {master} ({last})",
+                f"make the hostfile name resolvable on {master}: /etc/hosts or DNS (DeepSpeed uses the hostfile "
+                "names)")
     if kind == "refused":
-        return ("connection to port %d refused: no sshd listening (%s)" % (p, last),
-                "start sshd on %s (systemctl start ssh) listening on port %d, or pass the port sshd listens on "
-                "(--launcher-ssh-port, and DeepSpeed's --ssh_port)" % (host, p))
+        return (f"connection to port {p} refused: no sshd listening ({last})",
+                f"start sshd on {host} (systemctl start ssh) listening on port {p}, or pass the port sshd listens on "
+                "(--launcher-ssh-port, and DeepSpeed's --ssh_port)")
     if kind in ("timeout", "unreachable"):
-        return ("%s cannot reach %s's SSH port %d (%s)" % (master, host, p, last or "timed out"),
-                "allow TCP %d from %s to %s (firewall, routing); check that the hostfile name maps to the "
-                "cluster network" % (p, master, host))
+        return (f"{master} cannot reach {host}'s SSH port {p} ({last or 'timed out'})",
+                f"allow TCP {p} from {master} to {host} (firewall, routing); check that the hostfile name maps to "
+                "the cluster network")
     if kind == "closed":
-        return ("sshd on %s closed the connection (%s)" % (host, last),
-                "check sshd on %s: MaxStartups, AllowUsers/DenyUsers, TCP wrappers (journalctl -u ssh)" % host)
+        return (f"sshd on {host} closed the connection ({last})",
+                f"check sshd on {host}: MaxStartups, AllowUsers/DenyUsers, TCP wrappers (journalctl -u ssh)")
     if kind == "perms":
-        return ("ssh on %s refuses its own files: %s" % (master, last),
-                "on %s: chmod 700 ~/.ssh; chmod 600 ~/.ssh/id_* ~/.ssh/config ~/.ssh/authorized_keys" % master)
+        return (f"ssh on {master} refuses its own files: {last}",
+                f"on {master}: chmod 700 ~/.ssh; chmod 600 ~/.ssh/id_* ~/.ssh/config ~/.ssh/authorized_keys")
     if kind == "no_client":
-        return ("no ssh client on %s" % master, "install it on %s: apt-get install openssh-client pdsh" % master)
-    return ("ssh failed: %s" % (last or "no error output"),
-            "run on %s: ssh -v %s%s hostname" % (master, dash_p, q(host)))
+        return (f"no ssh client on {master}", f"install it on {master}: apt-get install openssh-client pdsh")
+    return (f"ssh failed: {last or 'no error output'}",
+            f"run on {master}: ssh -v {dash_p}{q(host)} hostname")
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     facts["launch_env"] = launchenv.snapshot(os.environ, launchenv.read_deepspeed_env())
     facts["host_net"] = {h: _net_names((cluster.facts.get(h) or {}).get("interfaces")) for h in names}
     if master not in {h.name for h in cluster.hosts}:
-        facts["error"] = "the first host %s is unreachable, so SSH from it could not be tested" % master
+        facts["error"] = f"the first host {master} is unreachable, so SSH from it could not be tested"
         return facts
     rounds = math.ceil(len(names) / max(1, int(lim["parallel"])))
     timeout = min(float(lim["max_total_s"]), rounds * (float(lim["command_timeout_s"]) + 1) + 10)
@@ -250,7 +250,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                               "parallel": int(lim["parallel"]), "budget_s": timeout - 5}, timeout)
         facts.update(value)
     except Exception as exc:  # the agent failed: every target is unchecked, not failed
-        facts["error"] = "the probe on %s failed: %s" % (master, exc)
+        facts["error"] = f"the probe on {master} failed: {exc}"
     return facts
 
 
@@ -274,20 +274,20 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return {h: skip("the job runs inside a Slurm allocation and is launched by srun (deepspeed --launcher "
                         "slurm), not by pdsh over SSH: passwordless SSH between nodes is not needed") for h in targets}
     if facts.get("error"):
-        return {h: error("not checked: %s" % facts["error"], "rerun with -v; check %s" % master) for h in targets}
+        return {h: error(f"not checked: {facts['error']}", f"rerun with -v; check {master}") for h in targets}
     if facts.get("client") is None:
         why, fix = explain("no_client", master, master, facts.get("client_error", ""))
-        failed: Dict[str, Outcome] = {h: error("not checked: %s" % why, fix) for h in targets}
-        failed[master] = Outcome(Status.FAIL, "%s: DeepSpeed's pdsh launcher cannot reach any host" % why, fix)
+        failed: Dict[str, Outcome] = {h: error(f"not checked: {why}", fix) for h in targets}
+        failed[master] = Outcome(Status.FAIL, f"{why}: DeepSpeed's pdsh launcher cannot reach any host", fix)
         return failed
     out: Dict[str, Outcome] = {}
     results = facts.get("results", {})
     port = facts.get("port")  # the launcher's port; None: ssh's own (22, or the first host's ssh config)
-    on_port = " port %d" % port if port else ""
+    on_port = f" port {port}" if port else ""
     for h in targets:
         r: Optional[Dict[str, Any]] = results.get(h)
         if r is None:
-            out[h] = error("not checked: ssh from %s to %s did not run within the time budget" % (master, h),
+            out[h] = error(f"not checked: ssh from {master} to {h} did not run within the time budget",
                            "raise [launcher_ssh] max_total_s or parallel")
             continue
         metrics = {"from": master, "hostname": r.get("hostname", ""), "rc": r.get("rc"),
@@ -296,15 +296,16 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         kind = classify(int(r.get("rc", 255)), r.get("stderr", ""))
         metrics["kind"] = kind
         if kind == "ok" and r.get("hostname"):
-            out[h] = Outcome(Status.PASS, "passwordless SSH %s -> %s%s ok (hostname %s, %.2fs)"
-                             % (master, h, on_port, r["hostname"], r.get("duration_s") or 0.0), metrics=metrics)
+            took = r.get("duration_s") or 0.0
+            out[h] = Outcome(Status.PASS, f"passwordless SSH {master} -> {h}{on_port} ok "
+                             f"(hostname {r['hostname']}, {took:.2f}s)", metrics=metrics)
         elif kind == "ok":
-            out[h] = Outcome(Status.FAIL, "ssh %s hostname from %s succeeded but printed nothing" % (h, master),
-                             "check %s's login shell and sshd ForceCommand for the user" % h, metrics)
+            out[h] = Outcome(Status.FAIL, f"ssh {h} hostname from {master} succeeded but printed nothing",
+                             f"check {h}'s login shell and sshd ForceCommand for the user", metrics)
         else:
             why, fix = explain(kind, h, master, r.get("stderr", ""), port)
-            out[h] = Outcome(Status.FAIL, "passwordless SSH from %s to %s fails: %s; DeepSpeed's pdsh launcher "
-                             "cannot start ranks there" % (master, h, why), fix, metrics)
+            out[h] = Outcome(Status.FAIL, f"passwordless SSH from {master} to {h} fails: {why}; DeepSpeed's pdsh "
+                             "launcher cannot start ranks there", fix, metrics)
     missing = _launcher_missing(facts, str(limits(thresholds, NAME)["launcher"]), master)
     if missing is not None and master in out:
         # The launch host's own row: its SSH result stays in the message, after the launcher's FAIL.
@@ -312,7 +313,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         findings = [missing] + ([Finding(mine.status, mine.message, mine.fix)] if mine.status != Status.PASS else [])
         outcome = combine(findings, "", mine.metrics)
         if mine.status == Status.PASS:
-            outcome.message += "; %s" % mine.message
+            outcome.message += f"; {mine.message}"
         out[master] = outcome
     if isinstance(facts.get("launch_env"), dict):
         _add_env_findings(out, facts, targets)
@@ -339,7 +340,7 @@ def _add_env_findings(out: Dict[str, Outcome], facts: Dict[str, Any], targets: L
                     [Finding(mine.status, mine.message, mine.fix)] if mine.status != Status.PASS else [])
                 merged = combine(findings, "", mine.metrics)
                 if mine.status == Status.PASS:
-                    merged.message += "; %s" % mine.message
+                    merged.message += f"; {mine.message}"
                 out[h] = merged
 
 
@@ -355,26 +356,26 @@ def _launcher_missing(facts: Dict[str, Any], launcher: str, master: str) -> Opti
         found = {"pdsh": facts.get("pdsh")}
     if program not in found:
         return None
-    others = ", ".join("--launcher %s" % name for name, prog in LAUNCHER_PROGRAMS.items()
+    others = ", ".join(f"--launcher {name}" for name, prog in LAUNCHER_PROGRAMS.items()
                        if name != launcher and found.get(prog))
-    instead = ("; or launch with one that is installed there (%s) and set [launcher_ssh] launcher to it, so "
-               "preflight checks that one" % others if others else
+    instead = (f"; or launch with one that is installed there ({others}) and set [launcher_ssh] launcher to it, so "
+               "preflight checks that one" if others else
                "; or use another launcher (deepspeed --launcher openmpi/mpich/impi/mvapich/slurm) and set "
                "[launcher_ssh] launcher to it, so preflight checks that one")
     if launcher == "pdsh":
-        install = "install pdsh on %s (apt-get install -y pdsh; dnf install -y pdsh pdsh-rcmd-ssh)" % master
+        install = f"install pdsh on {master} (apt-get install -y pdsh; dnf install -y pdsh pdsh-rcmd-ssh)"
     else:
-        install = "install the %s launcher's %s on %s (on the PATH of the shell that runs deepspeed)" % (
-            launcher, program, master)
+        install = (f"install the {launcher} launcher's {program} on {master} (on the PATH of the shell that runs "
+                   "deepspeed)")
     if not found.get(program):
-        return Finding(Status.FAIL, "DeepSpeed's %s launcher is not installed on %s, the first host, where deepspeed "
-                       "runs: no %s on its PATH, so `deepspeed --launcher %s` stops with \"launcher '%s' not "
-                       "installed.\" before any rank starts" % (launcher, master, program, launcher, launcher),
+        return Finding(Status.FAIL, f"DeepSpeed's {launcher} launcher is not installed on {master}, the first host, "
+                       f"where deepspeed runs: no {program} on its PATH, so `deepspeed --launcher {launcher}` stops "
+                       f"with \"launcher '{launcher}' not installed.\" before any rank starts",
                        install + instead)
     output = found.get("mpiname_output")
     if launcher == "mvapich" and output is not None and "MVAPICH2-GDR" not in output:
-        return Finding(Status.FAIL, "mpiname on %s prints %r, not MVAPICH2-GDR: DeepSpeed's mvapich launcher "
-                       "stops with \"launcher 'mvapich' not installed.\"" % (master, output[:80]), install + instead)
+        return Finding(Status.FAIL, f"mpiname on {master} prints {output[:80]!r}, not MVAPICH2-GDR: DeepSpeed's "
+                       "mvapich launcher stops with \"launcher 'mvapich' not installed.\"", install + instead)
     return None
 
 

@@ -53,7 +53,7 @@ def _hex_ip(text: str) -> str:
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     ip = ipaddress.ip_address(words)
     mapped = getattr(ip, "ipv4_mapped", None)  # a dual-stack socket's IPv4 peer: print it as such
-    return "::ffff:%s" % mapped if mapped else str(ip)
+    return f"::ffff:{mapped}" if mapped else str(ip)
 
 
 def parse_proc_net_tcp(text: str) -> List[Dict[str, Any]]:
@@ -155,7 +155,7 @@ def _listening(port: int) -> List[Dict[str, Any]]:
 
 def _owners(inodes: Iterable[int], budget_s: float = 2.0) -> List[Dict[str, Any]]:
     """Processes holding these socket inodes (/proc/PID/fd), within a time budget; others' fds need root."""
-    wanted = {"socket:[%d]" % i for i in inodes if i}
+    wanted = {f"socket:[{i}]" for i in inodes if i}
     found: List[Dict[str, Any]] = []
     if not wanted:
         return found
@@ -168,16 +168,16 @@ def _owners(inodes: Iterable[int], budget_s: float = 2.0) -> List[Dict[str, Any]
         if time.monotonic() > end:
             break
         try:
-            fds = os.listdir("/proc/%s/fd" % pid)
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
         for fd in fds:
             try:
-                link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
             if link in wanted:
-                cmd = (read_text("/proc/%s/cmdline" % pid, "") or "").replace("\0", " ").strip()
+                cmd = (read_text(f"/proc/{pid}/cmdline", "") or "").replace("\0", " ").strip()
                 found.append({"pid": int(pid), "cmdline": cmd[:200]})
                 break
     return found
@@ -189,12 +189,12 @@ def _claim_master_port(port: int, socks: List[socket.socket], addresses: Sequenc
     info: Dict[str, Any] = {"port": port, "free": True, "listening": [], "holders": [], "error": None}
     held = _listening(port)
     if held:
-        info["listening"] = ["%s:%d" % (s["address"], s["port"]) for s in held]
+        info["listening"] = [f"{s['address']}:{s['port']}" for s in held]
     try:
         mine = _bind_on(port, addresses)
     except OSError as exc:
         info["free"] = False
-        info["error"] = "bind: %s" % (exc.strerror or exc)
+        info["error"] = f"bind: {exc.strerror or exc}"
         held = held or _listening(port)
     else:
         if held:
@@ -247,7 +247,8 @@ def deepspeed_master_addr() -> Dict[str, Any]:
     words = res.out.split() if res.ok else []
     error = None
     if not res.ok:
-        error = "`hostname -I` failed (rc=%d): %s" % (res.rc, (res.err or res.out).strip()[:200] or "no output")
+        said = (res.err or res.out).strip()[:200] or "no output"
+        error = f"`hostname -I` failed (rc={res.rc}): {said}"
     elif not words:
         error = "`hostname -I` printed no address"
     return {"address": words[0] if words else None, "all": words[:16], "error": error}
@@ -333,7 +334,7 @@ def _connect(address: str, port: int, timeout: float) -> Dict[str, Any]:
         sock.connect(sockaddr)
         return done("ok")
     except socket.timeout:
-        return done("timeout", "no answer within %.1fs" % timeout)
+        return done("timeout", f"no answer within {timeout:.1f}s")
     except ConnectionRefusedError:
         return done("refused", "connection refused")
     except OSError as exc:
@@ -531,14 +532,16 @@ def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
     """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
     rng = ports.replace("-", ":")
     sources = [shlex.quote(str(s)) for s in sources]  # pasted as shell words: addresses, nothing else
-    nft_src = sources[0] if len(sources) == 1 else "{ %s }" % ", ".join(sources)
-    ufw = ("ufw allow from %s proto tcp to any port %s" % (sources[0], rng) if len(sources) == 1 else
-           "for s in %s; do ufw allow from $s proto tcp to any port %s; done" % (" ".join(sources), rng))
+    listed = ", ".join(sources)
+    nft_src = sources[0] if len(sources) == 1 else f"{{ {listed} }}"  # an nft anonymous set: { a, b }
+    ufw = (f"ufw allow from {sources[0]} proto tcp to any port {rng}" if len(sources) == 1 else
+           f"for s in {' '.join(sources)}; do ufw allow from $s proto tcp to any port {rng}; done")
+    iptables_src = ",".join(sources)
     # Alternatives, one per line (never joined with '|', which a paste would run as one pipeline of all three).
-    return ("on %s allow TCP from the cluster, with the one of these that manages its firewall:\n"
-            "  nft insert rule inet filter input ip saddr %s tcp dport %s accept\n"
-            "  iptables -I INPUT -p tcp -s %s --dport %s -j ACCEPT\n"
-            "  %s" % (host, nft_src, ports, ",".join(sources), rng, ufw))
+    return (f"on {host} allow TCP from the cluster, with the one of these that manages its firewall:\n"
+            f"  nft insert rule inet filter input ip saddr {nft_src} tcp dport {ports} accept\n"
+            f"  iptables -I INPUT -p tcp -s {iptables_src} --dport {rng} -j ACCEPT\n"
+            f"  {ufw}")
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -562,11 +565,11 @@ def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
     info = facts.get("listeners", {}).get(h) or {}
     metrics: Dict[str, Any] = {"listen_ports": info.get("ports", [])}
     if h in facts.get("listener_errors", {}):
-        findings.append(Finding(Status.ERROR, "could not start the test listener on %s: %s"
-                                % (h, facts["listener_errors"][h]), "rerun with -v; check the host"))
+        findings.append(Finding(Status.ERROR, f"could not start the test listener on {h}: "
+                                f"{facts['listener_errors'][h]}", "rerun with -v; check the host"))
     elif len(info.get("ports") or []) < int((facts.get("limits") or limits(thresholds, NAME))["sample_ports"]):
-        findings.append(Finding(Status.ERROR, "could bind only %d test ports on %s in %s"
-                                % (len(info.get("ports") or []), h, info.get("range")),
+        bound = len(info.get("ports") or [])
+        findings.append(Finding(Status.ERROR, f"could bind only {bound} test ports on {h} in {info.get('range')}",
                                 "check net.ipv4.ip_local_port_range and ports in use (ss -ltn)"))
     mp = info.get("master_port")
     if h == master and mp:
@@ -578,13 +581,13 @@ def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
         metrics["deepspeed_master_addr"] = facts["ds_master"].get("address")
         findings.extend(_ds_master_findings(h, facts))
     if h in facts.get("probe_errors", {}):
-        findings.append(Finding(Status.ERROR, "could not run the probes from %s: %s"
-                                % (h, facts["probe_errors"][h]), "rerun with -v; check the host"))
+        findings.append(Finding(Status.ERROR, f"could not run the probes from {h}: {facts['probe_errors'][h]}",
+                                "rerun with -v; check the host"))
     if h in egress:
         findings.append(Finding(
-            Status.FAIL, "outbound TCP from %s to high ports blocked: none of %s reachable from it, though "
-            "other hosts reach them; NCCL will hang at init" % (h, short_list(egress[h])),
-            "check the OUTPUT chain / egress policy on %s (nft list ruleset; iptables -S OUTPUT)" % h))
+            Status.FAIL, f"outbound TCP from {h} to high ports blocked: none of {short_list(egress[h])} reachable "
+            "from it, though other hosts reach them; NCCL will hang at init",
+            f"check the OUTPUT chain / egress policy on {h} (nft list ruleset; iptables -S OUTPUT)"))
     inbound = [p for p in probes if p["dst"] == h and p["src"] not in egress and p["result"] != "skipped"]
     findings.extend(_inbound_findings(h, inbound, facts))
     ok = [p for p in inbound if p["result"] == "ok"]
@@ -598,16 +601,17 @@ def _host_outcome(h: str, facts: Dict[str, Any], thresholds: Dict[str, Any],
                     "connect_ms_median": ms[len(ms) // 2] if ms else None})
     skipped = sum(p["result"] == "skipped" for p in probes if p["dst"] == h)
     if skipped:
-        findings.append(Finding(Status.ERROR, "%d probes to %s were not run within the time budget" %
-                                (skipped, h), "raise [ports] max_probe_s or probe_threads"))
+        findings.append(Finding(Status.ERROR, f"{skipped} probes to {h} were not run within the time budget",
+                                "raise [ports] max_probe_s or probe_threads"))
     if len(hosts) == 1:
         ok_msg = "single host: no cross-host traffic to test"
     else:
-        ok_msg = "inbound TCP open on ports %s from %d hosts (%d/%d connects ok, max %.1f ms)" % (
-            ", ".join(map(str, info.get("ports", []))), len(metrics["sources"]), len(ok), len(inbound),
-            ms[-1] if ms else 0.0)
+        listening = ", ".join(map(str, info.get("ports", [])))
+        slowest = ms[-1] if ms else 0.0
+        ok_msg = (f"inbound TCP open on ports {listening} from {len(metrics['sources'])} hosts "
+                  f"({len(ok)}/{len(inbound)} connects ok, max {slowest:.1f} ms)")
     if h == master and mp and mp.get("free"):
-        ok_msg = "master port %d free; %s" % (mp["port"], ok_msg)
+        ok_msg = f"master port {mp['port']} free; {ok_msg}"
     return combine(findings, ok_msg, metrics)
 
 
@@ -632,39 +636,42 @@ def _ds_master_findings(h: str, facts: Dict[str, Any]) -> List[Finding]:
     ds = facts["ds_master"]
     port = facts.get("master_port")
     works = _working_master_address(facts)
-    use = ("deepspeed --master_addr %s (an address of %s every host reached on port %s), and preflight run "
-           "--master-addr %s to check it" % (works, h, port, works) if works else
-           "deepspeed --master_addr ADDR with an address of %s that every host reaches on port %s (preflight run "
-           "--master-addr ADDR checks it)" % (h, port))
+    use = (f"deepspeed --master_addr {works} (an address of {h} every host reached on port {port}), and preflight "
+           f"run --master-addr {works} to check it" if works else
+           f"deepspeed --master_addr ADDR with an address of {h} that every host reaches on port {port} (preflight "
+           "run --master-addr ADDR checks it)")
     if ds.get("error") and ds.get("source") == "hostname -I":
-        return [Finding(Status.FAIL, "DeepSpeed's launcher cannot pick a master address on %s: %s (it runs `ssh %s "
-                        "hostname -I` when --master_addr is not given, runner.py:495-510)" % (h, ds["error"], h), use)]
+        return [Finding(Status.FAIL, f"DeepSpeed's launcher cannot pick a master address on {h}: {ds['error']} (it "
+                        f"runs `ssh {h} hostname -I` when --master_addr is not given, runner.py:495-510)", use)]
     failed = [p for p in ds.get("probes") or [] if p["result"] not in ("ok", "skipped")]
     if not failed:
         return []
     srcs = sorted({p["src"] for p in failed})
     result = sorted({p["result"] for p in failed})[0]
     if ds.get("source") == "hostname -I":
-        origin = ("DeepSpeed's launcher gives the ranks %s as the master address: the first of `hostname -I` on %s "
-                  "(%s; deepspeed/launcher/runner.py:495-510, without --master_addr)"
-                  % (ds["address"], h, " ".join(ds.get("all") or []) or ds["address"]))
+        printed = " ".join(ds.get("all") or []) or ds["address"]
+        origin = (f"DeepSpeed's launcher gives the ranks {ds['address']} as the master address: the first of "
+                  f"`hostname -I` on {h} ({printed}; deepspeed/launcher/runner.py:495-510, without --master_addr)")
     else:
-        origin = "the job's master address is %s (--master-addr)" % ds["address"]
-    return [Finding(Status.FAIL, "%s, but %s cannot reach %s:%s (%s): their ranks never get through "
-                    "init_process_group (they retry torch.distributed's TCPStore on rank 0 until its timeout)" % (
-                        origin, short_list(srcs), ds["address"], port, REASONS.get(result, result)), use)]
+        origin = f"the job's master address is {ds['address']} (--master-addr)"
+    why = REASONS.get(result, result)
+    return [Finding(Status.FAIL, f"{origin}, but {short_list(srcs)} cannot reach {ds['address']}:{port} ({why}): "
+                    "their ranks never get through init_process_group (they retry torch.distributed's TCPStore on "
+                    "rank 0 until its timeout)", use)]
 
 
 def _master_port_taken(h: str, mp: Dict[str, Any]) -> Finding:
-    who = "; ".join("pid %d (%s)" % (o["pid"], o["cmdline"] or "?") for o in mp.get("holders", []))
+    holders = mp.get("holders", [])
+    who = "; ".join(f"pid {o['pid']} ({o['cmdline'] or '?'})" for o in holders)
     where = ", ".join(mp.get("listening") or []) or mp.get("error") or "bind failed"
+    held_by = ", held by " + who if who else ""
+    stop = (", ".join(f"pid {o['pid']}" for o in holders)
+            or f"the process listening on it (find it with: ss -ltnp sport = :{mp['port']})")
     return Finding(
         Status.FAIL,
-        "master port %d is already in use on %s (%s)%s: torch.distributed's TCPStore on rank 0 "
-        "cannot bind it and the job fails at init" % (mp["port"], h, where, ", held by " + who if who else ""),
-        "pick another port: deepspeed --master_port PORT (and preflight run --master-port PORT), "
-        "or stop %s" % (", ".join("pid %d" % o["pid"] for o in mp.get("holders", []))
-                        or "the process listening on it (find it with: ss -ltnp sport = :%d)" % mp["port"]))
+        f"master port {mp['port']} is already in use on {h} ({where}){held_by}: torch.distributed's TCPStore on "
+        "rank 0 cannot bind it and the job fails at init",
+        f"pick another port: deepspeed --master_port PORT (and preflight run --master-port PORT), or stop {stop}")
 
 
 def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, Any]) -> List[Finding]:
@@ -684,8 +691,8 @@ def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, An
     findings: List[Finding] = []
     for (net, addr, result, srcs), ports in sorted(groups.items()):
         ports = sorted(set(ports))
-        label = ", ".join(("%d (master port)" % p if h == master and p == mport else str(p)) for p in ports)
-        where = "" if net == PRIMARY else " on network %s" % net
+        label = ", ".join((f"{p} (master port)" if h == master and p == mport else str(p)) for p in ports)
+        where = "" if net == PRIMARY else f" on network {net}"
         primary = net == PRIMARY
         consequence = ("torch.distributed rendezvous will hang" if ports == [mport] and h == master
                        else "NCCL will hang at init" if primary
@@ -699,8 +706,8 @@ def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, An
             fix += "; or pin NCCL to the working network: NCCL_SOCKET_IFNAME=<the SSH network's interface>"
         findings.append(Finding(
             Status.FAIL if primary else Status.WARN,
-            "inbound TCP to %s:%s (%s)%s blocked from %s (%s): %s"
-            % (h, label, addr, where, short_list(srcs), REASONS.get(result, result), consequence), fix))
+            f"inbound TCP to {h}:{label} ({addr}){where} blocked from {short_list(srcs)} "
+            f"({REASONS.get(result, result)}): {consequence}", fix))
     return findings
 
 

@@ -70,7 +70,7 @@ def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
         for n, line in enumerate(lines, 1):
             key, sep, value = line.partition("=")
             if not sep:
-                out["bad_lines"].append("%s:%d: %s" % (path, n, line[:200]))
+                out["bad_lines"].append(f"{path}:{n}: {line[:200]}")
                 continue
             out["vars"][key.strip()] = value.strip()
             out["sources"][key.strip()] = os.path.abspath(path)
@@ -125,8 +125,8 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]]) -> List[Env
     shell: Dict[str, str] = snap.get("shell") or {}
     ds_env = snap.get("deepspeed_env") or {}
     for line in ds_env.get("bad_lines") or []:
-        found.append(EnvFinding(Status.FAIL, "%s has no '=': DeepSpeed's launcher raises ValueError (\"not enough "
-                                "values to unpack\", runner.py:610) before any rank starts" % line,
+        found.append(EnvFinding(Status.FAIL, f"{line} has no '=': DeepSpeed's launcher raises ValueError "
+                                "(\"not enough values to unpack\", runner.py:610) before any rank starts",
                                 "make every line KEY=VALUE, with no empty lines"))
     seen = dict(exported)
     for k, v in shell.items():
@@ -134,25 +134,25 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]]) -> List[Env
     for name in sorted(seen):
         value, source = seen[name]
         if name in NO_SUCH:
-            found.append(EnvFinding(Status.WARN, "%s=%s (%s) has no effect: %s" % (name, value, source, NO_SUCH[name]),
-                                    "unset %s; set the timeout where it is read" % name))
+            found.append(EnvFinding(Status.WARN, f"{name}={value} ({source}) has no effect: {NO_SUCH[name]}",
+                                    f"unset {name}; set the timeout where it is read"))
         elif name in LEGACY:
-            found.append(EnvFinding(Status.WARN, "%s (%s) is the legacy name of %s" % (name, source, LEGACY[name]),
-                                    "rename it %s=%s" % (LEGACY[name], value)))
+            found.append(EnvFinding(Status.WARN, f"{name} ({source}) is the legacy name of {LEGACY[name]}",
+                                    f"rename it {LEGACY[name]}={value}"))
     accel = seen.get("DS_ACCELERATOR")
     if accel and accel[0] not in ACCELERATORS:
-        found.append(EnvFinding(Status.FAIL, "DS_ACCELERATOR=%s (%s) is not an accelerator DeepSpeed knows: "
-                                "get_accelerator() raises ValueError (\"DS_ACCELERATOR must be one of ...\", "
-                                "real_accelerator.py:111-113)" % (accel[0], accel[1]),
-                                "unset it (DeepSpeed detects the accelerator) or use one of %s"
-                                % ", ".join(ACCELERATORS)))
+        found.append(EnvFinding(Status.FAIL, f"DS_ACCELERATOR={accel[0]} ({accel[1]}) is not an accelerator "
+                                "DeepSpeed knows: get_accelerator() raises ValueError (\"DS_ACCELERATOR must be one "
+                                "of ...\", real_accelerator.py:111-113)",
+                                "unset it (DeepSpeed detects the accelerator) or use one of "
+                                f"{', '.join(ACCELERATORS)}"))
     found.extend(_error_handling_findings(seen))
     for name in sorted(k for k in shell if k.startswith(MEANT_FOR_RANKS) and k not in exported):
-        found.append(EnvFinding(Status.WARN, "%s=%s is set in the launch shell, but DeepSpeed's pdsh launcher does not "
-                                "pass it to the ranks (it exports only NCCL*, PYTHON*, UCX*, MV2*, MLFLOW* and the "
-                                ".deepspeed_env lines, runner.py:36 and :596-611)" % (name, shell[name]),
-                                "put %s=%s in .deepspeed_env (in the directory you run deepspeed from, or ~)"
-                                % (name, shell[name])))
+        found.append(EnvFinding(Status.WARN, f"{name}={shell[name]} is set in the launch shell, but DeepSpeed's pdsh "
+                                "launcher does not pass it to the ranks (it exports only NCCL*, PYTHON*, UCX*, MV2*, "
+                                "MLFLOW* and the .deepspeed_env lines, runner.py:36 and :596-611)",
+                                f"put {name}={shell[name]} in .deepspeed_env (in the directory you run deepspeed "
+                                "from, or ~)"))
     found.extend(_interface_findings(exported, host_net))
     return found
 
@@ -192,11 +192,11 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
         match = ifname_filter(nccl[0])
         bad = sorted(h for h, n in known.items() if not [i for i in n["ifnames"] if match(i)])
         if bad:
-            found.append(EnvFinding(Status.FAIL, "NCCL_SOCKET_IFNAME=%s (%s) matches no interface on %s: NCCL "
-                                    "finds no socket interface there and the job fails at init" % (
-                                        nccl[0], nccl[1], ", ".join(bad)),
+            names = ", ".join(bad)
+            found.append(EnvFinding(Status.FAIL, f"NCCL_SOCKET_IFNAME={nccl[0]} ({nccl[1]}) matches no interface on "
+                                    f"{names}: NCCL finds no socket interface there and the job fails at init",
                                     "set NCCL_SOCKET_IFNAME to an interface every host has (see `ip -br link` on "
-                                    "%s), or unset it" % bad[0], bad))
+                                    f"{bad[0]}), or unset it", bad))
         # Every interface it matches on a host is loopback or docker: preflight's recommendation never names
         # those (ncclenv.allowed); across hosts the ranks cannot reach each other over them.
         local = sorted(h for h, n in known.items() if h not in bad and all(
@@ -212,9 +212,9 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
         wanted = [i for i in gloo[0].split(",") if i]
         bad = sorted(h for h, n in known.items() if set(wanted) - set(n["ifnames"]))
         if bad:
-            found.append(EnvFinding(Status.FAIL, "GLOO_SOCKET_IFNAME=%s (%s) names an interface that %s lacks: "
-                                    "torch's gloo needs each named interface on every process" % (
-                                        gloo[0], gloo[1], ", ".join(bad)),
+            names = ", ".join(bad)
+            found.append(EnvFinding(Status.FAIL, f"GLOO_SOCKET_IFNAME={gloo[0]} ({gloo[1]}) names an interface that "
+                                    f"{names} lacks: torch's gloo needs each named interface on every process",
                                     "name interfaces every host has, or unset it", bad))
         local = sorted(h for h in known if h not in bad and wanted and all(_loopback_only(i) for i in wanted))
         if local and len(known) > 1:
@@ -229,8 +229,9 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
         match = ifname_filter(hca[0])
         bad = sorted(h for h, n in with_ib.items() if not [p for p in n["ib"] if match(str(p.get("device")))])
         if bad:
-            found.append(EnvFinding(Status.WARN, "NCCL_IB_HCA=%s (%s) matches no IB/RoCE device on %s: NCCL "
-                                    "falls back to TCP sockets there" % (hca[0], hca[1], ", ".join(bad)),
+            names = ", ".join(bad)
+            found.append(EnvFinding(Status.WARN, f"NCCL_IB_HCA={hca[0]} ({hca[1]}) matches no IB/RoCE device on "
+                                    f"{names}: NCCL falls back to TCP sockets there",
                                     "name devices of /sys/class/infiniband on every host (ibv_devices), or "
                                     "unset it", bad))
     disable = exported.get("NCCL_IB_DISABLE")
@@ -247,7 +248,8 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
     if disable and disable[0].strip() == "0":
         bad = sorted(h for h, n in with_ib.items() if not any(p.get("active") for p in n["ib"]))
         if bad:
-            found.append(EnvFinding(Status.WARN, "NCCL_IB_DISABLE=0 (%s) asks for InfiniBand/RoCE, but %s has no "
-                                    "active IB port: NCCL uses TCP sockets there" % (disable[1], ", ".join(bad)),
+            names = ", ".join(bad)
+            found.append(EnvFinding(Status.WARN, f"NCCL_IB_DISABLE=0 ({disable[1]}) asks for InfiniBand/RoCE, but "
+                                    f"{names} has no active IB port: NCCL uses TCP sockets there",
                                     "bring the IB ports up (ibstat) or unset NCCL_IB_DISABLE", bad))
     return found
