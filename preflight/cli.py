@@ -73,7 +73,7 @@ def _master_addr(text: str) -> str:
     """An IP address or a host name (what DeepSpeed's --master_addr takes), one word."""
     value = text.strip()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:_%-]{0,252}", value):
-        raise argparse.ArgumentTypeError("expected an IP address or a host name, got %r" % text[:60])
+        raise argparse.ArgumentTypeError(f"expected an IP address or a host name, got {text[:60]!r}")
     return value
 
 
@@ -104,7 +104,7 @@ class _Parser(argparse.ArgumentParser):
         """Exit 2 for arguments no option takes; an unknown --option gets the closest real one (--hostfile)."""
         options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
         hints = [did_you_mean(word.split("=", 1)[0], options) for word in extra if word.startswith("--")]
-        self.error("unrecognized arguments: %s%s" % (" ".join(extra), next((h for h in hints if h), "")))
+        self.error(f"unrecognized arguments: {' '.join(extra)}{next((h for h in hints if h), '')}")
 
 
 def build_parser() -> _Parser:

@@ -276,14 +276,14 @@ BASELINE_DIRECTIONS = ("higher", "lower")  # which way a SPEC.baseline figure is
 def validate_spec(spec: Any, where: str) -> CheckSpec:
     """The spec itself if it is a well-formed ``CheckSpec``; TypeError naming ``where`` and every problem if not."""
     if not isinstance(spec, CheckSpec):
-        raise TypeError("check module %s: SPEC must be a CheckSpec, not %s" % (where, type(spec).__name__))
+        raise TypeError(f"check module {where}: SPEC must be a CheckSpec, not {type(spec).__name__}")
     problems = []
     if not (spec.name and spec.name.isidentifier() and spec.name.islower()):
-        problems.append("name %r must be a lowercase identifier" % spec.name)
+        problems.append(f"name {spec.name!r} must be a lowercase identifier")
     if not spec.description:
         problems.append("description is empty")
     if spec.scope not in SCOPES:
-        problems.append("scope %r is not one of %s" % (spec.scope, ", ".join(SCOPES)))
+        problems.append(f"scope {spec.scope!r} is not one of {', '.join(SCOPES)}")
     if not callable(spec.evaluate):
         problems.append("evaluate must be a function")
     if spec.scope == "host" and not callable(spec.collect):
@@ -308,11 +308,11 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("params_from_options must be a function")
     if not isinstance(spec.baseline, Mapping) or not all(isinstance(k, str) and k and v in BASELINE_DIRECTIONS
                                                             for k, v in spec.baseline.items()):
-        problems.append("baseline must map metric keys to %s" % " or ".join(repr(d) for d in BASELINE_DIRECTIONS))
+        problems.append(f"baseline must map metric keys to {' or '.join(repr(d) for d in BASELINE_DIRECTIONS)}")
     options = {f.name for f in fields(CheckOptions)}
     if not isinstance(spec.selected_by, tuple) or not all(isinstance(o, str) and o in options
                                                            for o in spec.selected_by):
-        problems.append("selected_by must be a tuple of CheckOptions fields (%s)" % ", ".join(sorted(options)))
+        problems.append(f"selected_by must be a tuple of CheckOptions fields ({', '.join(sorted(options))})")
     if problems:
-        raise TypeError("check module %s: %s" % (where, "; ".join(problems)))
+        raise TypeError(f"check module {where}: {'; '.join(problems)}")
     return spec
