@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-import pytest
 
 from tests.test_cli_cluster import assert_nothing_left
 
@@ -182,22 +181,25 @@ def test_a_firewalled_host(netcluster_factory, tmp_path):
     assert_nothing_left(cluster)
 
 
-def test_a_failure_between_two_hosts_is_blamed_on_the_one_no_test_passed_with():
-    """iperf3's tests on 3 hosts with node03 firewalled (recorded from test_a_firewalled_host before the fix, which
-    named node02 too): node01->node02 and node03->node01 passed (node03's outbound works), node02->node03 failed
-    twice. Both ends of the failed link fail as often; no test ever connected to node03, while node02 passed one:
-    node03 alone is blamed."""
-    from preflight.hostside.mesh import blame_failures
+def test_a_failure_between_two_hosts_is_blamed_on_the_end_the_ports_check_proved_blocked():
+    """iperf3's tests on 3 hosts with node03 firewalled (as test_a_firewalled_host measured them: each pair once):
+    node01->node02 and node03->node01 passed, node02->node03 failed. The tests alone cannot tell node02's outbound
+    from node03's inbound, and both stay suspects; the ports check's probes (node01 and node02 cannot open TCP to
+    node03's high ports) break the tie, and only node03 is blamed."""
+    from preflight.hostside.mesh import blame_failures, blocked_hosts
     timed_out = "unable to connect to server: Connection timed out"
     links = [{"src": "node01", "dst": "node02", "gbps": 14.0, "error": None},
              {"src": "node03", "dst": "node01", "gbps": 15.0, "error": None},
-             {"src": "node02", "dst": "node03", "gbps": None, "error": timed_out},
              {"src": "node02", "dst": "node03", "gbps": None, "error": timed_out}]
-    assert {h: len(v) for h, v in blame_failures(links).items()} == {"node03": 2}
-    # The client passed nothing while the server accepted a test: the client is blamed.
-    assert set(blame_failures([links[0], dict(links[2], src="node03", dst="node02")])) == {"node03"}
-    # No test passed with either end: both are named, as before.
-    assert set(blame_failures(links[2:])) == {"node02", "node03"}
-    # A test the agent itself lost is no evidence that its ends work.
-    lost = [dict(ln, agent_failed=True) for ln in links[:2]] + links[2:]
-    assert set(blame_failures(lost)) == {"node02", "node03"}
+    assert set(blame_failures(links)) == {"node02", "node03"}
+    addresses = {"node01": "198.18.1.1", "node02": "198.18.1.2", "node03": "198.18.1.3"}
+    probes = [{"src": s, "dst": d, "address": addresses[d], "port": 29500,
+               "result": "timeout" if d == "node03" else "ok"}
+              for s in addresses for d in addresses if s != d]
+    blocked = blocked_hosts({"probes": probes}, addresses)
+    assert set(blocked) == {"node03"}
+    assert {h: len(v) for h, v in blame_failures(links, blocked).items()} == {"node03": 1}
+    # Evidence against both ends (or against neither) leaves both as suspects.
+    assert set(blame_failures(links, {"node02", "node03"})) == {"node02", "node03"}
+    # A known culprit (no server there) still wins.
+    assert set(blame_failures([dict(links[2], blame="node02")], blocked)) == {"node02"}

@@ -47,7 +47,7 @@ from ..hostside.seams import (CheckSpec, ClusterView, EnvVar, HostContext, HtmlS
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
 from ..hostside.robust import p_text
-from ..hostside.mesh import blame_failures, find_stragglers
+from ..hostside.mesh import blame_failures, blocked_hosts, find_stragglers
 from ..hostside import ncclenv
 from ..hostside.netinfo import host_subnets, trusted_interfaces
 
@@ -460,7 +460,21 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
                 if isinstance(res, BaseException) and h in ports:
                     facts.setdefault("stop_errors", {})[h] = _err(res)
     facts["chosen"] = choose(facts["networks"], usable)
+    ports_facts = (cluster.facts.get("*") or {}).get("ports")
+    for net in facts["networks"]:
+        net["blocked"] = _blocked_by_ports(ports_facts, net.get("addresses") or {})
     return facts
+
+
+def _blocked_by_ports(ports_facts: Any, addresses: Dict[str, str]) -> List[str]:
+    """Hosts whose TCP the ports check proved blocked on these addresses: the evidence that says which end of a
+    failed test to blame when the tests alone cannot (3 hosts measure each pair once)."""
+    if not isinstance(ports_facts, dict) or not addresses:
+        return []
+    try:
+        return sorted(blocked_hosts(ports_facts, addresses))
+    except Exception:  # another check's facts: a schema change there must not break this check
+        return []
 
 
 def best_links(links: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -569,7 +583,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     links = judged.get("links") or []
     doubt: Dict[str, Dict[str, Any]] = {}
     stragglers = find_stragglers(links, measured, float(t["straggler_warn_fraction"]), t, doubt)
-    blamed = blame_failures(links)
+    blamed = blame_failures(links, judged.get("blocked") or ())
     for h in measured:
         if h not in out:
             out[h] = _host_outcome(h, judged, networks, stragglers, doubt, blamed, t)
@@ -943,7 +957,7 @@ SPEC = CheckSpec(
     html=HtmlSection("Host-to-host bandwidth (iperf3)", html_section),
     # interfaces: the candidate networks (and their facts, listed here when that check did not run); python and
     # driver_cuda: NCCL's version, for the recommended environment.
-    reads=("python", "driver_cuda", "interfaces"),
+    reads=("python", "driver_cuda", "interfaces", "ports"),
     recommend=recommend,
     prom_metrics=prom_metrics,
 )

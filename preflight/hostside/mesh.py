@@ -110,28 +110,24 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
         flagged[worst[0]] = worst[1]
 
 
-def blame_failures(links: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+def blame_failures(links: List[Dict[str, Any]], blocked: Iterable[str] = ()) -> Dict[str, List[Dict[str, Any]]]:
     """{host: [failed links attributed to it]}: a failed test is blamed on its known culprit ("blame"), else on
-    the end that also fails elsewhere; when both do equally, on the server end when no test ever connected to it
-    while the client passed a test (node02->node03 failing twice while node01<->node02 and node03->node01 passed: a
-    firewall drops what comes in to node03, not node02's fault), on the client when it passed none while the server
-    accepted one; else on both ends."""
+    the end that also fails elsewhere; when both do equally, on the one end in ``blocked`` (hosts whose TCP the
+    ports check proved blocked on this network: node03 firewalled makes node02->node03 fail once on 3 hosts, and
+    only the ports probes from node01 and node02 say which end it is); else on both ends, as suspects."""
+    known = set(blocked)
     failed = [ln for ln in links if ln.get("error")]
     count: Dict[str, int] = {}
     for ln in failed:
         for h in (ln["src"], ln["dst"]):
             count[h] = count.get(h, 0) + 1
-    ok = [ln for ln in links if not ln.get("error") and not ln.get("agent_failed")]
-    passed = {h for ln in ok for h in (ln["src"], ln["dst"])}
-    accepted = {ln["dst"] for ln in ok}  # a test connected to its server: inbound to it works
     blamed: Dict[str, List[Dict[str, Any]]] = {}
     for ln in failed:
         a, b = count[ln["src"]] - 1, count[ln["dst"]] - 1
         ends = [ln["src"]] if a > b else [ln["dst"]] if b > a else [ln["src"], ln["dst"]]
-        if len(ends) == 2 and ln["src"] in passed and ln["dst"] not in accepted:
-            ends = [ln["dst"]]
-        elif len(ends) == 2 and ln["dst"] in accepted and ln["src"] not in passed:
-            ends = [ln["src"]]
+        proven = [h for h in ends if h in known]
+        if len(ends) == 2 and len(proven) == 1:
+            ends = proven
         if ln.get("blame") in (ln["src"], ln["dst"]):
             ends = [ln["blame"]]  # the cause is known: no server there, or no iperf3 on the client
         for h in ends:
