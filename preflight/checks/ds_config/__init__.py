@@ -78,7 +78,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         facts["deepspeed_models"] = validate_with_deepspeed(config)
     except Exception as exc:  # DeepSpeed importable but broken: fall back to our tables
         facts["deepspeed_models"] = None
-        facts["deepspeed_models_error"] = "%s: %s" % (type(exc).__name__, exc)
+        facts["deepspeed_models_error"] = f"{type(exc).__name__}: {exc}"
     probe_hosts(cluster, facts, config, float(limits(cluster.thresholds or {}, NAME)["host_memory_timeout_s"]))
     return facts
 
@@ -127,11 +127,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     opt_dev, par_dev = offload_devices(config)
     parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
     if optimizer_type(config):
-        parts.append("optimizer %s" % optimizer_type(config))
+        parts.append(f"optimizer {optimizer_type(config)}")
     parts += [p for p in (batch, cpus, ops, memory, same_file, resume) if p]
     if versions:
-        parts.append("DeepSpeed %s on the hosts" % ", ".join(sorted({vstr(v) for v in versions.values()})))
-    ok = "%s: %s" % (os.path.basename(str(facts.get("config_path") or "config")), "; ".join(parts))
+        ds_versions = ", ".join(sorted({vstr(v) for v in versions.values()}))
+        parts.append(f"DeepSpeed {ds_versions} on the hosts")
+    config_name = os.path.basename(str(facts.get("config_path") or "config"))
+    ok = f"{config_name}: {'; '.join(parts)}"
     metrics = {"zero_stage": stage, "offload": {"optimizer": opt_dev, "param": par_dev},
                "required_ops": required_ops(config), "nvme_paths": nvme_paths(config),
                "deepspeed_models": (facts.get("deepspeed_models") or {}).get("version")}
@@ -141,7 +143,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         report.star.append(Finding(Status.PASS, ok))
     out = {CLUSTER: combine(report.star, ok, metrics)}
     for host, fs in sorted(report.hosts.items()):
-        out[host] = combine(fs, "%s: ok" % NAME)
+        out[host] = combine(fs, f"{NAME}: ok")
     return out
 
 

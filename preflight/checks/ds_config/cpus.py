@@ -45,7 +45,8 @@ def check_cpus_per_slot(facts: Dict[str, Any], min_per_slot: float, report: Repo
         # One CPU for the rank's own process, the rest for its workers.
         workers = max(0, per_rank[names[0]] - 1)
         more = f" and {len(names) - 8} more hosts" if len(names) > 8 else ""
-        report.add(Status.WARN, f"{'; '.join(f'{h}: {low[h]}' for h in names[:8])}{more}, under "
+        listed = "; ".join(f"{h}: {low[h]}" for h in names[:8])
+        report.add(Status.WARN, f"{listed}{more}, under "
                    f"{min_per_slot:g} per rank ([ds_config] min_cpus_per_slot): each rank's own process and its "
                    f"DataLoader workers time-share the CPUs, so the GPUs wait for data",
                    f"give the job more CPUs on {names[0]} (Slurm --cpus-per-task, docker --cpus, the cgroup's "

@@ -167,14 +167,14 @@ def optimizer_param_errors(config: Dict[str, Any]) -> List[Dict[str, Any]]:
         names, kwargs = _accepted(cls, 1)  # the first argument is the parameters / the optimizer
         if names is None:
             continue
-        label = "%s.%s" % (cls.__module__, cls.__qualname__)
+        label = f"{cls.__module__}.{cls.__qualname__}"
         for key in params:
             if key in popped:
                 continue
             if key in added:
                 out.append({"path": path, "key": key, "class": label, "accepted": names,
-                            "why": "DeepSpeed passes %s itself: 'got multiple values for keyword argument'" % key})
+                            "why": f"DeepSpeed passes {key} itself: 'got multiple values for keyword argument'"})
             elif key not in names and not kwargs:
                 out.append({"path": path, "key": key, "class": label, "accepted": names,
-                            "why": "%s() got an unexpected keyword argument %r" % (cls.__name__, key)})
+                            "why": f"{cls.__name__}() got an unexpected keyword argument {key!r}"})
     return out

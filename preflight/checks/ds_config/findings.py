@@ -13,25 +13,26 @@ GiB = 1 << 30
 
 
 def vstr(v: Tuple[int, int, int]) -> str:
-    return "%d.%d.%d" % v
+    major, minor, patch = v
+    return f"{major}.{minor}.{patch}"
 
 
 def gib(n: Optional[float]) -> str:
     if n is None:
         return "?"
-    return "%.1f GiB" % (n / GiB)
+    return f"{n / GiB:.1f} GiB"
 
 
 def params_text(n: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if n >= div:
-            return "%.4g%s" % (n / div, unit)
-    return "%d" % n
+            return f"{n / div:.4g}{unit}"
+    return f"{int(n)}"
 
 
 def num(x: Any) -> str:
     if isinstance(x, float) and x.is_integer():
-        return "%d" % x
+        return f"{int(x)}"
     return str(x)
 
 
@@ -53,7 +54,8 @@ def hosts_text(names: Sequence[str], limit: int = 8) -> str:
     names = list(names)
     if len(names) <= limit:
         return ", ".join(names)
-    return "%s and %d more" % (", ".join(names[:limit]), len(names) - limit)
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more"
 
 
 def host_versions(facts: Dict[str, Any]) -> Dict[str, Tuple[int, int, int]]:

@@ -63,8 +63,8 @@ def call_hosts(cluster: ClusterView, func: str, names: List[str], params: Dict[s
     for n in names:
         r = results.get(n)
         if isinstance(r, BaseException) or not isinstance(r, dict):
-            out[n] = {"error": "host_%s failed: %s" % (short, "%s: %s" % (type(r).__name__, r)
-                                                          if isinstance(r, BaseException) else "no result")}
+            why = f"{type(r).__name__}: {r}" if isinstance(r, BaseException) else "no result"
+            out[n] = {"error": f"host_{short} failed: {why}"}
         else:
             out[n] = r
     return out

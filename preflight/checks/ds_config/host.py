@@ -24,7 +24,7 @@ from ...hostside.proc import read_text
 
 
 def _meminfo_bytes(text: str, field: str) -> Optional[int]:
-    m = re.search(r"^%s:\s+(\d+)\s*kB" % re.escape(field), text or "", re.M)
+    m = re.search(rf"^{re.escape(field)}:\s+(\d+)\s*kB", text or "", re.M)
     return int(m.group(1)) * 1024 if m else None
 
 
@@ -80,13 +80,13 @@ def path_state(path: str) -> Dict[str, Any]:
     try:
         fd = os.open(test_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except OSError as exc:
-        entry["error"] = "cannot create a file as uid %d: %s" % (os.geteuid(), exc.strerror or exc)
+        entry["error"] = f"cannot create a file as uid {os.geteuid()}: {exc.strerror or exc}"
         return entry
     os.close(fd)
     try:
         os.unlink(test_file)
     except OSError as exc:
-        entry["error"] = "created a test file but could not remove it: %s" % (exc.strerror or exc)
+        entry["error"] = f"created a test file but could not remove it: {exc.strerror or exc}"
     entry["writable"] = True
     return entry
 
@@ -105,7 +105,7 @@ def file_digest(path: str) -> Dict[str, Any]:
         return entry
     except OSError as exc:
         entry["exists"] = os.path.exists(path)
-        entry["error"] = "cannot read it as uid %d: %s" % (os.geteuid(), exc.strerror or exc)
+        entry["error"] = f"cannot read it as uid {os.geteuid()}: {exc.strerror or exc}"
         return entry
     entry.update(exists=True, size=len(data), sha256=hashlib.sha256(data).hexdigest())
     return entry
@@ -158,15 +158,14 @@ def read_checkpoint(directory: str, latest_name: str = "latest") -> Dict[str, An
         with open(latest) as f:
             out["latest"] = f.read(4096).strip()
     except (OSError, UnicodeDecodeError) as exc:
-        out["error"] = "cannot read %s: %s" % (latest, getattr(exc, "strerror", None) or exc)
+        out["error"] = f"cannot read {latest}: {getattr(exc, 'strerror', None) or exc}"
         return out
     tag_dir = os.path.join(directory, out["latest"])
     out["tag_dir"] = tag_dir
     try:
         names = sorted(os.listdir(tag_dir))
     except OSError as exc:
-        out["error"] = "%s names tag %r, but %s cannot be listed: %s" % (latest, out["latest"], tag_dir,
-                                                                        exc.strerror or exc)
+        out["error"] = f"{latest} names tag {out['latest']!r}, but {tag_dir} cannot be listed: {exc.strerror or exc}"
         return out
     out["layout"] = checkpoint_layout(names)
     return out
