@@ -37,14 +37,14 @@ def resolve_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float],
         return None, "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
     values = {"train_batch_size": tb, "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga}
     if not tb > 0:
-        return values, "Train batch size: %s has to be greater than 0" % num(tb)
+        return values, f"Train batch size: {num(tb)} has to be greater than 0"
     if not mb > 0:
-        return values, "Micro batch size per gpu: %s has to be greater than 0" % num(mb)
+        return values, f"Micro batch size per gpu: {num(mb)} has to be greater than 0"
     if not ga > 0:
-        return values, "Gradient accumulation steps: %s has to be greater than 0" % num(ga)
+        return values, f"Gradient accumulation steps: {num(ga)} has to be greater than 0"
     if tb != mb * ga * ws:
         return values, ("train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
-                        "%s != %s * %s * %s" % (num(tb), num(mb), num(ga), num(ws)))
+                        f"{num(tb)} != {num(mb)} * {num(ga)} * {num(ws)}")
     return values, None
 
 
@@ -56,8 +56,8 @@ def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool
     if isinstance(v, str) and v.strip().lower() == "auto":
         return True, None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        report.add(Status.FAIL, "%s = %r (expected a positive integer, or \"auto\" with the HF/Accelerate "
-                                "integration)" % (key, v), "set %s to an integer" % key)
+        report.add(Status.FAIL, f"{key} = {v!r} (expected a positive integer, or \"auto\" with the HF/Accelerate "
+                                "integration)", f"set {key} to an integer")
         return False, None
     return True, v
 
@@ -89,11 +89,12 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
 
     values, err = resolve_batch(tb, mb, ga, dp)
     if err is None and values is not None:
-        return "batch %s = %s x %s x %s (%s)" % (num(values["train_batch_size"]),
-                                                 num(values["train_micro_batch_size_per_gpu"]),
-                                                 num(values["gradient_accumulation_steps"]), num(dp), dp_note)
+        tb_text = num(values["train_batch_size"])
+        mb_text = num(values["train_micro_batch_size_per_gpu"])
+        ga_text = num(values["gradient_accumulation_steps"])
+        return f"batch {tb_text} = {mb_text} x {ga_text} x {num(dp)} ({dp_note})"
     if values is None:
-        report.add(Status.FAIL, "no batch size given: %s (DeepSpeed asserts at start)" % err,
+        report.add(Status.FAIL, f"no batch size given: {err} (DeepSpeed asserts at start)",
                    "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
         return ""
     _batch_mismatch(vals, dp, dp_note, str(err), slots, model_parallel, report)
@@ -106,20 +107,19 @@ def _data_parallel_size(config: Dict[str, Any], world_size: int, model_parallel:
     the world size does not divide into the model-parallel groups."""
     sp = config.get("sequence_parallel_size")
     dp: float = world_size
-    dp_note = "world size %d" % world_size
+    dp_note = f"world size {world_size}"
     if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:
         dp = world_size / sp  # DeepSpeedConfig: dist.get_world_size() / config["sequence_parallel_size"]
-        dp_note = "world size %d / sequence_parallel_size %d" % (world_size, sp)
+        dp_note = f"world size {world_size} / sequence_parallel_size {sp}"
     if model_parallel is not None and model_parallel > 1:
         # DeepSpeed gets an mpu and uses its data-parallel world size: world / (tensor x pipeline [x sequence]).
         if dp % model_parallel != 0:
-            report.add(Status.FAIL, "the world size does not divide into model-parallel groups: %s is not a "
-                                    "multiple of --model-parallel-size %d" % (dp_note, model_parallel),
-                       "use a number of GPUs that is a multiple of %d, or fix --model-parallel-size"
-                       % model_parallel)
+            report.add(Status.FAIL, f"the world size does not divide into model-parallel groups: {dp_note} is not a "
+                                    f"multiple of --model-parallel-size {model_parallel}",
+                       f"use a number of GPUs that is a multiple of {model_parallel}, or fix --model-parallel-size")
             return None, dp_note
         dp = dp / model_parallel
-        dp_note += " / model-parallel size %d" % model_parallel
+        dp_note += f" / model-parallel size {model_parallel}"
     return dp, dp_note
 
 
@@ -148,29 +148,31 @@ def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], d
     """Some keys are "auto": the HF/Accelerate integration fills them (micro batch and accumulation from its
     arguments, train_batch_size = world_size * micro * accumulation); DeepSpeed then asserts the product."""
     if tb is None:
-        return "batch: %s filled by the HF integration" % ", ".join(auto)
+        return f"batch: {', '.join(auto)} filled by the HF integration"
     fixed = [v for v in (mb, ga) if v is not None]
     unit = dp
     for v in fixed:
         unit *= v
     if tb % unit != 0 or tb < unit:
+        if fixed:
+            factors = " x ".join([num(v) for v in fixed] + [num(dp)])
+            unit_text = f"{factors} = {num(unit)}"
+        else:
+            unit_text = f"the world size {num(dp)}"
         report.add(Status.FAIL,
-                   "train_batch_size %s is not a multiple of %s: no value of %s can make train_batch_size "
-                   "== micro_batch * grad_accum * world_size (%s)"
-                   % (num(tb), ("%s = %s" % (" x ".join([num(v) for v in fixed] + [num(dp)]), num(unit))
-                                 if fixed else "the world size %s" % num(dp)),
-                      " / ".join(auto), dp_note),
-                   'set train_batch_size to "auto", or to a multiple of %s' % num(unit))
+                   f"train_batch_size {num(tb)} is not a multiple of {unit_text}: no value of {' / '.join(auto)} can "
+                   f"make train_batch_size == micro_batch * grad_accum * world_size ({dp_note})",
+                   f'set train_batch_size to "auto", or to a multiple of {num(unit)}')
         return ""
-    return "batch %s = %s x %s" % (num(tb), " x ".join(
-        [num(v) if v is not None else "auto" for v in (mb, ga)]), num(dp))
+    factors = " x ".join([num(v) if v is not None else "auto" for v in (mb, ga)])
+    return f"batch {num(tb)} = {factors} x {num(dp)}"
 
 
 def _batch_mismatch(vals: Dict[str, Optional[float]], dp: float, dp_note: str, err: str, slots: Sequence[int],
                     model_parallel: Optional[int], report: Report) -> None:
     """The batch math fails: a WARN when a tensor-parallel degree would explain it (and none was given), else FAIL."""
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
-    given = ", ".join("%s=%s" % (k, num(v)) for k, v in vals.items() if v is not None)
+    given = ", ".join(f"{k}={num(v)}" for k, v in vals.items() if v is not None)
     fixes = _batch_fixes(vals, dp)
     # With tensor parallelism (DeepSpeed gets an mpu) its world size is the data-parallel size. Tensor
     # parallelism lives inside a node: a degree that divides every host's slots, leaving a data-parallel size
@@ -182,13 +184,12 @@ def _batch_mismatch(vals: Dict[str, Optional[float]], dp: float, dp_note: str, e
         if all(s % degree == 0 for s in per_node) and dp % degree == 0 and dp / degree >= 2 and \
                 resolve_batch(tb, mb, ga, dp / degree)[1] is None:
             report.add(Status.WARN,
-                       "batch math fails with %s (%s): %s; it holds for a data-parallel size of %s, so it is right "
-                       "only if the job uses tensor parallelism of degree %d (say so with --model-parallel-size %d, "
-                       "and this becomes a PASS or a FAIL)" % (given, dp_note, err, num(dp / degree), degree,
-                                                               degree),
-                       "if the job is purely data parallel (--model-parallel-size 1): %s" % fixes)
+                       f"batch math fails with {given} ({dp_note}): {err}; it holds for a data-parallel size of "
+                       f"{num(dp / degree)}, so it is right only if the job uses tensor parallelism of degree {degree} "
+                       f"(say so with --model-parallel-size {degree}, and this becomes a PASS or a FAIL)",
+                       f"if the job is purely data parallel (--model-parallel-size 1): {fixes}")
             return
-    report.add(Status.FAIL, "batch math fails with %s (%s): %s" % (given, dp_note, err), fixes)
+    report.add(Status.FAIL, f"batch math fails with {given} ({dp_note}): {err}", fixes)
 
 
 def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
@@ -197,14 +198,12 @@ def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
     out = []
     m, g = mb or 1, ga or 1
     if mb is not None or ga is not None:
-        out.append("train_batch_size = %s x %s x %s = %s" % (num(m), num(g), num(dp), num(m * g * dp)))
+        out.append(f"train_batch_size = {num(m)} x {num(g)} x {num(dp)} = {num(m * g * dp)}")
     if tb is not None:
         if mb is not None and tb % (mb * dp) == 0 and tb // (mb * dp) > 0:
-            out.append("gradient_accumulation_steps = %s (keeping train_batch_size %s)" % (
-                num(tb // (mb * dp)), num(tb)))
+            out.append(f"gradient_accumulation_steps = {num(tb // (mb * dp))} (keeping train_batch_size {num(tb)})")
         if tb % (g * dp) == 0 and tb // (g * dp) > 0:
-            out.append("train_micro_batch_size_per_gpu = %s (keeping train_batch_size %s)" % (
-                num(tb // (g * dp)), num(tb)))
+            out.append(f"train_micro_batch_size_per_gpu = {num(tb // (g * dp))} (keeping train_batch_size {num(tb)})")
         if tb % dp != 0:
-            out.append("a train_batch_size that is a multiple of %s" % num(dp))
+            out.append(f"a train_batch_size that is a multiple of {num(dp)}")
     return "set " + ", or ".join(out) if out else "set train_micro_batch_size_per_gpu and gradient_accumulation_steps"

@@ -22,7 +22,7 @@ def _plain(obj: Any) -> Any:
 
 
 def _key_lines(text: str, key: str) -> List[int]:
-    pat = re.compile(r"""(?:^|[\s{,])["']?%s["']?\s*:""" % re.escape(key))
+    pat = re.compile(rf"""(?:^|[\s{{,])["']?{re.escape(key)}["']?\s*:""")
     return [i + 1 for i, line in enumerate(text.splitlines()) if pat.search(line)]
 
 
@@ -44,8 +44,8 @@ def usage_error(path: str) -> Optional[str]:
     config, findings, where = _load(path)
     if config or not findings:
         return None
-    message = findings[0].message.replace("DeepSpeed config %s " % path, "DeepSpeed config ", 1)
-    return "%s: %s" % (where or path, message)
+    message = findings[0].message.replace(f"DeepSpeed config {path} ", "DeepSpeed config ", 1)
+    return f"{where or path}: {message}"
 
 
 def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
@@ -53,18 +53,18 @@ def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
         with open(path, "r", encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError:
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s: no such file (expected the JSON/HJSON file the "
-                                         "job passes to deepspeed.initialize)" % path,
+        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path}: no such file (expected the JSON/HJSON file the "
+                                         "job passes to deepspeed.initialize)",
                             "pass the job's config file: --deepspeed-config PATH")], None
     except IsADirectoryError:
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s is a directory (expected a JSON/HJSON file)" % path,
-                            "pass the config file itself, e.g. --deepspeed-config %s"
-                            % os.path.join(path, "ds_config.json"))], None
+        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} is a directory (expected a JSON/HJSON file)",
+                            "pass the config file itself, e.g. --deepspeed-config "
+                            f"{os.path.join(path, 'ds_config.json')}")], None
     except UnicodeDecodeError as exc:
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s is not UTF-8 text (byte %d): %s"
-                            % (path, exc.start, exc.reason), "save the config as UTF-8 JSON")], None
+        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} is not UTF-8 text (byte {exc.start}): {exc.reason}",
+                            "save the config as UTF-8 JSON")], None
     except OSError as exc:
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s cannot be read: %s" % (path, exc.strerror or exc),
+        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} cannot be read: {exc.strerror or exc}",
                             "check the file's permissions")], None
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -97,26 +97,27 @@ def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
         msg = getattr(exc, "msg", str(exc))
         lines = text.splitlines()
         snippet = lines[lineno - 1].strip() if lineno and 0 < lineno <= len(lines) else ""
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s does not parse (%s) at line %s column %s: %s%s"
-                            % (path, parser, lineno, colno, msg, (" near: %s" % snippet[:80]) if snippet else ""),
-                            "fix the syntax at line %s of %s (DeepSpeed parses the config with hjson)"
-                            % (lineno, path))], "%s:%s:%s" % (path, lineno, colno)
+        near = f" near: {snippet[:80]}" if snippet else ""
+        finding = Finding(Status.FAIL, f"DeepSpeed config {path} does not parse ({parser}) at line {lineno} column "
+                                       f"{colno}: {msg}{near}",
+                          f"fix the syntax at line {lineno} of {path} (DeepSpeed parses the config with hjson)")
+        return {}, [finding], f"{path}:{lineno}:{colno}"
     except RecursionError:
-        return {}, [Finding(Status.FAIL, "DeepSpeed config %s is nested too deeply to parse" % path,
+        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} is nested too deeply to parse",
                             "simplify the config")], None
     findings: List[Finding] = []
     for key in duplicates:
         where = _key_lines(text, key)
+        on_lines = f" on lines {', '.join(map(str, where))}" if where else ""
         findings.append(Finding(
-            Status.FAIL, "DeepSpeed config %s: duplicate key %r%s (expected each key once; DeepSpeed refuses it: "
-            "'Duplicate keys in DeepSpeed config')" % (path, key, (" on lines %s" % ", ".join(map(str, where)))
-                                                         if where else ""),
-            "keep one %r entry in that object and delete the other(s)" % key))
+            Status.FAIL, f"DeepSpeed config {path}: duplicate key {key!r}{on_lines} (expected each key once; DeepSpeed "
+                         "refuses it: 'Duplicate keys in DeepSpeed config')",
+            f"keep one {key!r} entry in that object and delete the other(s)"))
     if not isinstance(config, dict):
-        findings.append(Finding(Status.FAIL, "DeepSpeed config %s is a %s at the top level (expected an object "
-                                             "{...})" % (path, type(config).__name__),
+        findings.append(Finding(Status.FAIL, f"DeepSpeed config {path} is a {type(config).__name__} at the top level "
+                                             "(expected an object {...})",
                                 "wrap the settings in { ... }"))
-        return {}, findings, "%s:1:1" % path
+        return {}, findings, f"{path}:1:1"
     return _plain(config), findings, None
 
 

@@ -27,12 +27,13 @@ def check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]]
                    and (g["cc"][0], (g["cc"][1] if len(g["cc"]) > 1 else 0)) < (8, 0)]
             if bad:
                 g = bad[0]
-                old[host] = "%d GPU(s) of compute capability %s (%s): bf16 needs >= 8.0" % (
-                    len(bad), ".".join(str(x) for x in g["cc"]), g.get("name") or "?")
+                cc = ".".join(str(x) for x in g["cc"])
+                old[host] = f"{len(bad)} GPU(s) of compute capability {cc} ({g.get('name') or '?'}): bf16 needs >= 8.0"
         if old:
-            report.add(Status.FAIL, "bf16 is enabled but %s ha%s GPUs without bf16 support (compute capability "
-                                    "< 8.0; %s)" % (hosts_text(sorted(old)), "s" if len(old) == 1 else "ve",
-                                                    "; ".join("%s: %s" % (h, m) for h, m in sorted(old.items()))),
+            has = "has" if len(old) == 1 else "have"
+            listed = "; ".join(f"{h}: {m}" for h, m in sorted(old.items()))
+            report.add(Status.FAIL, f"bf16 is enabled but {hosts_text(sorted(old))} {has} GPUs without bf16 support "
+                                    f"(compute capability < 8.0; {listed})",
                        'use "fp16": {"enabled": true} with dynamic loss scaling on these GPUs, or exclude the hosts',
                        old)
     if fp16:
@@ -41,8 +42,8 @@ def check_precision(config: Dict[str, Any], gpus: Dict[str, List[Dict[str, Any]]
         clip = config.get("gradient_clipping")
         clip_set = isinstance(clip, str) or (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0)
         if isinstance(ls, (int, float)) and not isinstance(ls, bool) and ls != 0 and not clip_set:
-            report.add(Status.WARN, "fp16 uses a static loss_scale of %s without gradient_clipping (expected "
-                                    "dynamic scaling, loss_scale 0, or clipping): overflows are not caught" % num(ls),
+            report.add(Status.WARN, f"fp16 uses a static loss_scale of {num(ls)} without gradient_clipping (expected "
+                                    "dynamic scaling, loss_scale 0, or clipping): overflows are not caught",
                        'set "fp16": {"loss_scale": 0} (dynamic), add "gradient_clipping": 1.0, or use bf16 on '
                        "Ampere or newer")
     label = "bf16" if bf16 else "fp16" if fp16 else "precision auto" if (bf16 is None or fp16 is None) else "fp32"
