@@ -78,17 +78,18 @@ def _unknown_key_finding(report: Report, path: str, key: str, section: str, choi
     elsewhere = _known_elsewhere(key, section)
     hint = ""
     if guess:
-        hint = "; did you mean %r?" % guess
+        hint = f"; did you mean {guess!r}?"
     elif elsewhere:
-        hint = "; %r is a key of %s" % (key, " / ".join(elsewhere))
+        hint = f"; {key!r} is a key of {' / '.join(elsewhere)}"
     where = section or "top level"
-    fix = ("rename %s to %s" % (path, (section + "." if section else "") + guess) if guess else
-           "move %r into %s" % (key, elsewhere[0]) if elsewhere and elsewhere[0] != "the top level" else
-           "move %r to the top level" % key if elsewhere else "remove %s (not a DeepSpeed setting)" % path)
+    guess_path = (section + "." if section else "") + guess
+    fix = (f"rename {path} to {guess_path}" if guess else
+           f"move {key!r} into {elsewhere[0]}" if elsewhere and elsewhere[0] != "the top level" else
+           f"move {key!r} to the top level" if elsewhere else f"remove {path} (not a DeepSpeed setting)")
     if not rejected and guess:
-        how += ", so %s keeps its default" % ((section + "." if section else "") + guess)
+        how += f", so {guess_path} keeps its default"
     status = Status.FAIL if rejected or guess else Status.WARN
-    report.add(status, "%s: unknown %s key (%s)%s" % (path, where, how, hint), fix)
+    report.add(status, f"{path}: unknown {where} key ({how}){hint}", fix)
 
 
 # Sections DeepSpeed validates with pydantic models that forbid extra keys, for when DeepSpeed is not importable
@@ -114,18 +115,18 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
         if not isinstance(value, dict):
             continue
         rejected = top in FORBID_EXTRA
-        how = ("DeepSpeed's %s model forbids extra keys, so the job fails at deepspeed.initialize" % sec_path
+        how = (f"DeepSpeed's {sec_path} model forbids extra keys, so the job fails at deepspeed.initialize"
                if rejected else "DeepSpeed ignores keys it does not read: this setting has no effect")
         for key in value:
             if key in known or key.startswith(COMMENT_PREFIXES):
                 continue
             if sec_path == "optimizer" and key in ("adam_w_mode", "torch_adam", "lr", "betas", "eps",
                                                     "weight_decay"):
-                report.add(Status.FAIL, "optimizer.%s: not read there (DeepSpeed reads optimizer.type, "
-                                        "optimizer.params and optimizer.legacy_fusion only)" % key,
-                           "move %r into optimizer.params" % key)
+                report.add(Status.FAIL, f"optimizer.{key}: not read there (DeepSpeed reads optimizer.type, "
+                                        "optimizer.params and optimizer.legacy_fusion only)",
+                           f"move {key!r} into optimizer.params")
                 continue
-            _unknown_key_finding(report, "%s.%s" % (sec_path, key), key, sec_path, list(known), how, rejected)
+            _unknown_key_finding(report, f"{sec_path}.{key}", key, sec_path, list(known), how, rejected)
     for err in (ds_models or {}).get("errors") or []:
         loc = [err.get("section", "")] + list(err.get("loc") or [])
         path = ".".join(str(x) for x in loc if x != "")
@@ -140,22 +141,23 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
                 continue
             choices = list(SECTIONS.get(parent, {})) or list(SECTIONS.get(loc[0], {}))
             _unknown_key_finding(report, path, key, parent, choices,
-                                 "DeepSpeed %s's pydantic model rejects it: %s" % (version, err.get("msg")), True)
+                                 f"DeepSpeed {version}'s pydantic model rejects it: {err.get('msg')}", True)
         else:
-            report.add(Status.FAIL, "%s: invalid value (DeepSpeed %s says: %s)" % (path, version, err.get("msg")),
-                       "fix %s as DeepSpeed's message says" % path)
+            report.add(Status.FAIL, f"{path}: invalid value (DeepSpeed {version} says: {err.get('msg')})",
+                       f"fix {path} as DeepSpeed's message says")
     for err in (ds_models or {}).get("param_errors") or []:
         key, accepted = str(err.get("key")), [str(a) for a in err.get("accepted") or []]
         guess = did_you_mean(key, accepted)
-        hint = "; did you mean %r?" % guess if guess else ""
-        report.add(Status.FAIL, "%s.%s: %s takes no such parameter, so deepspeed.initialize raises TypeError: %s "
-                                "(it takes: %s)%s" % (err.get("path"), key, err.get("class"), err.get("why"),
-                                                      ", ".join(accepted), hint),
-                   "rename it to %r" % guess if guess else "remove %s.%s" % (err.get("path"), key))
+        hint = f"; did you mean {guess!r}?" if guess else ""
+        param_path = f"{err.get('path')}.{key}"
+        report.add(Status.FAIL, f"{param_path}: {err.get('class')} takes no such parameter, so deepspeed.initialize "
+                                f"raises TypeError: {err.get('why')} (it takes: {', '.join(accepted)}){hint}",
+                   f"rename it to {guess!r}" if guess else f"remove {param_path}")
     if isinstance(zero, bool):
-        report.add(Status.WARN, "zero_optimization: %s is the deprecated boolean form (DeepSpeed maps it to "
-                                "stage %d with a warning)" % (str(zero).lower(), 1 if zero else 0),
-                   'use "zero_optimization": {"stage": %d}' % (1 if zero else 0))
+        stage = 1 if zero else 0
+        report.add(Status.WARN, f"zero_optimization: {str(zero).lower()} is the deprecated boolean form (DeepSpeed "
+                                f"maps it to stage {stage} with a warning)",
+                   f'use "zero_optimization": {{"stage": {stage}}}')
 
 
 def check_deprecated(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: Report) -> None:
@@ -169,9 +171,9 @@ def check_deprecated(config: Dict[str, Any], versions: Dict[str, Tuple[int, int,
             cut = parse_version(renamed_in)
             if cut is not None and all(v < cut for v in versions.values()):
                 continue  # every host still reads the old name
-        path = "%s.%s" % (section, old) if section else old
-        report.add(Status.WARN, "%s is deprecated (%s); the modern key is %s" % (path, note, new),
-                   "replace %s with %s" % (path, new))
+        path = f"{section}.{old}" if section else old
+        report.add(Status.WARN, f"{path} is deprecated ({note}); the modern key is {new}",
+                   f"replace {path} with {new}")
 
 
 def gate_findings(label: str, info: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: Report,
@@ -181,30 +183,31 @@ def gate_findings(label: str, info: Dict[str, Any], versions: Dict[str, Tuple[in
         last_without = parse_version(added[0]) or (0, 0, 0)
         old = {h: v for h, v in versions.items() if v <= last_without}
         if old:
+            old_versions = ", ".join(sorted({vstr(v) for v in old.values()}))
+            runs = "runs" if len(old) == 1 else "run"
             report.add(added_status,
-                       "%s needs DeepSpeed >= %s (absent in %s); %s run%s DeepSpeed %s"
-                       % (label, added[1], added[0], hosts_text(sorted(old)), "s" if len(old) == 1 else "",
-                          ", ".join(sorted({vstr(v) for v in old.values()}))),
-                       "upgrade DeepSpeed on those hosts (pip install -U 'deepspeed>=%s') or drop %s"
-                       % (added[1], label),
-                       {h: "%s needs DeepSpeed >= %s; this host runs %s" % (label, added[1], vstr(v))
+                       f"{label} needs DeepSpeed >= {added[1]} (absent in {added[0]}); {hosts_text(sorted(old))} "
+                       f"{runs} DeepSpeed {old_versions}",
+                       f"upgrade DeepSpeed on those hosts (pip install -U 'deepspeed>={added[1]}') or drop {label}",
+                       {h: f"{label} needs DeepSpeed >= {added[1]}; this host runs {vstr(v)}"
                         for h, v in old.items()})
     if removed:
         first_without = parse_version(removed[1]) or (0, 0, 0)
         why = info.get("why") or "removed"
         new = {h: v for h, v in versions.items() if v >= first_without}
         if new:
+            new_versions = ", ".join(sorted({vstr(v) for v in new.values()}))
+            runs = "runs" if len(new) == 1 else "run"
             report.add(Status.FAIL,
-                       "%s was removed in DeepSpeed %s (%s); %s run%s %s, which rejects the config"
-                       % (label, removed[1], why, hosts_text(sorted(new)), "s" if len(new) == 1 else "",
-                          ", ".join(sorted({vstr(v) for v in new.values()}))),
-                       "remove %s from the config (see %s)" % (label, REMOVED_ISSUE),
-                       {h: "%s was removed in DeepSpeed %s; this host runs %s" % (label, removed[1], vstr(v))
+                       f"{label} was removed in DeepSpeed {removed[1]} ({why}); {hosts_text(sorted(new))} {runs} "
+                       f"{new_versions}, which rejects the config",
+                       f"remove {label} from the config (see {REMOVED_ISSUE})",
+                       {h: f"{label} was removed in DeepSpeed {removed[1]}; this host runs {vstr(v)}"
                         for h, v in new.items()})
         elif not versions:
-            report.add(Status.WARN, "%s was removed in DeepSpeed %s (%s); DeepSpeed >= %s rejects the config "
-                                    "(host DeepSpeed version unknown)" % (label, removed[1], why, removed[1]),
-                       "remove %s from the config" % label)
+            report.add(Status.WARN, f"{label} was removed in DeepSpeed {removed[1]} ({why}); DeepSpeed >= "
+                                    f"{removed[1]} rejects the config (host DeepSpeed version unknown)",
+                       f"remove {label} from the config")
 
 
 def check_versions(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: Report) -> None:
@@ -224,7 +227,7 @@ def check_versions(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, i
         for key in value:
             info = known.get(key)
             if info:
-                gate_findings("%s.%s" % (sec_path, key), info, versions, report)
+                gate_findings(f"{sec_path}.{key}", info, versions, report)
 
 
 def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, int]], report: Report) -> None:
@@ -234,50 +237,54 @@ def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, 
                                  and name.lower() == "auto"):
         low = name.lower()
         if low in DS_OPTIMIZERS:
-            gate_findings("optimizer type %s" % name, DS_OPTIMIZERS[low], versions, report,
+            gate_findings(f"optimizer type {name}", DS_OPTIMIZERS[low], versions, report,
                            added_status=Status.FAIL)
             if low in ("onebitadam", "zerooneadam", "onebitlamb") and stage > 0:
-                report.add(Status.FAIL, "optimizer %s with ZeRO stage %d (DeepSpeed asserts: not compatible with "
-                                        "ZeRO)" % (name, stage), "use stage 0 with %s, or Adam/AdamW with ZeRO" % name)
+                report.add(Status.FAIL, f"optimizer {name} with ZeRO stage {stage} (DeepSpeed asserts: not "
+                                        "compatible with ZeRO)", f"use stage 0 with {name}, or Adam/AdamW with ZeRO")
         elif name in TORCH_OPTIMIZERS:
             if stage > 0 and config.get("zero_allow_untested_optimizer") is not True and low not in ZERO_SUPPORTED:
-                report.add(Status.FAIL, "optimizer torch.optim.%s with ZeRO stage %d needs "
+                report.add(Status.FAIL, f"optimizer torch.optim.{name} with ZeRO stage {stage} needs "
                                         "\"zero_allow_untested_optimizer\": true (DeepSpeed asserts 'You are using an "
-                                        "untested ZeRO Optimizer')" % (name, stage),
+                                        "untested ZeRO Optimizer')",
                            'add "zero_allow_untested_optimizer": true, or use Adam/AdamW/Adagrad/Lion')
         else:
             known = sorted(set(k for k in DS_OPTIMIZERS) | set(TORCH_OPTIMIZERS))
             guess = did_you_mean(name, [k for k in DS_OPTIMIZERS] + TORCH_OPTIMIZERS)
-            report.add(Status.FAIL, "optimizer type %r is unknown to DeepSpeed (DeepSpeed names, any case: %s; "
-                                    "else a torch.optim class, exact case: %s)%s"
-                       % (name, ", ".join(sorted(DS_OPTIMIZERS)), ", ".join(TORCH_OPTIMIZERS),
-                          "; did you mean %r?" % guess if guess else ""),
-                       "set optimizer.type to %s" % (repr(guess) if guess else "one of %s" % ", ".join(known)))
+            ds_names = ", ".join(sorted(DS_OPTIMIZERS))
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            wanted = repr(guess) if guess else f"one of {', '.join(known)}"
+            report.add(Status.FAIL, f"optimizer type {name!r} is unknown to DeepSpeed (DeepSpeed names, any case: "
+                                    f"{ds_names}; else a torch.optim class, exact case: {', '.join(TORCH_OPTIMIZERS)})"
+                                    f"{hint}",
+                       f"set optimizer.type to {wanted}")
         if stage > 0 and low in ("lamb", "muadam", "muadamw", "musgd") and \
                 config.get("zero_allow_untested_optimizer") is not True:
-            report.add(Status.FAIL, "optimizer %s with ZeRO stage %d needs \"zero_allow_untested_optimizer\": true "
-                                    "(its class is not in DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS)" % (name, stage),
+            report.add(Status.FAIL, f"optimizer {name} with ZeRO stage {stage} needs "
+                                    "\"zero_allow_untested_optimizer\": true (its class is not in DeepSpeed's "
+                                    "ZERO_SUPPORTED_OPTIMIZERS)",
                        'add "zero_allow_untested_optimizer": true')
     params = optimizer_params(config)
     if "max_grad_norm" in params:
-        report.add(Status.FAIL, "optimizer.params.max_grad_norm = %r: DeepSpeed raises \"'max_grad_norm' is not "
-                                "supported as an optimizer parameter\"" % params["max_grad_norm"],
-                   'remove it and set "gradient_clipping": %s at the top level' % params["max_grad_norm"])
+        max_grad_norm = params["max_grad_norm"]
+        report.add(Status.FAIL, f"optimizer.params.max_grad_norm = {max_grad_norm!r}: DeepSpeed raises "
+                                "\"'max_grad_norm' is not supported as an optimizer parameter\"",
+                   f'remove it and set "gradient_clipping": {max_grad_norm} at the top level')
 
     sched = config.get("scheduler")
     sname = sched.get("type") if isinstance(sched, dict) else None
     if sname is not None and not (isinstance(sname, str) and sname.lower() == "auto"):
         if sname in DS_SCHEDULERS:
-            gate_findings("scheduler type %s" % sname, DS_SCHEDULERS[sname], versions, report,
+            gate_findings(f"scheduler type {sname}", DS_SCHEDULERS[sname], versions, report,
                            added_status=Status.FAIL)
         elif sname not in TORCH_SCHEDULERS:
             choices = list(DS_SCHEDULERS) + TORCH_SCHEDULERS
             guess = did_you_mean(str(sname), choices)
-            report.add(Status.FAIL, "scheduler type %r is unknown (DeepSpeed's: %s; else a torch.optim.lr_scheduler "
-                                    "class: %s; exact case)%s" % (sname, ", ".join(DS_SCHEDULERS),
-                                                                   ", ".join(TORCH_SCHEDULERS),
-                                                                   "; did you mean %r?" % guess if guess else ""),
-                       "set scheduler.type to %s" % (guess or "one of %s" % ", ".join(DS_SCHEDULERS)))
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            ds_names = ", ".join(DS_SCHEDULERS)
+            report.add(Status.FAIL, f"scheduler type {sname!r} is unknown (DeepSpeed's: {ds_names}; else a "
+                                    f"torch.optim.lr_scheduler class: {', '.join(TORCH_SCHEDULERS)}; exact case){hint}",
+                       f"set scheduler.type to {guess or 'one of ' + ds_names}")
 
 
 
@@ -288,7 +295,7 @@ def check_installed(facts: Dict[str, Any], report: Report) -> None:
                      if isinstance(p, dict) and "deepspeed_found" in p and not p.get("deepspeed")
                      and not p.get("deepspeed_found"))
     if missing:
-        report.add(Status.FAIL, "DeepSpeed is not installed in the job's interpreter (--python) on %s: the config "
-                                "cannot be used there" % hosts_text(missing),
+        report.add(Status.FAIL, f"DeepSpeed is not installed in the job's interpreter (--python) on "
+                                f"{hosts_text(missing)}: the config cannot be used there",
                    "pip install deepspeed into that interpreter, or pass the job's interpreter with --python",
                    {h: "DeepSpeed is not installed in the job's interpreter (--python)" for h in missing})

@@ -23,9 +23,9 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
     for sec in ("offload_param", "offload_optimizer"):
         s = zero.get(sec)
         if isinstance(s, dict) and offload_device(s) == "nvme" and s.get("nvme_path") in (None, ""):
-            report.add(Status.FAIL, "zero_optimization.%s.device is nvme but nvme_path is not set (expected the "
-                                    "directory to swap to)" % sec,
-                       'set zero_optimization.%s.nvme_path, e.g. "/local_nvme"' % sec)
+            report.add(Status.FAIL, f"zero_optimization.{sec}.device is nvme but nvme_path is not set (expected the "
+                                    "directory to swap to)",
+                       f'set zero_optimization.{sec}.nvme_path, e.g. "/local_nvme"')
     for path in nvme_paths(config):
         bad: Dict[str, str] = {}
         untested: List[str] = []
@@ -40,22 +40,24 @@ def check_nvme(config: Dict[str, Any], facts: Dict[str, Any], report: Report) ->
                 untested.append(name)
                 continue
             err = entry.get("error")
+            detail = f" ({err})" if err else ""
             if not entry.get("exists"):
-                bad[name] = "nvme_path %s does not exist on %s%s" % (path, name, " (%s)" % err if err else "")
+                bad[name] = f"nvme_path {path} does not exist on {name}{detail}"
             elif not entry.get("is_dir"):
-                bad[name] = "nvme_path %s is not a directory on %s%s" % (path, name, " (%s)" % err if err else "")
+                bad[name] = f"nvme_path {path} is not a directory on {name}{detail}"
             elif not entry.get("writable"):
-                bad[name] = "nvme_path %s is not writable on %s%s" % (path, name, " (%s)" % err if err else "")
+                bad[name] = f"nvme_path {path} is not writable on {name}{detail}"
         if bad:
-            report.add(Status.FAIL, "NVMe offload path %s is unusable on %s: %s" % (
-                path, hosts_text(sorted(bad)), "; ".join(bad[h] for h in sorted(bad)[:3])),
-                # Quoted: the path comes from the user's config and may hold spaces or shell characters.
-                "create it on every host (on the NVMe mount), as root: mkdir -p -- %s && chown -- \"$USER\" %s"
-                % (shlex.quote(path), shlex.quote(path)), bad)
+            listed = "; ".join(bad[h] for h in sorted(bad)[:3])
+            # Quoted: the path comes from the user's config and may hold spaces or shell characters.
+            quoted = shlex.quote(path)
+            report.add(Status.FAIL, f"NVMe offload path {path} is unusable on {hosts_text(sorted(bad))}: {listed}",
+                       f"create it on every host (on the NVMe mount), as root: mkdir -p -- {quoted} && "
+                       f"chown -- \"$USER\" {quoted}", bad)
         if untested:
             why = ((facts.get("host_probe") or {}).get(untested[0]) or {}).get("error") or "not probed"
-            report.add(Status.SKIP, "NVMe offload path %s not tested on %s (no nvme check result for it; host "
-                                    "probe: %s)" % (path, hosts_text(untested), why))
+            report.add(Status.SKIP, f"NVMe offload path {path} not tested on {hosts_text(untested)} (no nvme check "
+                                    f"result for it; host probe: {why})")
 
 
 def check_offload_stage(config: Dict[str, Any], report: Report) -> None:
@@ -66,16 +68,17 @@ def check_offload_stage(config: Dict[str, Any], report: Report) -> None:
     opt_dev, par_dev = offload_devices(config)
     for dev, name in ((opt_dev, "offload_optimizer"), (par_dev, "offload_param")):
         if dev not in ("none", "cpu", "nvme"):
-            report.add(Status.FAIL, "zero_optimization.%s.device = %r (expected none, cpu or nvme)"
-                       % (name, (zero.get(name) or {}).get("device")), 'set device to "cpu" or "nvme"')
+            device = (zero.get(name) or {}).get("device")
+            report.add(Status.FAIL, f"zero_optimization.{name}.device = {device!r} (expected none, cpu or nvme)",
+                       'set device to "cpu" or "nvme"')
     if par_dev in ("cpu", "nvme") and stage != 3:
-        report.add(Status.WARN, "zero_optimization.offload_param (device %s) has no effect at ZeRO stage %d "
-                                "(parameter offload is ZeRO-3 only)" % (par_dev, stage),
+        report.add(Status.WARN, f"zero_optimization.offload_param (device {par_dev}) has no effect at ZeRO stage "
+                                f"{stage} (parameter offload is ZeRO-3 only)",
                    "use stage 3 for parameter offload, or remove offload_param")
     if opt_dev in ("cpu", "nvme") and stage == 0:
-        report.add(Status.WARN, "zero_optimization.offload_optimizer (device %s) at ZeRO stage 0: optimizer offload "
-                                "needs ZeRO stage 1, 2 or 3" % opt_dev,
+        report.add(Status.WARN, f"zero_optimization.offload_optimizer (device {opt_dev}) at ZeRO stage 0: optimizer "
+                                "offload needs ZeRO stage 1, 2 or 3",
                    "set zero_optimization.stage to 1, 2 or 3, or remove offload_optimizer")
     if stage > 3 or stage < 0:
-        report.add(Status.FAIL, "zero_optimization.stage = %d (expected 0, 1, 2 or 3; DeepSpeed: 'Maximum supported "
-                                "ZeRO stage is 3')" % stage, "set zero_optimization.stage to 0-3")
+        report.add(Status.FAIL, f"zero_optimization.stage = {stage} (expected 0, 1, 2 or 3; DeepSpeed: 'Maximum "
+                                "supported ZeRO stage is 3')", "set zero_optimization.stage to 0-3")

@@ -96,30 +96,31 @@ def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> 
         for op in ops:
             e = host_ops.get(op)
             if not isinstance(e, dict):
-                bad.setdefault(op, {})[name] = "%s is not in this DeepSpeed's op list (ds_report)" % op
+                bad.setdefault(op, {})[name] = f"{op} is not in this DeepSpeed's op list (ds_report)"
             elif not (e.get("installed") or e.get("compatible")):
                 note = e.get("note") or ""
-                bad.setdefault(op, {})[name] = "%s is neither pre-built nor JIT-compatible (ds_report [NO] / [NO])%s" \
-                    % (op, (": " + str(note)[:160]) if note else "")
+                detail = ": " + str(note)[:160] if note else ""
+                bad.setdefault(op, {})[name] = (f"{op} is neither pre-built nor JIT-compatible (ds_report [NO] / "
+                                                f"[NO]){detail}")
             else:
                 for b in jit.blockers(op, dr, launch_env):
+                    outcome = "fails here" if b.status == Status.FAIL else "is risky here"
                     jit_bad.setdefault((op, b.status, b.short, b.message, b.fix), {})[name] = \
-                        "config needs op %s, whose JIT build %s: %s" % (
-                            op, "fails here" if b.status == Status.FAIL else "is risky here", b.message)
+                        f"config needs op {op}, whose JIT build {outcome}: {b.message}"
     why = WHY
     for (op, status, _short, message, fix), per in sorted(jit_bad.items(), key=lambda kv: (kv[0][0], kv[0][2])):
-        verb = ("fails on %s" if status == Status.FAIL else "is allowed but risky on %s") % hosts_text(sorted(per))
-        report.add(status, "the config needs op %s (%s), which is not pre-built: deepspeed.initialize JIT-builds it, "
-                   "and that build %s: %s" % (op, why.get(op, "required by the config"), verb, message),
+        on = hosts_text(sorted(per))
+        verb = f"fails on {on}" if status == Status.FAIL else f"is allowed but risky on {on}"
+        report.add(status, f"the config needs op {op} ({why.get(op, 'required by the config')}), which is not "
+                           f"pre-built: deepspeed.initialize JIT-builds it, and that build {verb}: {message}",
                    "; ".join(x for x in (fix, _NO_BUILD.get(op, "")) if x), per)
     for op, per in sorted(bad.items()):
-        report.add(Status.FAIL, "the config needs op %s (%s) but it is not usable on %s: %s"
-                   % (op, why.get(op, "required by the config"), hosts_text(sorted(per)),
-                      next(iter(per.values()))),
-                   _OP_FIX.get(op, "fix the prerequisites ds_report lists for %s, or pre-build it with "
-                                   "DS_BUILD_%s=1 pip install deepspeed" % (op, op.upper())),
-                   {h: "config needs op %s (%s): %s" % (op, why.get(op, ""), m) for h, m in per.items()})
+        report.add(Status.FAIL, f"the config needs op {op} ({why.get(op, 'required by the config')}) but it is not "
+                                f"usable on {hosts_text(sorted(per))}: {next(iter(per.values()))}",
+                   _OP_FIX.get(op, f"fix the prerequisites ds_report lists for {op}, or pre-build it with "
+                                   f"DS_BUILD_{op.upper()}=1 pip install deepspeed"),
+                   {h: f"config needs op {op} ({why.get(op, '')}): {m}" for h, m in per.items()})
     if unknown_hosts:
-        report.add(Status.SKIP, "ops %s not checked on %s: no ds_report facts (DeepSpeed missing or ds_report "
-                                "not run)" % (", ".join(ops), hosts_text(unknown_hosts)))
-    return "ops %s" % ", ".join(ops)
+        report.add(Status.SKIP, f"ops {', '.join(ops)} not checked on {hosts_text(unknown_hosts)}: no ds_report facts "
+                                "(DeepSpeed missing or ds_report not run)")
+    return f"ops {', '.join(ops)}"
