@@ -14,10 +14,11 @@ from ...hostside.outcome import Status
 from .findings import Report, hosts_text
 from .parse import zero_stage
 
-# DeepSpeed's own converter (deepspeed/checkpoint/ds_to_universal.py; it writes CKPT/latest_universal,
-# :1370-1374), and what makes load_checkpoint read that (runtime/config.py:549-550, engine.py:4428).
-UNIVERSAL = ("python -m deepspeed.checkpoint.ds_to_universal --input_folder %s --output_folder %s, then set "
-             "\"checkpoint\": {\"load_universal\": true} in the config")
+def universal_fix(checkpoint: str) -> str:
+    """DeepSpeed's own converter (deepspeed/checkpoint/ds_to_universal.py; it writes CKPT/latest_universal,
+    :1370-1374), and what makes load_checkpoint read that (runtime/config.py:549-550, engine.py:4428)."""
+    return (f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {checkpoint} --output_folder "
+            f"{checkpoint}_universal, then set \"checkpoint\": {{\"load_universal\": true}} in the config")
 
 
 def check_config_file(facts: Dict[str, Any], report: Report) -> str:
@@ -35,30 +36,33 @@ def check_config_file(facts: Dict[str, Any], report: Report) -> str:
         if not isinstance(entry, dict):
             continue  # the probe failed on that host (its other findings say why) or predates this check
         if not entry.get("exists"):
-            missing[name] = "the DeepSpeed config %s does not exist here: every rank on this host fails to open it" \
-                % path
+            missing[name] = (f"the DeepSpeed config {path} does not exist here: every rank on this host fails to "
+                             "open it")
         elif entry.get("error"):
-            unread[name] = "the DeepSpeed config %s cannot be read here: %s" % (path, entry["error"])
+            unread[name] = f"the DeepSpeed config {path} cannot be read here: {entry['error']}"
         elif entry.get("sha256") != mine["sha256"]:
-            differ[name] = "the DeepSpeed config %s here differs from the coordinator's (sha256 %s..., %s bytes; " \
-                           "the coordinator's %s..., %s bytes)" % (path, str(entry.get("sha256"))[:12],
-                                                                  entry.get("size"), mine["sha256"][:12],
-                                                                  mine.get("size"))
+            sha = str(entry.get("sha256"))[:12]
+            differ[name] = (f"the DeepSpeed config {path} here differs from the coordinator's (sha256 {sha}..., "
+                            f"{entry.get('size')} bytes; the coordinator's {mine['sha256'][:12]}..., "
+                            f"{mine.get('size')} bytes)")
     q = shlex.quote(str(path))
-    copy = "copy it to the same path there from where you run deepspeed (for h in %%s; do scp %s $h:%s; done), " \
-           "or keep it on a filesystem every host mounts at that path" % (q, q)
+
+    def copy_fix(hosts: Dict[str, str]) -> str:
+        return (f"copy it to the same path there from where you run deepspeed (for h in {' '.join(sorted(hosts))}; "
+                f"do scp {q} $h:{q}; done), or keep it on a filesystem every host mounts at that path")
+
     if missing:
-        report.add(Status.FAIL, "the DeepSpeed config %s is missing on %s: the launcher passes this path to every "
-                   "rank, and the ranks there fail at start-up" % (path, hosts_text(sorted(missing))),
-                   copy % " ".join(sorted(missing)), missing)
+        report.add(Status.FAIL, f"the DeepSpeed config {path} is missing on {hosts_text(sorted(missing))}: the "
+                                "launcher passes this path to every rank, and the ranks there fail at start-up",
+                   copy_fix(missing), missing)
     if unread:
-        report.add(Status.FAIL, "the DeepSpeed config %s is unreadable on %s: %s" % (
-            path, hosts_text(sorted(unread)), next(iter(unread.values()))),
-            "make it readable by the job's user on those hosts (chmod a+r, or its directory a+x)", unread)
+        report.add(Status.FAIL, f"the DeepSpeed config {path} is unreadable on {hosts_text(sorted(unread))}: "
+                                f"{next(iter(unread.values()))}",
+                   "make it readable by the job's user on those hosts (chmod a+r, or its directory a+x)", unread)
     if differ:
-        report.add(Status.FAIL, "the DeepSpeed config %s on %s is not the file checked here (different content): "
-                   "those ranks would train with another config" % (path, hosts_text(sorted(differ))),
-                   copy % " ".join(sorted(differ)), differ)
+        report.add(Status.FAIL, f"the DeepSpeed config {path} on {hosts_text(sorted(differ))} is not the file checked "
+                                "here (different content): those ranks would train with another config",
+                   copy_fix(differ), differ)
     return "" if missing or unread or differ else "the same config on every host"
 
 
@@ -88,67 +92,66 @@ def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) 
     first = seen[names[0]]
     directory, latest_name = first.get("dir"), first.get("latest_name") or "latest"
     if first.get("error"):
-        report.add(Status.FAIL, "cannot read the checkpoint to resume on %s: %s" % (names[0], first["error"]),
-                   "fix %s/%s (it names the tag directory to load) or remove it to start from scratch"
-                   % (directory, latest_name))
+        report.add(Status.FAIL, f"cannot read the checkpoint to resume on {names[0]}: {first['error']}",
+                   f"fix {directory}/{latest_name} (it names the tag directory to load) or remove it to start from "
+                   "scratch")
         return "resume: unreadable"
     if not first.get("latest"):
         if latest_name == "latest_universal":
             # load_universal without latest_universal: DeepSpeed raises ValueError (engine.py:4434-4435).
-            report.add(Status.FAIL, "the config sets checkpoint.load_universal, but %s has no latest_universal: "
-                       "load_checkpoint raises \"Invalid for universal checkpoint\"" % directory,
-                       "convert the checkpoint first: " + UNIVERSAL % ("%s/TAG" % directory,
-                                                                       "%s/TAG_universal" % directory))
+            report.add(Status.FAIL, f"the config sets checkpoint.load_universal, but {directory} has no "
+                                    "latest_universal: load_checkpoint raises \"Invalid for universal checkpoint\"",
+                       "convert the checkpoint first: " + universal_fix(f"{directory}/TAG"))
             return "resume: no universal checkpoint"
         return ""  # nothing to resume: a fresh start
     tag = first["latest"]
-    where = "%s/%s" % (directory, tag)
+    where = f"{directory}/{tag}"
     layout = first.get("layout") or {}
     parts: List[str] = []
     others = _hosts_without(names, seen, tag)
     if others:
-        report.add(Status.FAIL, "the checkpoint to resume (%s) is not visible on %s: %s" % (
-            where, hosts_text(sorted(others)), next(iter(others.values()))),
-            "put --checkpoint-dir on a filesystem every host mounts at the same path", others)
+        report.add(Status.FAIL, f"the checkpoint to resume ({where}) is not visible on {hosts_text(sorted(others))}: "
+                                f"{next(iter(others.values()))}",
+                   "put --checkpoint-dir on a filesystem every host mounts at the same path", others)
     if latest_name == "latest_universal":
-        return "resume from universal checkpoint %s (any ZeRO stage and parallel sizes)" % tag
+        return f"resume from universal checkpoint {tag} (any ZeRO stage and parallel sizes)"
     stage_found = layout.get("zero_stage")
     if stage_found is None:
-        report.add(Status.FAIL, "%s names tag %s, but %s holds no DeepSpeed model states (*model_states.pt): "
-                   "load_checkpoint finds nothing to load" % ("%s/latest" % directory, tag, where),
+        report.add(Status.FAIL, f"{directory}/latest names tag {tag}, but {where} holds no DeepSpeed model states "
+                                "(*model_states.pt): load_checkpoint finds nothing to load",
                    "point latest at a complete checkpoint tag, or remove it to start from scratch")
         return "resume: no checkpoint files"
     stage = zero_stage(config)
     if _stage_mismatch(stage_found, stage):
         wanted = "3" if stage is not None and stage >= 3 else "1 or 2" if stage else "0"
-        report.add(Status.FAIL, "the checkpoint %s was saved with ZeRO stage %s (%s) but the config sets ZeRO "
-                   "stage %s, which loads %s: resuming fails" % (
-                       where, stage_found, _stage_files(stage_found), stage, _stage_files(wanted)),
-                   "resume with the stage it was saved with (zero_optimization.stage %s), or convert it to a "
-                   "universal checkpoint, which any stage loads: %s" % (
-                       stage_found, UNIVERSAL % (where, where + "_universal")))
+        report.add(Status.FAIL, f"the checkpoint {where} was saved with ZeRO stage {stage_found} "
+                                f"({_stage_files(stage_found)}) but the config sets ZeRO stage {stage}, which loads "
+                                f"{_stage_files(wanted)}: resuming fails",
+                   f"resume with the stage it was saved with (zero_optimization.stage {stage_found}), or convert it "
+                   f"to a universal checkpoint, which any stage loads: {universal_fix(where)}")
     dp, mp = layout.get("dp_size"), layout.get("mp_size")
     world = int(facts.get("world_size") or 0)
     mp_given = facts.get("model_parallel_size")
     mp_now = int(mp_given) if mp_given else int(mp or 1)
     if mp_given and mp and int(mp) != int(mp_given):
-        report.add(Status.FAIL, "the checkpoint %s was saved with model-parallel size %d (mp_rank_00..%02d) but the "
-                   "job runs with --model-parallel-size %d" % (where, mp, mp - 1, mp_given),
-                   "resume with model-parallel size %d, or convert it: %s" % (
-                       mp, UNIVERSAL % (where, where + "_universal")))
+        report.add(Status.FAIL, f"the checkpoint {where} was saved with model-parallel size {mp} "
+                                f"(mp_rank_00..{mp - 1:02d}) but the job runs with --model-parallel-size {mp_given}",
+                   f"resume with model-parallel size {mp}, or convert it: {universal_fix(where)}")
     # DeepSpeed compares the sizes only when ZeRO loads its partitions (engine.py:4748: _load_zero_checkpoint runs
     # for a ZeRO stage), against the sequence-data-parallel size: world / (tensor x pipeline).
     if dp and world and stage_found != "0" and stage:
         dp_now = world // mp_now if world % mp_now == 0 else None
         if dp_now is not None and dp_now != int(dp):
-            report.add(Status.FAIL, "the checkpoint %s was saved at data-parallel size %d (%d ZeRO partitions, "
-                       "*optim_states.pt per MP rank) but this hostfile gives %d (world size %d / model-parallel "
-                       "%d): DeepSpeed raises ZeRORuntimeException \"The checkpoint being loaded used a DP world size "
-                       "of %d but the current world size is %d\"" % (where, dp, dp, dp_now, world, mp_now, dp, dp_now),
-                       "resume on %d data-parallel ranks, or convert it to a universal checkpoint, which loads at any "
-                       "size: %s" % (dp, UNIVERSAL % (where, where + "_universal")))
-        parts.append("DP %d" % dp)
-    return "resume %s (ZeRO stage %s%s)" % (tag, stage_found, ", " + ", ".join(parts) if parts else "")
+            report.add(Status.FAIL, f"the checkpoint {where} was saved at data-parallel size {dp} ({dp} ZeRO "
+                                    f"partitions, *optim_states.pt per MP rank) but this hostfile gives {dp_now} "
+                                    f"(world size {world} / model-parallel {mp_now}): DeepSpeed raises "
+                                    f"ZeRORuntimeException \"The checkpoint being loaded used a DP world size of {dp} "
+                                    f"but the current world size is {dp_now}\"",
+                       f"resume on {dp} data-parallel ranks, or convert it to a universal checkpoint, which loads at "
+                       f"any size: {universal_fix(where)}")
+        parts.append(f"DP {dp}")
+    sizes = ", " + ", ".join(parts) if parts else ""
+    return f"resume {tag} (ZeRO stage {stage_found}{sizes})"
 
 
 def _stage_files(stage: str) -> str:
@@ -164,15 +167,14 @@ def _hosts_without(names: List[str], seen: Dict[str, Dict[str, Any]], tag: str) 
     for n in names[1:]:
         c = seen[n]
         if c.get("latest") != tag:
-            out[n] = ("no %s there" % c.get("latest_name", "latest") if not c.get("latest")
-                      else "its latest names %r, not %r" % (c.get("latest"), tag))
+            out[n] = (f"no {c.get('latest_name', 'latest')} there" if not c.get("latest")
+                      else f"its latest names {c.get('latest')!r}, not {tag!r}")
         elif _shape(c) != _shape(first):
-            out[n] = "its %s/%s holds other files (%s vs %s on %s)" % (c.get("dir"), tag, _shape(c)[1],
-                                                                      _shape(first)[1], names[0])
+            out[n] = (f"its {c.get('dir')}/{tag} holds other files ({_shape(c)[1]} vs {_shape(first)[1]} on "
+                      f"{names[0]})")
     return out
 
 
 def _shape(c: Dict[str, Any]) -> Tuple[Any, str]:
     layout = c.get("layout") or {}
-    return (layout.get("zero_stage"), "%s model, %s optim files" % (layout.get("model_files"),
-                                                                    layout.get("optim_files")))
+    return (layout.get("zero_stage"), f"{layout.get('model_files')} model, {layout.get('optim_files')} optim files")

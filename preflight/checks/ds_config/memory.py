@@ -65,11 +65,11 @@ def estimate_zero3(total_params: float, largest_layer_params: float, num_gpus_pe
 
 
 def stage_label(stage: int, opt_dev: str, par_dev: str) -> str:
-    parts = ["ZeRO-%d" % stage]
+    parts = [f"ZeRO-{stage}"]
     if opt_dev in ("cpu", "nvme"):
-        parts.append("optimizer offload to %s" % opt_dev)
+        parts.append(f"optimizer offload to {opt_dev}")
     if par_dev in ("cpu", "nvme") and stage == 3:
-        parts.append("param offload to %s" % par_dev)
+        parts.append(f"param offload to {par_dev}")
     return " + ".join(parts)
 
 
@@ -117,16 +117,16 @@ def cpu_offload_estimate(stage: int, opt_dev: str, par_dev: str, n_params: float
     n = float(n_params)
     if stage in (1, 2) and opt_dev == "cpu":
         cpu, _ = estimate_zero2(n, max(1, slots), 1, cpu_offload=True)
-        return {"cpu": cpu, "formula": "N*max(4*%d GPUs, 16)*1.5 (estimate_zero2_model_states_mem_needs)"
-                % max(1, slots)}
+        return {"cpu": cpu, "formula": f"N*max(4*{max(1, slots)} GPUs, 16)*1.5 (estimate_zero2_model_states_mem_needs)"}
     if stage >= 3 and opt_dev == "cpu":
         cpu, _, _ = estimate_zero3(n, largest_layer, max(1, slots), max(1, num_nodes), cpu_offload=True,
                                    cpu_offload_params=(par_dev == "cpu"), zero_init=True)
-        return {"cpu": cpu, "formula": "N*%d/%d nodes*1.5 (estimate_zero3_model_states_mem_needs, zero_init)"
-                % (18 if par_dev == "cpu" else 16, max(1, num_nodes))}
+        per_param = 18 if par_dev == "cpu" else 16
+        return {"cpu": cpu, "formula": f"N*{per_param}/{max(1, num_nodes)} nodes*1.5 "
+                                       "(estimate_zero3_model_states_mem_needs, zero_init)"}
     if stage >= 3 and par_dev == "cpu":  # params only: the 16-bit partitions, 2N/nodes with the same buffer
         return {"cpu": int(n * 2 / max(1, num_nodes) * BUFFER_FACTOR),
-                "formula": "N*2/%d nodes*1.5 (16-bit param partitions)" % max(1, num_nodes)}
+                "formula": f"N*2/{max(1, num_nodes)} nodes*1.5 (16-bit param partitions)"}
     return None
 
 
@@ -152,9 +152,9 @@ def pinned_reason(config: Dict[str, Any], version: Optional[Tuple[int, int, int]
             continue
         pin = s.get("pin_memory")
         if pin is True:
-            reasons.append("%s.pin_memory true" % sec)
+            reasons.append(f"{sec}.pin_memory true")
         elif pin is None and version is not None and version >= PIN_MEMORY_DEFAULT_TRUE_SINCE:
-            reasons.append("%s pins by default in DeepSpeed >= 0.19.5" % sec)
+            reasons.append(f"{sec} pins by default in DeepSpeed >= 0.19.5")
     if not reasons and zero.get("cpu_offload_use_pin_memory") is True and "cpu" in offload_devices(config):
         reasons.append("cpu_offload_use_pin_memory true")
     return ", ".join(reasons) or None
@@ -180,12 +180,13 @@ def check_memlock(config: Dict[str, Any], facts: Dict[str, Any], floor: float,
             continue  # nothing pinned, or host memory unknown
         soft = m.get("memlock_soft")  # None: unlimited
         if soft is not None and soft < floor:
-            small[h["name"]] = "memlock soft limit %s (expected unlimited or >= %s) while offloaded tensors are " \
-                               "pinned (%s)" % (gib(soft) if soft >= GiB else "%d KiB" % (soft // 1024),
-                                                gib(floor), pinned[h["name"]])
+            limit = gib(soft) if soft >= GiB else f"{soft // 1024} KiB"
+            small[h["name"]] = (f"memlock soft limit {limit} (expected unlimited or >= {gib(floor)}) while offloaded "
+                                f"tensors are pinned ({pinned[h['name']]})")
     if small:
+        listed = "; ".join(f"{h}: {small[h]}" for h in sorted(small)[:4])
         report.add(Status.WARN, "pinned offload on hosts with a small locked-memory limit (DeepSpeed mlock()s pinned "
-                                "offload buffers): %s" % "; ".join("%s: %s" % (h, small[h]) for h in sorted(small)[:4]),
+                                f"offload buffers): {listed}",
                    "raise it: ulimit -l unlimited (/etc/security/limits.conf '* - memlock unlimited', docker "
                    "--ulimit memlock=-1), or set pin_memory false in the offload sections", small)
     return pinned
@@ -229,18 +230,18 @@ def check_cpu_ram(plan: Plan, label: str, cpu_frac: float, report: Report) -> Di
         if avail is None:
             continue
         if c["cpu"] > avail * cpu_frac:
-            cpu_fail[h["name"]] = "offloaded model states need %s of CPU RAM (%s), %s available (MemTotal %s)" % (
-                gib(c["cpu"]), c["formula"], gib(avail), gib(m.get("mem_total")))
+            cpu_fail[h["name"]] = (f"offloaded model states need {gib(c['cpu'])} of CPU RAM ({c['formula']}), "
+                                   f"{gib(avail)} available (MemTotal {gib(m.get('mem_total'))})")
     if cpu_fail:
-        report.add(Status.FAIL, "%s: not enough CPU RAM on %s: %s" % (
-            label, hosts_text(sorted(cpu_fail)), "; ".join("%s: %s" % (h, cpu_fail[h])
-                                                           for h in sorted(cpu_fail)[:3])),
-            "free RAM on those hosts, offload to NVMe instead (device \"nvme\"), or use more nodes", cpu_fail)
+        listed = "; ".join(f"{h}: {cpu_fail[h]}" for h in sorted(cpu_fail)[:3])
+        report.add(Status.FAIL, f"{label}: not enough CPU RAM on {hosts_text(sorted(cpu_fail))}: {listed}",
+                   "free RAM on those hosts, offload to NVMe instead (device \"nvme\"), or use more nodes", cpu_fail)
     missing = [h["name"] for h in plan.hosts
                if cpu_need and (plan.mem.get(h["name"]) or {}).get("mem_available") is None]
     if missing:
-        report.add(Status.SKIP, "CPU RAM for offload not compared on %s (host memory unknown: %s)" % (
-            hosts_text(missing), (plan.mem.get(missing[0]) or {}).get("error") or "not collected"))
+        why = (plan.mem.get(missing[0]) or {}).get("error") or "not collected"
+        report.add(Status.SKIP, f"CPU RAM for offload not compared on {hosts_text(missing)} (host memory unknown: "
+                                f"{why})")
     return cpu_need
 
 
@@ -251,11 +252,12 @@ def check_pinned_need(plan: Plan, cpu_need: Dict[str, int], pinned: Dict[str, Op
     for name, need in cpu_need.items():
         soft = (plan.mem.get(name) or {}).get("memlock_soft")
         if pinned.get(name) and soft is not None and need > soft >= floor:
-            low[name] = "memlock soft limit %s is below the %s of pinned offload buffers" % (gib(soft), gib(need))
+            low[name] = f"memlock soft limit {gib(soft)} is below the {gib(need)} of pinned offload buffers"
     if low:
-        report.add(Status.WARN, "pin_memory offload may exceed the locked-memory limit on %s: %s" % (
-            hosts_text(sorted(low)), "; ".join(low[h] for h in sorted(low)[:2])),
-            "ulimit -l unlimited on those hosts, or set pin_memory false", low)
+        listed = "; ".join(low[h] for h in sorted(low)[:2])
+        report.add(Status.WARN, f"pin_memory offload may exceed the locked-memory limit on {hosts_text(sorted(low))}: "
+                                f"{listed}",
+                   "ulimit -l unlimited on those hosts, or set pin_memory false", low)
 
 
 def smallest_free(gpus: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Tuple[int, str]]:
@@ -265,7 +267,7 @@ def smallest_free(gpus: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Tuple[int,
         frees = [(float(g["memory_free"]), g) for g in lst if isinstance(g.get("memory_free"), (int, float))]
         if frees:
             f, g = min(frees, key=lambda x: x[0])
-            free_by_host[host] = (int(f), "GPU %s (%s)" % (g.get("index"), g.get("name") or "?"))
+            free_by_host[host] = (int(f), f"GPU {g.get('index')} ({g.get('name') or '?'})")
     return free_by_host
 
 
@@ -301,36 +303,35 @@ def check_gpu_fit(plan: Plan, est: Dict[str, Any], free_by_host: Dict[str, Tuple
     min_free = free_by_host[min_host][0]
     fail_frac = float(lim["gpu_mem_fail_fraction"])
     warn_frac = float(lim["gpu_mem_warn_fraction"])
+    label, need = est["label"], gib(est["gpu"])
     over = {h: v for h, v in free_by_host.items() if est["gpu"] > v[0] * fail_frac}
     if over:
         found = suggest(plan, est["gpu"], min_free, warn_frac, fail_frac, float(lim["cpu_mem_fail_fraction"]))
-        fix = ("use %s: est. %s/GPU (%s)" % (found["label"], gib(found["gpu"]), found["formula"])
+        fix = (f"use {found['label']}: est. {gib(found['gpu'])}/GPU ({found['formula']})"
                if found else "no ZeRO stage/offload fits: use more GPUs, NVMe offload (ZeRO-Infinity), or a "
                              "smaller model")
-        report.add(Status.FAIL, "%s needs an estimated %s per GPU for model states (%s)%s, above the free GPU memory "
-                                "on %s (smallest %s on %s)" % (
-                                    est["label"], gib(est["gpu"]), est["formula"], ll_note,
-                                    hosts_text(sorted(over)), gib(min_free), min_host), fix,
-                   {h: "%s needs an estimated %s per GPU; %s has %s free" % (
-                       est["label"], gib(est["gpu"]), v[1], gib(v[0])) for h, v in over.items()})
+        report.add(Status.FAIL, f"{label} needs an estimated {need} per GPU for model states ({est['formula']})"
+                                f"{ll_note}, above the free GPU memory on {hosts_text(sorted(over))} (smallest "
+                                f"{gib(min_free)} on {min_host})", fix,
+                   {h: f"{label} needs an estimated {need} per GPU; {v[1]} has {gib(v[0])} free"
+                    for h, v in over.items()})
         return
     tight = {h: v for h, v in free_by_host.items() if est["gpu"] > v[0] * warn_frac}
     if tight:
-        report.add(Status.WARN, "%s needs an estimated %s per GPU for model states alone (%s)%s, over %.0f%% of the "
-                                "free GPU memory on %s (smallest %s): little room for activations"
-                   % (est["label"], gib(est["gpu"]), est["formula"], ll_note, warn_frac * 100,
-                      hosts_text(sorted(tight)), gib(min_free)),
+        report.add(Status.WARN, f"{label} needs an estimated {need} per GPU for model states alone ({est['formula']})"
+                                f"{ll_note}, over {warn_frac * 100:.0f}% of the free GPU memory on "
+                                f"{hosts_text(sorted(tight))} (smallest {gib(min_free)}): little room for activations",
                    "use a higher ZeRO stage or offload, or activation checkpointing with a smaller micro batch",
-                   {h: "model states est. %s of %s free on %s" % (gib(est["gpu"]), gib(v[0]), v[1])
+                   {h: f"model states est. {need} of {gib(v[0])} free on {v[1]}"
                     for h, v in tight.items()})
     if plan.stage == 3:
         e2 = plan.gpu(2, "none", "none")
         comfort = float(lim["stage3_comfort_fraction"])
         if e2["gpu"] <= min_free * comfort:
             report.add(Status.WARN, "ZeRO-3 for a model that fits comfortably with ZeRO-2: ZeRO-2 needs an estimated "
-                                    "%s per GPU (%s), under %.0f%% of the smallest free %s; ZeRO-3 adds parameter "
-                                    "all-gathers (about 1.5x the communication) for no memory need"
-                       % (gib(e2["gpu"]), e2["formula"], comfort * 100, gib(min_free)),
+                                    f"{gib(e2['gpu'])} per GPU ({e2['formula']}), under {comfort * 100:.0f}% of the "
+                                    f"smallest free {gib(min_free)}; ZeRO-3 adds parameter all-gathers (about 1.5x the "
+                                    "communication) for no memory need",
                        'use "zero_optimization": {"stage": 2} (without offload) for this model size')
 
 
@@ -345,28 +346,27 @@ def check_memory(config: Dict[str, Any], facts: Dict[str, Any], gpus: Dict[str, 
         return "memory not checked (no --model-params)"
     stage = zero_stage(config)
     if stage not in (0, 1, 2, 3):
-        report.add(Status.SKIP, "ZeRO memory not estimated: zero_optimization.stage is %r"
-                   % zero_section(config).get("stage"))
+        report.add(Status.SKIP, "ZeRO memory not estimated: zero_optimization.stage is "
+                                f"{zero_section(config).get('stage')!r}")
         return ""
     assert stage is not None
     plan = Plan(config, facts, stage, float(n))
     est = plan.gpu(stage, plan.opt_dev, plan.par_dev)
     ll_note = "" if stage < 3 or plan.ll_known else " (largest layer unknown, counted as 0: a lower bound; pass " \
                                                     "--largest-layer-params)"
-    summary = "%s est. %s/GPU for %s params on %d GPUs" % (est["label"], gib(est["gpu"]), params_text(plan.n),
-                                                         plan.ws)
+    summary = f"{est['label']} est. {gib(est['gpu'])}/GPU for {params_text(plan.n)} params on {plan.ws} GPUs"
     cpu_need = check_cpu_ram(plan, est["label"], float(lim["cpu_mem_fail_fraction"]), report)
     if cpu_need:
         check_pinned_need(plan, cpu_need, pinned, floor, report)
     if not gpus:
         report.add(Status.SKIP, "GPU memory not compared: no GPU facts (the gpu check did not run or found no "
-                                "GPUs); %s%s" % (summary, ll_note))
+                                f"GPUs); {summary}{ll_note}")
         return summary
     free_by_host = smallest_free(gpus)
     if not free_by_host:
         report.add(Status.SKIP, "GPU memory not compared: the gpu facts have no free-memory figures; " + summary)
         return summary
     min_host = min(free_by_host, key=lambda h: free_by_host[h][0])
-    summary += " (smallest free: %s on %s %s)" % (gib(free_by_host[min_host][0]), min_host, free_by_host[min_host][1])
+    summary += f" (smallest free: {gib(free_by_host[min_host][0])} on {min_host} {free_by_host[min_host][1]})"
     check_gpu_fit(plan, est, free_by_host, ll_note, lim, report)
     return summary
