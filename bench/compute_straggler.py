@@ -72,10 +72,10 @@ def main() -> int:
             # As tests/test_compute.py: all hosts at once from one start time, so other work slows them alike.
             config.write_text("[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n")
         else:
-            config.write_text("[compute]\nparallel_hosts = 1\nrounds = %d\nseconds = 1.0\nchunks = 5\n"
-                              "cpu_threads = 1\n" % args.rounds)
+            config.write_text(f"[compute]\nparallel_hosts = 1\nrounds = {args.rounds}\nseconds = 1.0\nchunks = 5\n"
+                              "cpu_threads = 1\n")
         if args.confirm is not None:
-            config.write_text(config.read_text() + "confirm = %d\n" % args.confirm)
+            config.write_text(config.read_text() + f"confirm = {args.confirm}\n")
         everything = float(os.cpu_count() or 1)
 
         def limit(slow: Optional[str]) -> None:
@@ -120,7 +120,7 @@ def main() -> int:
                      "ratio_median": median(ratios) if ratios else None,
                      "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
                      "wall_s_median": median([r["wall_s"] for r in reps]),
-                     "load_1m": "%.1f-%.1f" % (loads[name][0][0], loads[name][1][0])})
+                     "load_1m": f"{loads[name][0][0]:.1f}-{loads[name][1][0]:.1f}"})
     print(table(["case", "named", "false_pos", "errors", "ratio_median", "ratio_min", "ratio_max", "wall_s_median",
                  "load_1m"],
                 [[r["case"], r["named"], r["false_positives"], r["errors"],

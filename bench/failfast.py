@@ -78,7 +78,7 @@ def main() -> int:
         row["ratio"] = round(row["wall_s"] / healthy, 3) if healthy else None
     print(table(["run", "wall_s", "ratio", "exit", "named (host: checks)"],
                 [[r["run"], r["wall_s"], r["ratio"], r["exit_code"],
-                  "; ".join("%s: %s" % (h, ",".join(c)) for h, c in r["named"].items()) or "-"] for r in rows]))
+                  "; ".join(f"{h}: {','.join(c)}" for h, c in r["named"].items()) or "-"] for r in rows]))
     fw = rows[1]
     # The diagnosis: what the firewall added to the healthy run's findings names the firewalled host only.
     before = {(h, c) for h, cs in rows[0]["named"].items() for c in cs}

@@ -41,23 +41,23 @@ def ssh(cluster: NetCluster, host: str, command: str, stdin: str = "",
 
 
 def bare(cluster: NetCluster, config: Path, rep: int) -> float:
-    token = "bench-bare-%d-%d" % (os.getpid(), rep)
+    token = f"bench-bare-{os.getpid()}-{rep}"
     folder = "/tmp/" + token
     script = Path(rehearsal.__file__).read_text()
     for h in cluster.hosts:  # the user's copy of the script, before the clock starts
-        ssh(cluster, h.name, "mkdir -p %s && cat > %s/preflight_rehearse.py" % (folder, folder), script, 60)
-    ssh(cluster, "node01", "cat > %s/hostfile" % folder, "".join("%s slots=1\n" % h.name for h in cluster.hosts), 60)
-    command = "cd %s && %s --hostfile hostfile --launcher pdsh preflight_rehearse.py --deepspeed_config %s " \
-              "--preflight-run %s" % (folder, shlex.quote(str(LAUNCHER)), config, token)
+        ssh(cluster, h.name, f"mkdir -p {folder} && cat > {folder}/preflight_rehearse.py", script, 60)
+    ssh(cluster, "node01", f"cat > {folder}/hostfile", "".join(f"{h.name} slots=1\n" for h in cluster.hosts), 60)
+    command = f"cd {folder} && {shlex.quote(str(LAUNCHER))} --hostfile hostfile --launcher pdsh " \
+              f"preflight_rehearse.py --deepspeed_config {config} --preflight-run {token}"
     started = time.monotonic()
     proc = ssh(cluster, "node01", command)
     elapsed = time.monotonic() - started
     done = proc.stdout.count('"event": "done"')
     for h in cluster.hosts:
-        ssh(cluster, h.name, "rm -rf %s" % folder, timeout=60)
+        ssh(cluster, h.name, f"rm -rf {folder}", timeout=60)
     if proc.returncode != 0 or done != len(cluster.hosts):
-        raise SystemExit("bare launch failed (rc %d, %d ranks done): %s" % (proc.returncode, done,
-                                                                             proc.stdout[-2000:] + proc.stderr[-2000:]))
+        raise SystemExit(f"bare launch failed (rc {proc.returncode}, {done} ranks done): "
+                         f"{proc.stdout[-2000:] + proc.stderr[-2000:]}")
     return elapsed
 
 
@@ -71,7 +71,7 @@ def rehearse(cluster: NetCluster, config: Path, workdir: Path) -> float:
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     elapsed = time.monotonic() - started
     if proc.returncode != 0:
-        raise SystemExit("rehearse failed: %s" % (proc.stdout[-2000:] + proc.stderr[-2000:]))
+        raise SystemExit(f"rehearse failed: {proc.stdout[-2000:] + proc.stderr[-2000:]}")
     return elapsed
 
 
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rehearse-overhead.json"))
     args = parser.parse_args()
-    workdir = Path("/run") / ("bench-rehearse-%d" % os.getpid())
+    workdir = Path("/run") / (f"bench-rehearse-{os.getpid()}")
     workdir.mkdir()
     times = {"bare": [], "rehearse": []}
     try:
@@ -91,17 +91,18 @@ def main() -> int:
             for rep in range(args.reps):
                 times["bare"].append(bare(cluster, config, rep))
                 times["rehearse"].append(rehearse(cluster, config, workdir))
-                print("rep %d: bare %.1f s, rehearse %.1f s" % (rep, times["bare"][-1], times["rehearse"][-1]),
-                      flush=True)
+                print(f"rep {rep}: bare {times['bare'][-1]:.1f} s, rehearse {times['rehearse'][-1]:.1f} s", flush=True)
     finally:
         subprocess.run(["rm", "-rf", str(workdir)])
     medians = {k: statistics.median(v) for k, v in times.items()}
     ratio = medians["rehearse"] / medians["bare"]
     load = os.getloadavg()
-    print("%-9s %s  median" % ("", "  ".join("rep%d" % i for i in range(args.reps))))
+    reps = "  ".join(f"rep{i}" for i in range(args.reps))
+    print(f"{'':<9} {reps}  median")
     for name, values in times.items():
-        print("%-9s %s  %.1f s" % (name, "  ".join("%4.1f" % v for v in values), medians[name]))
-    print("rehearse / bare: %.2f (load average %.1f)" % (ratio, load[0]))
+        row = "  ".join(f"{v:4.1f}" for v in values)
+        print(f"{name:<9} {row}  {medians[name]:.1f} s")
+    print(f"rehearse / bare: {ratio:.2f} (load average {load[0]:.1f})")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     Path(args.out).write_text(json.dumps({"commit": commit, "reps": args.reps, "hosts": 3, "config": CONFIG,

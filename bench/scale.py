@@ -266,10 +266,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="py-spy profile of the biggest preflight run")
     parser.add_argument("--tools", default=",".join(TOOLS),
-                        help="with --versus: which of %s; preflight@DIR runs the preflight of the source tree DIR "
-                             "as one more tool (A/B of two versions, interleaved)" % ",".join(TOOLS))
+                        help=f"with --versus: which of {','.join(TOOLS)}; preflight@DIR runs the preflight of the "
+                             "source tree DIR as one more tool (A/B of two versions, interleaved)")
     parser.add_argument("--checks", default="", help="a --checks list instead of the default checks, e.g. the "
-                        "host-light set %s" % LIGHT)
+                        f"host-light set {LIGHT}")
     parser.add_argument("--out", help="JSON path (default bench/results/scale.json)")
     args = parser.parse_args()
     require_netcluster()

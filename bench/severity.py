@@ -191,7 +191,7 @@ def one_run(cluster: NetCluster, workdir: Path, config: Path, loaded: bool, hog_
             "compute_measurements": (star["compute"].get("metrics") or {}).get("measurements"),
             "iperf3_rounds": (star["iperf3"].get("metrics") or {}).get("rounds"),
             "check_s": {c: run.check_seconds().get(c) for c in CHECKS},
-            "messages": {"%s %s" % k: v["message"] for k, v in cells.items() if k[1] in CHECKS},
+            "messages": {f"{k[0]} {k[1]}": v["message"] for k, v in cells.items() if k[1] in CHECKS},
             "facts": recorded_facts(cells)}
     record["old_rule"] = old_rule(record["facts"])
     return record
