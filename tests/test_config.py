@@ -109,7 +109,8 @@ def test_every_status_key_lists_its_choices_and_its_default_is_one():
 def test_a_value_outside_the_choices_names_the_file_the_key_and_the_allowed_values(tmp_path, section, key):
     choices = config.registry_defaults().rules[(section, key)].choices
     cfg = tmp_path / "t.toml"
-    cfg.write_text('[%s]\n%s = %s\n' % (section, key, '["wran"]' if choices.each else '"wran"'))
+    value = '["wran"]' if choices.each else '"wran"'
+    cfg.write_text(f"[{section}]\n{key} = {value}\n")
     with pytest.raises(ConfigError) as err:
         load_thresholds(str(cfg))
     line = str(err.value)
@@ -137,16 +138,16 @@ def test_every_at_most_rule_is_enforced(tmp_path, section, low):
     defaults = load_defaults()[section]
     assert defaults[low] < defaults[high]  # so that swapping them breaks the rule and keeps both in range
     cfg = tmp_path / "t.toml"
-    cfg.write_text("[%s]\n%s = %r\n%s = %r\n" % (section, low, defaults[high], high, defaults[low]))
+    cfg.write_text(f"[{section}]\n{low} = {defaults[high]!r}\n{high} = {defaults[low]!r}\n")
     with pytest.raises(ConfigError, match=rf"{section}\.{low} = .* must not exceed {section}\.{high} = "):
         load_thresholds(str(cfg))
-    cfg.write_text("[%s]\n%s = %r\n" % (section, low, defaults[high]))  # equal is allowed
+    cfg.write_text(f"[{section}]\n{low} = {defaults[high]!r}\n")  # equal is allowed
     assert load_thresholds(str(cfg))[section][low] == defaults[high]
 
 
 def test_config_py_has_no_check_specific_rule():
     source = Path(config.__file__).read_text()
-    assert [n for n in registry.ORDER if re.search(r"\b%s\b" % n, source, re.I)] == []
+    assert [n for n in registry.ORDER if re.search(rf"\b{n}\b", source, re.I)] == []
 
 
 @pytest.mark.parametrize("own, files, words", [

@@ -68,12 +68,12 @@ def _citations(doc: Path) -> list[tuple[str, str]]:
 
 def test_readme_is_a_front_door():
     lines = README.read_text().splitlines()
-    assert len(lines) <= 300, "README.md has %d lines: move a topic to docs/ and link it" % len(lines)
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move a topic to docs/ and link it"
 
 
 def test_every_cited_path_is_in_git():
     tracked = _tracked()
-    missing = sorted({"%s: %s" % (doc.relative_to(REPO), written)
+    missing = sorted({f"{doc.relative_to(REPO)}: {written}"
                       for doc in _documents() for written, path in _citations(doc)
                       if not _exists(path, tracked) and path not in TO_CREATE})
     assert not missing, "cited but not in git (commit it, or fix the citation):\n" + "\n".join(missing)
@@ -111,7 +111,7 @@ def test_readme_checks_table_lists_the_registry():
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {path for _, path in _citations(README)}
     pages = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
-    assert pages <= linked, "not linked from README.md: %s" % sorted(pages - linked)
+    assert pages <= linked, f"not linked from README.md: {sorted(pages - linked)}"
 
 
 def test_checks_page_is_generated_from_the_registry():

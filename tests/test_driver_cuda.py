@@ -252,9 +252,9 @@ def test_collect_reads_driver_from_nvidia_smi_when_nvml_is_unavailable(tmp_path,
     if os.path.exists("/proc/driver/nvidia/version"):
         pytest.skip("a real NVIDIA driver is present: NVML would answer instead of the fallback")
     script = tmp_path / "nvidia-smi"
-    script.write_text("#!/bin/sh\ncat '%s'\n" % (FIX / "nvidia-smi.txt"))
+    script.write_text(f"#!/bin/sh\ncat '{FIX / 'nvidia-smi.txt'}'\n")
     script.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ.get("PATH", "")))
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ.get('PATH', '')}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     facts = dc.collect(HostContext(params={"slots": 2}, deadline=time.monotonic() + 120))
     json.dumps(facts)

@@ -71,7 +71,7 @@ def test_fixture_host_warns_about_incompatible_ops(healthy, thresholds):
     out = dr.evaluate(healthy, thresholds)
     assert out.status == Status.WARN
     for op in INCOMPATIBLE_ON_FIXTURE:
-        assert "op %s is not compatible" % op in out.message
+        assert f"op {op} is not compatible" in out.message
     assert "libaio-dev" in out.fix and "CUTLASS_PATH" in out.fix
     assert out.metrics["ops_usable"] == 20 and out.metrics["ops_total"] == 23
 
@@ -221,9 +221,9 @@ def test_collect_through_deepspeed_api(fake_deepspeed, thresholds):
 def test_collect_falls_back_to_ds_report_on_path(tmp_path, monkeypatch, thresholds):
     _no_deepspeed_here()
     script = tmp_path / "ds_report"
-    script.write_text("#!/bin/sh\ncat '%s'\n" % (FIX / "ds_report.txt"))
+    script.write_text(f"#!/bin/sh\ncat '{FIX / 'ds_report.txt'}'\n")
     script.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ.get("PATH", "")))
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ.get('PATH', '')}")
     facts = dr.collect(HostContext(params={}, deadline=time.monotonic() + 240))
     json.dumps(facts)
     assert facts["source"] == "ds_report" and facts["deepspeed"] == "0.19.8" and facts["torch"] == "2.11.0+cu130"
@@ -245,8 +245,8 @@ def test_fork_python_inherits_this_processs_imports_and_is_bounded(tmp_path):
     assert fresh.out.strip() == "False"
     # A child that outlives its deadline is killed with everything in its process group, and forgotten.
     pidfile = tmp_path / "grandchild.pid"
-    script = ("import subprocess, time; p = subprocess.Popen(['sleep', '60']); open(%r, 'w').write(str(p.pid)); "
-              "print('started', flush=True); time.sleep(60)" % str(pidfile))
+    script = (f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)")
     res = fork_python(script, timeout=2)
     assert res.rc == 124 and "started" in res.out and "timed out" in res.err and res.duration < 10
     grandchild = int(pidfile.read_text())
@@ -341,7 +341,7 @@ def test_build_tools_look_where_torch_and_deepspeed_look(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.delenv("DS_SKIP_CUDA_CHECK", raising=False)
-    monkeypatch.setenv("PATH", "%s:%s" % (cuda / "bin", os.environ["PATH"]))
+    monkeypatch.setenv("PATH", f"{cuda / 'bin'}:{os.environ['PATH']}")
     tools = jit.build_tools()
     # torch's _find_cuda_home: nvcc on PATH -> its parent's parent.
     assert tools["cuda_home"] == str(cuda) and tools["cuda_home_from"] == "nvcc on PATH"

@@ -74,7 +74,7 @@ def test_libaio_fix_quotes_the_library_path():
     facts = {"runtime": [bad], "dev_links": [], "headers": [], "compiler": {"argv": ["cc"], "path": "/usr/bin/cc"},
              "search_dirs": ["/usr/lib"], "os_release": {"ID": "debian"}}
     out = libaio.evaluate(facts, T)
-    assert "ls -lL %s;" % shlex.quote(bad["path"]) in out.fix, out.fix
+    assert f"ls -lL {shlex.quote(bad['path'])};" in out.fix, out.fix
     assert words(out.fix)[:3] == ["ls", "-lL", bad["path"]]
     mounted = libaio.evaluate(dict(facts, runtime=[dict(bad, mounted_over=True)]), T)
     assert words(mounted.fix)[:2] == ["umount", bad["realpath"]], mounted.fix

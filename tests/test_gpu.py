@@ -302,7 +302,7 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
     script = tmp_path / "nvidia-smi"
     script.write_text(FAKE_SMI.replace("FIX", str(FIX)))
     script.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ.get("PATH", "")))
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ.get('PATH', '')}")
     return script
 
 

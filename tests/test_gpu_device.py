@@ -48,11 +48,11 @@ def _gpus_here() -> Tuple[List[Tuple[int, str, str]], Optional[str]]:
         proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], NO_GPU + " (/dev/nvidia0 exists, but nvidia-smi -L failed: %s)" % exc
+        return [], NO_GPU + f" (/dev/nvidia0 exists, but nvidia-smi -L failed: {exc})"
     listed = [(int(m[1]), m[2].strip(), m[3]) for m in LIST_LINE.finditer(proc.stdout)]
     if proc.returncode or not listed:
         said = " ".join((proc.stderr or proc.stdout).split())[:200]
-        return [], NO_GPU + " (/dev/nvidia0 exists, but nvidia-smi -L failed: rc=%d %s)" % (proc.returncode, said)
+        return [], NO_GPU + f" (/dev/nvidia0 exists, but nvidia-smi -L failed: rc={proc.returncode} {said})"
     return listed, None
 
 
@@ -134,8 +134,8 @@ def pynvml_here() -> Any:
     try:
         import pynvml  # nvidia-ml-py, the checks' first source
     except Exception as exc:  # an install step, not the machine: not an accepted skip under CI's strict rule
-        pytest.skip("nvidia-ml-py (pynvml) is not importable by %s (%s): pip install nvidia-ml-py to read NVML"
-                    % (sys.executable, exc))
+        pytest.skip(f"nvidia-ml-py (pynvml) is not importable by {sys.executable} ({exc}): "
+                    "pip install nvidia-ml-py to read NVML")
     return pynvml
 
 
@@ -144,12 +144,11 @@ def torch_cuda() -> Any:
     try:
         import torch
     except Exception as exc:  # an install step: not an accepted skip under CI's strict rule
-        pytest.skip("torch is not importable by %s (%s): install a CUDA build of torch to measure the GPU"
-                    % (sys.executable, exc))
+        pytest.skip(f"torch is not importable by {sys.executable} ({exc}): "
+                    "install a CUDA build of torch to measure the GPU")
     if not torch.version.cuda or not torch.cuda.is_available():
-        pytest.skip("torch %s cannot use the GPU here (torch.version.cuda %s, CUDA_VISIBLE_DEVICES %r): install a "
-                    "CUDA build of torch" % (torch.__version__, torch.version.cuda,
-                                             os.environ.get("CUDA_VISIBLE_DEVICES")))
+        pytest.skip(f"torch {torch.__version__} cannot use the GPU here (torch.version.cuda {torch.version.cuda}, "
+                    f"CUDA_VISIBLE_DEVICES {os.environ.get('CUDA_VISIBLE_DEVICES')!r}): install a CUDA build of torch")
     return torch
 
 
@@ -177,8 +176,8 @@ def _nvml_gpu(facts: Dict[str, Any], measured_gpu: Dict[str, Any]) -> Dict[str, 
         found = [g for g in facts["gpus"] if g.get("index") == measured_gpu.get("index")]
     else:
         found = []
-    assert len(found) == 1, "cannot tell which NVML GPU torch's cuda:%s (%s) is among %s" % (
-        measured_gpu.get("index"), measured_gpu.get("uuid"), [g.get("uuid") for g in facts["gpus"]])
+    assert len(found) == 1, (f"cannot tell which NVML GPU torch's cuda:{measured_gpu.get('index')} "
+                             f"({measured_gpu.get('uuid')}) is among {[g.get('uuid') for g in facts['gpus']]}")
     return found[0]
 
 
@@ -187,7 +186,7 @@ def _nvml_gpu(facts: Dict[str, Any], measured_gpu: Dict[str, Any]) -> Dict[str, 
 def test_the_gpu_check_sees_the_gpus_nvidia_smi_lists(gpu_facts, driver_facts):
     assert gpu_facts["driver_present"] is True and gpu_facts["source"] in ("nvml", "nvidia-smi"), gpu_facts
     seen = [(g["index"], g["name"], g["uuid"]) for g in gpu_facts["gpus"]]
-    assert seen == LISTED, "the gpu check: %s; nvidia-smi -L: %s" % (seen, LISTED)
+    assert seen == LISTED, f"the gpu check: {seen}; nvidia-smi -L: {LISTED}"
     assert isinstance(gpu_facts["driver"], str) and re.fullmatch(r"\d+\.\d+(\.\d+)?", gpu_facts["driver"]), gpu_facts
     assert driver_facts["driver"] == gpu_facts["driver"] and driver_facts["gpu_count"] == len(LISTED), driver_facts
     if driver_facts["driver_source"] == "nvml":
@@ -195,16 +194,16 @@ def test_the_gpu_check_sees_the_gpus_nvidia_smi_lists(gpu_facts, driver_facts):
 
 
 def test_nvml_fields_are_present_and_typed(gpu_facts, pynvml_here):
-    assert gpu_facts["source"] == "nvml", "pynvml imports but the gpu check fell back: %s" % gpu_facts["nvml_error"]
+    assert gpu_facts["source"] == "nvml", f"pynvml imports but the gpu check fell back: {gpu_facts['nvml_error']}"
     problems: List[str] = []
     for i, g in enumerate(gpu_facts["gpus"]):
         def want(key: str, ok: bool, what: str, g: Dict[str, Any] = g, i: int = i) -> None:
             if not ok:
-                problems.append("GPU %d %s=%r: want %s" % (i, key, g.get(key), what))
+                problems.append(f"GPU {i} {key}={g.get(key)!r}: want {what}")
 
         known = g.get("name") in PEAKS  # datacenter HBM GPUs: ECC and (Ampere on) row remapping are supported
         want("handle_error", not g.get("handle_error"), "NVML to open the GPU")
-        want("index", g.get("index") == i, "its position %d" % i)
+        want("index", g.get("index") == i, f"its position {i}")
         want("name", isinstance(g.get("name"), str) and bool(g["name"].strip()), "a name")
         want("uuid", isinstance(g.get("uuid"), str) and bool(re.fullmatch(
             r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", g["uuid"], re.I)), "GPU-<uuid>")
@@ -215,7 +214,7 @@ def test_nvml_fields_are_present_and_typed(gpu_facts, pynvml_here):
         want("memory_free", _is_int(free) and free >= 0, "bytes")
         want("memory_used", _is_int(used) and used >= 0, "bytes")
         if _is_int(total) and _is_int(free) and _is_int(used):
-            want("memory_free", free + used <= total, "free + used <= total %d" % total)
+            want("memory_free", free + used <= total, f"free + used <= total {total}")
         want("memory_reserved", g.get("memory_reserved") is None or _is_int(g["memory_reserved"]), "bytes or None")
         want("temp", _is_int(g.get("temp")) and 0 < g["temp"] < 130, "degrees C")
         want("temp_slowdown", g.get("temp_slowdown") is None or (_is_int(g["temp_slowdown"]) and
@@ -223,13 +222,13 @@ def test_nvml_fields_are_present_and_typed(gpu_facts, pynvml_here):
         for key in ("power_mw", "power_limit_mw"):
             want(key, g.get(key) is None or (_is_int(g[key]) and g[key] > 0), "milliwatts or None")
         for key in ("pcie_gen", "pcie_gen_max"):
-            want(key, g.get(key) in PCIE_LANE_GBPS, "a PCIe generation %s" % sorted(PCIE_LANE_GBPS))
+            want(key, g.get(key) in PCIE_LANE_GBPS, f"a PCIe generation {sorted(PCIE_LANE_GBPS)}")
         for key in ("pcie_width", "pcie_width_max"):
             want(key, g.get(key) in (1, 2, 4, 8, 16, 32), "a link width")
         want("clock_event_reasons", _is_int(g.get("clock_event_reasons")) and g["clock_event_reasons"] >= 0,
              "a bit mask")
         want("persistence", g.get("persistence") in (0, 1), "0 or 1")
-        want("compute_mode", g.get("compute_mode") in gpu.COMPUTE_MODES, "one of %s" % sorted(gpu.COMPUTE_MODES))
+        want("compute_mode", g.get("compute_mode") in gpu.COMPUTE_MODES, f"one of {sorted(gpu.COMPUTE_MODES)}")
         cc = g.get("cc")
         want("cc", isinstance(cc, list) and len(cc) == 2 and all(_is_int(v) for v in cc) and cc[0] >= 3,
              "[major, minor]")
@@ -309,8 +308,7 @@ def test_bf16_gemm_and_hbm_copy_are_within_the_models_published_peaks(measured):
         for key in ("gemm_tflops", "hbm_gbps"):
             low, high = _peak_bounds(g["name"], key)
             if not low < float(g[key]) <= high:
-                problems.append("GPU %s %s: %s=%.1f outside (%.1f, %.1f]" % (g["index"], g["name"], key, g[key],
-                                                                          low, high))
+                problems.append(f"GPU {g['index']} {g['name']}: {key}={g[key]:.1f} outside ({low:.1f}, {high:.1f}]")
     assert not problems, "\n".join(problems)
 
 
@@ -326,15 +324,15 @@ def test_pinned_copies_are_within_the_pcie_links_theoretical_rate(measured, gpu_
             gens = [v for v in (nv.get("pcie_gen"), nv.get("pcie_gen_max")) if v in PCIE_LANE_GBPS]
             widths = [v for v in (nv.get("pcie_width"), nv.get("pcie_width_max")) if _is_int(v) and v > 0]
             if not gens or not widths:
-                problems.append("GPU %s %s: no PCIe link in the gpu check's facts: %s" % (g["index"], g["name"], nv))
+                problems.append(f"GPU {g['index']} {g['name']}: no PCIe link in the gpu check's facts: {nv}")
                 continue
             gen, width = max(gens), max(widths)
             theoretical = PCIE_LANE_GBPS[gen] * width
-            low, high, link = PCIE_FLOOR * theoretical, PCIE_OVER * theoretical, "PCIe Gen%d x%d" % (gen, width)
+            low, high, link = PCIE_FLOOR * theoretical, PCIE_OVER * theoretical, f"PCIe Gen{int(gen)} x{width}"
         for key in ("h2d_gbps", "d2h_gbps"):
             if not low <= float(g[key]) <= high:
-                problems.append("GPU %s %s: %s=%.2f outside [%.2f, %.2f] GB/s of %s" % (
-                    g["index"], g["name"], key, g[key], low, high, link))
+                problems.append(f"GPU {g['index']} {g['name']}: {key}={g[key]:.2f} outside [{low:.2f}, {high:.2f}] "
+                                f"GB/s of {link}")
     assert not problems, "\n".join(problems)
 
 
@@ -376,4 +374,4 @@ def test_node_check_of_the_gpu_checks_exits_0_on_this_healthy_gpu():
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("preflight: ok"), text
     for check in ("driver_cuda", "gpu"):
-        assert [ln for ln in lines if re.match(r"\S+::%s (PASS|WARN)(ED)? - " % check, ln)], text
+        assert [ln for ln in lines if re.match(rf"\S+::{check} (PASS|WARN)(ED)? - ", ln)], text

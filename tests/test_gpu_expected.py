@@ -41,11 +41,10 @@ def test_a_real_device_node_is_evidence(tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) for a private mount namespace")
     script = ("import json, sys, time\n"
-              "sys.path.insert(0, %r)\n"
+              f"sys.path.insert(0, {str(REPO)!r})\n"
               "from preflight.checks import driver_cuda\n"
               "from preflight.hostside.seams import HostContext\n"
-              "print('FACTS=' + json.dumps(driver_cuda.collect(HostContext({}, time.monotonic() + 60))))\n"
-              % str(REPO))
+              "print('FACTS=' + json.dumps(driver_cuda.collect(HostContext({}, time.monotonic() + 60))))\n")
     setup = ("mount -t tmpfs preflight-dev /dev\nmknod /dev/nvidia0 c 195 0\nmknod /dev/null c 1 3\n"
              "chmod 666 /dev/null\n")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", setup + 'exec "$0" -c "$1"',

@@ -199,12 +199,12 @@ def test_preflight_agrees_with_deepspeed_on_generated_hostfiles_and_filters(tmp_
     summary = {k: v for k, v in sorted(counts.items()) if v}
     summary["cases"] = CASES
     record_property("hostfile_differential", summary)
-    print("\nhostfile differential (seed %d): %s" % (SEED, summary))
+    print(f"\nhostfile differential (seed {SEED}): {summary}")
     assert counts["agree"] + counts["deliberate"] + counts["unexplained"] == CASES >= 3000
     # the generator must exercise both sides, or agreement means nothing
     assert counts["agree: both accept"] >= 800 and counts["agree: both reject"] >= 800
     for name, _, _ in DELIBERATE:
-        assert counts["deliberate: " + name] > 0, "the generator never produced the %r difference" % name
-    shown = "\n".join("case %d: %r include=%r exclude=%r: DeepSpeed %s, preflight %s"
-                      % (c["i"], c["text"], c["include"], c["exclude"], c["ds"], c["ours"]) for c in unexplained[:10])
-    assert not unexplained, "%d unexplained disagreements:\n%s" % (len(unexplained), shown)
+        assert counts["deliberate: " + name] > 0, f"the generator never produced the {name!r} difference"
+    shown = "\n".join(f"case {c['i']}: {c['text']!r} include={c['include']!r} exclude={c['exclude']!r}: "
+                      f"DeepSpeed {c['ds']}, preflight {c['ours']}" for c in unexplained[:10])
+    assert not unexplained, f"{len(unexplained)} unexplained disagreements:\n{shown}"

@@ -31,7 +31,7 @@ def installed(tmp_path_factory):
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(build), "pytest"],
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0 and "No matching distribution" in r.stderr:
-        pytest.skip("no package index reachable: %s" % r.stderr.strip()[-200:])
+        pytest.skip(f"no package index reachable: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0, r.stderr[-2000:]
     return py
 

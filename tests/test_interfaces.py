@@ -243,7 +243,7 @@ def test_roce_port_down_fix_brings_netdev_up(tmp_path):
 
 def test_mixed_rates_warn(tmp_path):
     facts = h100_facts(tmp_path)
-    facts["ib"] = ib_facts(tmp_path, [dict(dev="mlx5_%d" % i, port=1) for i in range(3)]
+    facts["ib"] = ib_facts(tmp_path, [dict(dev=f"mlx5_{i}", port=1) for i in range(3)]
                            + [dict(dev="mlx5_3", port=1, rate="200 Gb/sec (4X HDR)")])
     o = itf.evaluate(facts, T)
     assert o.status == Status.WARN
@@ -270,7 +270,7 @@ def test_roce_without_gid_warns(tmp_path):
 
 def test_healthy_ib_passes_and_keeps_facts_in_metrics(tmp_path):
     facts = h100_facts(tmp_path)
-    facts["ib"] = ib_facts(tmp_path, [dict(dev="mlx5_%d" % i, port=1) for i in range(4)])
+    facts["ib"] = ib_facts(tmp_path, [dict(dev=f"mlx5_{i}", port=1) for i in range(4)])
     facts["peermem"], facts["peermem_module"] = True, "nvidia_peermem"
     o = itf.evaluate(facts, T)
     assert o.status == Status.PASS and "4/4 IB/RoCE ports active" in o.message and "nvidia_peermem loaded" in o.message
@@ -323,7 +323,7 @@ def test_collect_here_lists_lo_and_the_real_nic():
         pytest.skip("no physical NIC visible here")
     for n in physical:
         assert by_name[n]["kind"] == "physical" and not by_name[n]["virtual"]
-        assert by_name[n]["mtu"] == int(Path("/sys/class/net/%s/mtu" % n).read_text())
+        assert by_name[n]["mtu"] == int(Path(f"/sys/class/net/{n}/mtu").read_text())
     # The NIC that carries the default route has the address the kernel picks as source for outside traffic.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:

@@ -48,7 +48,7 @@ def test_only_a_physical_nics_reported_rate_counts():
 
 
 def test_shared_networks_record_each_hosts_link_rate():
-    facts = {h: host_interfaces(i, [itf("eno1", ["10.5.0.%d/24" % (i + 1)], kind="physical", virtual=False,
+    facts = {h: host_interfaces(i, [itf("eno1", [f"10.5.0.{i + 1}/24"], kind="physical", virtual=False,
                                         speed_mbps=25000 if h != "c" else 10000)])
              for i, h in enumerate("abc")}
     nets, _ = iperf3.shared_networks(facts, ["a", "b", "c"], 4)
@@ -125,7 +125,7 @@ def test_a_host_below_the_floor_is_measured_again_before_it_is_named(thresholds)
             "iperf3.serve": lambda h, p, t: FakeService(ready={"port": 5201}, host=h, func="iperf3.serve"),
             "iperf3.client": client})
         cluster.facts.update({h.name: {"interfaces": {"interfaces": [
-            itf("eno1", ["10.0.0.%d/24" % (i + 1)], kind="physical", virtual=False, speed_mbps=10000)]}}
+            itf("eno1", [f"10.0.0.{i + 1}/24"], kind="physical", virtual=False, speed_mbps=10000)]}}
             for i, h in enumerate(cluster.all_hosts)})
         facts = iperf3.coordinate(cluster)
         return facts, tests

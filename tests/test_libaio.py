@@ -283,8 +283,8 @@ def _children_running(word: str):
         if not p.isdigit():
             continue
         try:
-            st = Path("/proc/%s/stat" % p).read_text()
-            cmd = Path("/proc/%s/cmdline" % p).read_bytes().decode(errors="replace")
+            st = Path(f"/proc/{p}/stat").read_text()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         fields = st.rsplit(")", 1)[1].split()
@@ -329,7 +329,7 @@ def _mount_ns_ok() -> str:
         return "needs unshare(1)"
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
     if r.returncode != 0:
-        return "unshare -m not permitted here: %s" % r.stderr.decode().strip()
+        return f"unshare -m not permitted here: {r.stderr.decode().strip()}"
     return ""
 
 
@@ -349,10 +349,10 @@ def _collect_in_ns(setup: str, tmp: Path) -> dict:
     if reason:
         pytest.skip(reason)
     script = ("import json, sys, time\n"
-              "sys.path.insert(0, %r)\n"
+              f"sys.path.insert(0, {str(REPO)!r})\n"
               "from preflight.checks import libaio\n"
               "from preflight.hostside.seams import HostContext\n"
-              "print('FACTS=' + json.dumps(libaio.collect(HostContext({}, time.monotonic() + 60))))\n" % str(REPO))
+              "print('FACTS=' + json.dumps(libaio.collect(HostContext({}, time.monotonic() + 60))))\n")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                         setup + '\nexec "$0" -c "$1"', sys.executable, script],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, T=str(tmp)))
@@ -367,10 +367,10 @@ def test_runtime_only_host_for_real(tmp_path):
     setup = "\n".join([
         'mount -t tmpfs preflight-test "$T"',
         'mkdir "$T/lu" "$T/lw" "$T/iu" "$T/iw"',
-        *['mknod "$T/lu/%s" c 0 0' % n for n in hide],
+        *[f'mknod "$T/lu/{n}" c 0 0' for n in hide],
         'mknod "$T/iu/libaio.h" c 0 0',
-        'mount -t overlay preflight-lib -o lowerdir=%s,upperdir="$T/lu",workdir="$T/lw" %s' % (libdir, libdir),
-        'mount -t overlay preflight-inc -o lowerdir=%s,upperdir="$T/iu",workdir="$T/iw" %s' % (incdir, incdir),
+        f'mount -t overlay preflight-lib -o lowerdir={libdir},upperdir="$T/lu",workdir="$T/lw" {libdir}',
+        f'mount -t overlay preflight-inc -o lowerdir={incdir},upperdir="$T/iu",workdir="$T/iw" {incdir}',
     ])
     facts = _collect_in_ns(setup, tmp_path)
     assert facts["runtime"] and all(r["loadable"] for r in facts["runtime"])
@@ -390,12 +390,12 @@ def test_library_bind_mounted_over_with_empty_file_for_real(tmp_path):
     setup = "\n".join([
         'mount -t tmpfs preflight-test "$T"',
         ': > "$T/empty"',
-        'mount --bind "$T/empty" %s' % real,
+        f'mount --bind "$T/empty" {real}',
     ])
     facts = _collect_in_ns(setup, tmp_path)
     broken = [r for r in facts["runtime"] if r["realpath"] == real]
     assert broken and broken[0]["size"] == 0 and broken[0]["loadable"] is False and broken[0]["mounted_over"]
     assert "too short" in broken[0]["load_error"]
     o = libaio.evaluate(facts, T)
-    assert o.status == Status.FAIL and "cannot be loaded" in o.message and "umount %s" % real in o.fix
+    assert o.status == Status.FAIL and "cannot be loaded" in o.message and f"umount {real}" in o.fix
     assert os.stat(real).st_size == size and stat.S_ISREG(os.stat(real).st_mode)

@@ -321,8 +321,8 @@ def _dd_children():
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                fields = Path("/proc/%s/stat" % p).read_text().rsplit(")", 1)[1].split()
-                cmd = Path("/proc/%s/cmdline" % p).read_bytes()
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes()
             except OSError:
                 continue
             if fields[1] == me and fields[0] != "Z" and nvme.TEST_PREFIX.encode() in cmd:
@@ -374,14 +374,14 @@ def test_no_o_direct_on_real_ramfs_is_detected(tmp_path):
     if probe.returncode != 0:
         pytest.skip("unshare -m not permitted here")
     script = ("import json, os, sys, time\n"
-              "sys.path.insert(0, %r)\n"
+              f"sys.path.insert(0, {str(REPO)!r})\n"
               "from preflight.checks import nvme\n"
               "from preflight.hostside.seams import HostContext\n"
               "d = os.environ['T']\n"
-              "params = dict(%r, nvme_paths=[d], nvme_test_bytes=8 << 20)\n"
+              f"params = dict({nvme.params_from_thresholds(T)!r}, nvme_paths=[d], nvme_test_bytes=8 << 20)\n"
               "f = nvme.collect(HostContext(params, time.monotonic() + 60))\n"
               "print('FACTS=' + json.dumps(f))\n"
-              "print('LEFT=' + json.dumps(os.listdir(d)))\n" % (str(REPO), nvme.params_from_thresholds(T)))
+              "print('LEFT=' + json.dumps(os.listdir(d)))\n")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                         'mount -t ramfs preflight-ramfs "$T"\nexec "$0" -c "$1"', sys.executable, script],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, T=str(tmp_path)))
@@ -410,9 +410,9 @@ def test_dd_fallback_when_dd_itself_refuses_o_direct(tmp_path, monkeypatch):
     wrapper = bindir / "dd"
     wrapper.write_text("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in oflag=direct*|iflag=direct*)\n"
                        "  echo \"dd: failed to open 'x': Invalid argument\" >&2; exit 1;; esac; done\n"
-                       "exec %s \"$@\"\n" % real_dd)
+                       f"exec {real_dd} \"$@\"\n")
     wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     d = tmp_path / "data"
     d.mkdir()
     facts = nvme.collect(ctx({"nvme_paths": [str(d)], "nvme_test_bytes": 8 * MiB}))

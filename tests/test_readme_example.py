@@ -27,7 +27,7 @@ PAGE = (REPO / "docs" / "adding-a-check.md").read_text()
 
 def _blocks(lang: str) -> list[str]:
     section = PAGE[PAGE.index("# Adding a check"):]  # the page is the section
-    return re.findall(r"```%s\n(.*?)```" % lang, section, re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
 
 
 def _load(source: str):

@@ -32,7 +32,7 @@ def iface_facts(interfaces, ib=(), peermem=False, route_dev=None):
 
 def chosen(network, devices, hosts, median=9.4):
     return {"network": network, "devices": list(devices), "hosts": list(hosts), "median_gbps": median,
-            "addresses": {h: "10.0.0.%d" % (i + 1) for i, h in enumerate(hosts)}}
+            "addresses": {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}}
 
 
 def iperf3_facts(ch, networks=()):
@@ -57,7 +57,7 @@ def h100_interfaces(host_octet):
     net = ".".join(str(b) for b in reversed(bytes.fromhex(subnet[1])))
     for i in out:
         if i["name"] == subnet[0]:
-            i["ipv4"] = ["%s.%d/24" % (net.rsplit(".", 1)[0], host_octet)]
+            i["ipv4"] = [f"{net.rsplit('.', 1)[0]}.{host_octet}/24"]
     ib_listing = (H100 / "infiniband.txt").read_text()
     assert "mlx" not in ib_listing  # the recorded host has no IB devices
     peermem = "nvidia_peermem" in (H100 / "lsmod.txt").read_text()
@@ -107,8 +107,8 @@ def test_fallback_on_the_master_itself_uses_the_interface_holding_its_address():
 
 def test_measured_network_wins_over_the_one_the_names_resolve_to():
     hosts = ["n1", "n2"]
-    facts = {h: {"interfaces": iface_facts([itf("eth0", ["10.0.0.%d/24" % (i + 1)], kind="veth"),
-                                            itf("eth1", ["10.1.0.%d/24" % (i + 1)], kind="veth")],
+    facts = {h: {"interfaces": iface_facts([itf("eth0", [f"10.0.0.{i + 1}/24"], kind="veth"),
+                                            itf("eth1", [f"10.1.0.{i + 1}/24"], kind="veth")],
                                            route_dev="eth0")} for i, h in enumerate(hosts)}
     ch = chosen("10.1.0.0/24", ["eth1", "eth1"], hosts, median=0.38)
     ch["addresses"] = {"n1": "10.1.0.1", "n2": "10.1.0.2"}
@@ -149,7 +149,7 @@ def test_names_differ_and_one_host_also_has_the_other_name():
 def test_never_lo_docker_or_bridges(bad):
     name, kind = bad
     hosts = ["a", "b"]
-    facts = {h: {"interfaces": iface_facts([itf(name, ["172.17.0.%d/16" % (i + 2)], kind=kind)], route_dev=name)}
+    facts = {h: {"interfaces": iface_facts([itf(name, [f"172.17.0.{i + 2}/16"], kind=kind)], route_dev=name)}
              for i, h in enumerate(hosts)}
     env, _, notes = recommend(make_cluster(facts, hosts), [])
     assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
@@ -176,7 +176,7 @@ def ib_port(device, port=1, active=True, link_layer="InfiniBand", gids=()):
 def test_infiniband_present():
     hosts = ["a", "b"]
     ports = [ib_port("mlx5_0"), ib_port("mlx5_1", active=False), ib_port("mlx5_10")]
-    facts = {h: {"interfaces": iface_facts([itf("eth0", ["10.0.0.%d/24" % (i + 1)])], ib=ports, peermem=True)}
+    facts = {h: {"interfaces": iface_facts([itf("eth0", [f"10.0.0.{i + 1}/24"])], ib=ports, peermem=True)}
              for i, h in enumerate(hosts)}
     env, reasons, notes = recommend(make_cluster(facts, hosts), [])
     assert "NCCL_IB_DISABLE" not in env

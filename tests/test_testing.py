@@ -92,8 +92,8 @@ def _agent_host(command):
 
     def on_send(data):
         request = json.loads(data)
-        out = ("@@PREFLIGHT-RESULT %s\n" % json.dumps({"ok": True, "value": {"echo": request["params"]},
-                                                         "host": {}})).encode()
+        result = json.dumps({"ok": True, "value": {"echo": request["params"]}, "host": {}})
+        out = f"@@PREFLIGHT-RESULT {result}\n".encode()
         command.reply(b"@@PF %d o %d\n" % (request["id"], len(out)) + out + b"@@PF %d x 1\n0" % request["id"])
 
     command.on_send = on_send

@@ -84,5 +84,5 @@ def test_no_history_no_trends_section():
 def test_the_payload_is_bounded():
     past = [3.0 + 0.01 * (i % 5) for i in range(200)]
     e = history.trend("w_Bps", 1.0, past, "higher", True, history.Settings(runs=200))
-    assert len(e["series"]) == history.TREND_POINTS and e["series"] == [float("%.6g" % x) for x in past[-50:]]
+    assert len(e["series"]) == history.TREND_POINTS and e["series"] == [float(f"{x:.6g}") for x in past[-50:]]
     assert history.trend("w_Bps", 1.0, past[:4], "higher", False, history.Settings()) is None

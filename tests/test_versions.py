@@ -39,7 +39,7 @@ def _h100_host_facts():
 def _cluster(n=3, **per_host):
     facts = {}
     for i in range(1, n + 1):
-        facts["node%02d" % i] = copy.deepcopy(_h100_host_facts())
+        facts[f"node{i:02d}"] = copy.deepcopy(_h100_host_facts())
     for name, change in per_host.items():
         change(facts[name])
     return testing.FakeCluster(sorted(facts), facts=facts)

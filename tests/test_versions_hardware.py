@@ -35,7 +35,7 @@ def h100_gpu_facts(count=1):
 def cluster(n=3, **per_host):
     facts = {}
     for i in range(1, n + 1):
-        facts["node%02d" % i] = dict(copy.deepcopy(_h100_host_facts()), gpu=h100_gpu_facts())
+        facts[f"node{i:02d}"] = dict(copy.deepcopy(_h100_host_facts()), gpu=h100_gpu_facts())
     for name, change in per_host.items():
         change(facts[name])
     return testing.FakeCluster(sorted(facts), facts=facts)
