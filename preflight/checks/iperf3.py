@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
@@ -384,15 +384,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         facts["skipped"] = f"needs at least 2 reachable hosts to measure between them (reachable: {reachable})"
         return facts
 
-    iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
-    missing = [h for h in hosts if not iface[h]]
-    if missing:  # the interfaces check did not run (or failed): list them ourselves
-        got = cluster.call_all(NAME + ".interfaces", {h: {} for h in missing}, timeout=30)
-        for h, value in got.items():
-            if isinstance(value, BaseException):
-                facts["errors"][h] = f"could not list the interfaces: {_err(value)}"
-            else:
-                iface[h] = value
+    iface = _host_interfaces(cluster, hosts, facts["errors"])
     usable = [h for h in hosts if iface.get(h)]
     networks, facts["subnets"] = shared_networks({h: v for h, v in iface.items() if v}, usable,
                                                    int(t["max_networks"]))
@@ -405,65 +397,117 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     # The servers stay up through the rounds and, where a host is in doubt, through `confirm` repeats of them.
     serve_budget = (1 + int(t["confirm"])) * len(rounds) * (per_call + 5) + SERVER_READY_S + 60
     progress = getattr(cluster, "progress", None)
-    if progress is not None:
-        # +1: the runner advances once more when the check ends.
-        nets_s, rounds_s = "s"[:len(networks) != 1], "s"[:len(rounds) != 1]
-        progress.phase(f"iperf3 ({len(networks)} network{nets_s} x {len(rounds)} round{rounds_s})",
-                       len(networks) * len(rounds) + 1)
+    _announce_phase(progress, networks, rounds)
     for net in networks:
-        # The servers of one network listen on that network's addresses only, and only while it is measured.
-        services: Dict[str, Any] = {}
-        ports: Dict[str, int] = {}
-        try:
-            def start(h: str, services: Dict[str, Any] = services, net: Dict[str, Any] = net) -> int:
-                services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
-                                                                 "bind": net["addresses"][h]}, serve_budget)
-                return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
-
-            for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
-                if isinstance(res, BaseException):
-                    facts["errors"][h] = f"iperf3 server did not start: {_err(res)}"
-                else:
-                    ports[h] = res
-            links = _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t, per_call, progress)
-            # While a host is named or in doubt (below the straggler fraction, but the other hosts' links disagree
-            # too much to tell), measure every pair again, up to `confirm` times, and let each pair keep its best
-            # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
-            # contention on a loaded host (another process starving its iperf3) passes. Doubt is met by measuring
-            # more, not by failing; a healthy cluster costs nothing.
-            # A host below the link-rate floor is confirmed the same way before it is named.
-            floor = link_floor(net, t)[0]
-            for _ in range(int(t["confirm"])):
-                doubt: Dict[str, Dict[str, Any]] = {}
-                named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), t, doubt)
-                slow = _below_floor(links, usable, floor)
-                if not named and not doubt and not slow:
-                    break
-                if progress is not None:
-                    suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
-                    progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
-                net["remeasured"] = int(net.get("remeasured") or 0) + 1
-                links = best_links(links + _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t,
-                                                       per_call, progress))
-            net["links"] = links
-            net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
-            facts["networks"].append(net)
-        finally:
-            def halt(h: str, services: Dict[str, Any] = services) -> Any:
-                try:
-                    return services[h].stop(15)
-                except BaseException:
-                    services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
-                    raise
-            done = _parallel(halt, list(services), 30)
-            for h, res in zip(list(services), done):
-                if isinstance(res, BaseException) and h in ports:
-                    facts.setdefault("stop_errors", {})[h] = _err(res)
+        _measure_network(cluster, net, usable, rounds, facts, t, per_call, serve_budget, progress)
     facts["chosen"] = choose(facts["networks"], usable)
     ports_facts = (cluster.facts.get("*") or {}).get("ports")
     for net in facts["networks"]:
         net["blocked"] = _blocked_by_ports(ports_facts, net.get("addresses") or {})
     return facts
+
+
+def _host_interfaces(cluster: ClusterView, hosts: Sequence[str], errors: Dict[str, str]) -> Dict[str, Any]:
+    """Each host's interfaces, as the interfaces check read them, else listed here (the networks to measure on
+    come from them); a host whose listing fails is noted in `errors` and left without."""
+    iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
+    missing = [h for h in hosts if not iface[h]]
+    if missing:  # the interfaces check did not run (or failed): list them ourselves
+        got = cluster.call_all(NAME + ".interfaces", {h: {} for h in missing}, timeout=30)
+        for h, value in got.items():
+            if isinstance(value, BaseException):
+                errors[h] = f"could not list the interfaces: {_err(value)}"
+            else:
+                iface[h] = value
+    return iface
+
+
+def _announce_phase(progress: Any, networks: Sequence[Any], rounds: Sequence[Any]) -> None:
+    """Tell the progress display (where there is one) how many steps follow: one per network and round."""
+    if progress is not None:
+        # +1: the runner advances once more when the check ends.
+        nets_s, rounds_s = "s"[:len(networks) != 1], "s"[:len(rounds) != 1]
+        progress.phase(f"iperf3 ({len(networks)} network{nets_s} x {len(rounds)} round{rounds_s})",
+                       len(networks) * len(rounds) + 1)
+
+
+def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[str], rounds: Sequence[Any],
+                     facts: Dict[str, Any], t: Dict[str, Any], per_call: float, serve_budget: float,
+                     progress: Any) -> None:
+    """Measure one network: servers up on it, the rounds run (and repeated to confirm a suspect), the network with
+    its links added to facts["networks"]; every server that was started is stopped whatever happens."""
+    # The servers of one network listen on that network's addresses only, and only while it is measured.
+    services: Dict[str, Any] = {}
+    ports: Dict[str, int] = {}
+    try:
+        _start_servers(cluster, net, usable, t, serve_budget, services, ports, facts["errors"])
+
+        def measure() -> List[Dict[str, Any]]:
+            return _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t, per_call, progress)
+
+        net["links"] = _measure_confirmed(measure, usable, net, t, progress)
+        net["median_gbps"] = _median([ln["gbps"] for ln in ok_links(net)])
+        facts["networks"].append(net)
+    finally:
+        _stop_servers(services, ports, facts)
+
+
+def _start_servers(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[str], t: Dict[str, Any],
+                   serve_budget: float, services: Dict[str, Any], ports: Dict[str, int],
+                   errors: Dict[str, str]) -> None:
+    """Start an iperf3 server on each host, bound to its address on `net`, all in parallel: `services` gets every
+    server started (for the caller to stop), `ports` the port of each that listens, `errors` why the others do not."""
+    def start(h: str) -> int:
+        services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
+                                                         "bind": net["addresses"][h]}, serve_budget)
+        return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
+
+    for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
+        if isinstance(res, BaseException):
+            errors[h] = f"iperf3 server did not start: {_err(res)}"
+        else:
+            ports[h] = res
+
+
+def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequence[str], net: Dict[str, Any],
+                       t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
+    """The links of one network: the rounds once, then again while a host is named, in doubt or below the floor,
+    up to `confirm` times, each pair keeping its best rate."""
+    links = measure()
+    # While a host is named or in doubt (below the straggler fraction, but the other hosts' links disagree
+    # too much to tell), measure every pair again, up to `confirm` times, and let each pair keep its best
+    # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
+    # contention on a loaded host (another process starving its iperf3) passes. Doubt is met by measuring
+    # more, not by failing; a healthy cluster costs nothing.
+    # A host below the link-rate floor is confirmed the same way before it is named.
+    floor = link_floor(net, t)[0]
+    for _ in range(int(t["confirm"])):
+        doubt: Dict[str, Dict[str, Any]] = {}
+        named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), t, doubt)
+        slow = _below_floor(links, usable, floor)
+        if not named and not doubt and not slow:
+            break
+        if progress is not None:
+            suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
+            progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
+        net["remeasured"] = int(net.get("remeasured") or 0) + 1
+        links = best_links(links + measure())
+    return links
+
+
+def _stop_servers(services: Dict[str, Any], ports: Dict[str, int], facts: Dict[str, Any]) -> None:
+    """Stop every server started, in parallel, killing one whose stop fails; a failed stop of a server that
+    listened is noted in facts["stop_errors"]."""
+    def halt(h: str) -> Any:
+        try:
+            return services[h].stop(15)
+        except BaseException:
+            services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
+            raise
+    done = _parallel(halt, list(services), 30)
+    for h, res in zip(list(services), done):
+        if isinstance(res, BaseException) and h in ports:
+            facts.setdefault("stop_errors", {})[h] = _err(res)
 
 
 def _blocked_by_ports(ports_facts: Any, addresses: Dict[str, str]) -> List[str]:
@@ -824,12 +868,9 @@ def _heatmap_svg(hosts: List[str], links: Dict[Tuple[str, str], Dict[str, Any]],
     rise, run = math.sin(math.radians(angle)), math.cos(math.radians(angle))
     left, top = label_w + 20, int(label_w * rise) + 20
     width, height = left + n * cell + int(label_w * run) + font + 8, top + n * cell + 8
-    band_w = max(1.5, min(3.0, cell / 8))  # the flagged band's outline: thin enough not to hide small cells
     index = {h: i for i, h in enumerate(hosts)}
     mbit = median is not None and median < 1.0
     show_values = cell >= VALUE_TEXT_MIN_PX
-    value_font = min(12, cell // 3)
-    failed_fill, failed_mark = STATUS_COLOURS[Status.FAIL]
     grid = "".join(f"M{left},{top + k * cell}h{n * cell}M{left + k * cell},{top}v{n * cell}"
                    for k in range(1, n))
     out = [f'<svg id="heatmap" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -839,11 +880,25 @@ def _heatmap_svg(hosts: List[str], links: Dict[Tuple[str, str], Dict[str, Any]],
            # Grid lines instead of one element per unmeasured cell: the page stays small at 64+ hosts.
            f'<path d="{grid}" stroke="{GRID_LINE}" stroke-width="1" pointer-events="none"/>',
            f'<text x="{left - 6}" y="{top - 6}" text-anchor="end" fill="#6b7280">src \\ dst</text>']
+    out += _heatmap_labels(hosts, marked, statuses, left, top, cell, angle)
+    out += _heatmap_cells(links, index, median, left, top, cell, mbit, show_values)
+    out += _heatmap_bands(marked, index, left, top, cell, n)
+    out.append("</svg>")
+    unit = "Mbit/s" if mbit else "Gbit/s"
+    values = (f"Values in {unit}." if show_values else
+              f"{n} hosts: the values are in each cell's tooltip (hover), not written in the cells.")
+    return "".join(out), values
 
+
+def _heatmap_labels(hosts: List[str], marked: Mapping[str, Mapping[str, Any]], statuses: Dict[str, str],
+                    left: int, top: int, cell: int, angle: int) -> List[str]:
+    """Each host's row and column label (a flagged host's in bold, with a dot, in its status colour) and its
+    diagonal self cell."""
     def label_colour(h: str) -> str:
         st = statuses.get(h)
         return STATUS_COLOURS[Status(st)][0] if st in ("fail", "warn", "error") else "#1f2937"
 
+    out = []
     for i, h in enumerate(hosts):
         y = top + i * cell + cell / 2
         x = left + i * cell + cell / 2
@@ -855,6 +910,16 @@ def _heatmap_svg(hosts: List[str], links: Dict[Tuple[str, str], Dict[str, Any]],
                    f'dy="0.35em" fill="{label_colour(h)}"{weight}>{esc(h)}</text>')
         out.append(f'<rect class="self" x="{left + i * cell}" y="{top + i * cell}" width="{cell}" '
                    f'height="{cell}" fill="{SELF_FILL}"><title>{esc(h)}</title></rect>')
+    return out
+
+
+def _heatmap_cells(links: Dict[Tuple[str, str], Dict[str, Any]], index: Dict[str, int], median: Optional[float],
+                   left: int, top: int, cell: int, mbit: bool, show_values: bool) -> List[str]:
+    """One cell per measured link between two of the hosts: a crossed-out cell for a failed test, else coloured by
+    its rate's ratio to the median, with the rate as its tooltip (and written in it when the cells are big enough)."""
+    value_font = min(12, cell // 3)
+    failed_fill, failed_mark = STATUS_COLOURS[Status.FAIL]
+    out = []
     for (src, dst), ln in links.items():
         if src not in index or dst not in index or src == dst:
             continue
@@ -881,7 +946,14 @@ def _heatmap_svg(hosts: List[str], links: Dict[Tuple[str, str], Dict[str, Any]],
             out.append(f'<text x="{x + cell / 2:.1f}" y="{y + cell / 2:.1f}" dy="0.35em" text-anchor="middle" '
                        f'font-size="{value_font}" fill="#111827" pointer-events="none">'
                        f'{_short_rate(gbps, mbit)}</text>')
-    # Flagged hosts: outline their whole row and column so that a straggler's band stands out.
+    return out
+
+
+def _heatmap_bands(marked: Mapping[str, Mapping[str, Any]], index: Dict[str, int], left: int, top: int, cell: int,
+                   n: int) -> List[str]:
+    """Flagged hosts: outline their whole row and column so that a straggler's band stands out."""
+    band_w = max(1.5, min(3.0, cell / 8))  # the flagged band's outline: thin enough not to hide small cells
+    out = []
     for h, r in marked.items():
         i = index[h]
         colour = STATUS_COLOURS[Status(r["status"])][0]
@@ -891,11 +963,7 @@ def _heatmap_svg(hosts: List[str], links: Dict[Tuple[str, str], Dict[str, Any]],
                    f'width="{n * cell + 2 * d}" height="{cell + 2 * d}" {band}/>'
                    f'<rect class="flagged-col" data-host="{esc(h)}" x="{left + i * cell - d}" y="{top - d:.1f}" '
                    f'width="{cell + 2 * d}" height="{n * cell + 2 * d}" {band}/>')
-    out.append("</svg>")
-    unit = "Mbit/s" if mbit else "Gbit/s"
-    values = (f"Values in {unit}." if show_values else
-              f"{n} hosts: the values are in each cell's tooltip (hover), not written in the cells.")
-    return "".join(out), values
+    return out
 
 
 # --- the recommended environment (SPEC.recommend) ---------------------------------------------------------------
