@@ -402,11 +402,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         "listeners": {}, "listener_errors": {}, "probes": [], "probe_errors": {}, "limits": lim,
     }
     iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
-    for net in shared_subnets(iface, addresses, int(lim["max_extra_subnets"])):
-        if net.get("primary"):
-            facts["networks"][0]["cidr"] = net["cidr"]
-        else:
-            facts["networks"].append({"name": net["cidr"], "cidr": net["cidr"], "addresses": net["addresses"]})
+    _add_shared_subnets(facts, iface, addresses, int(lim["max_extra_subnets"]))
 
     given = cluster.options.master_addr
     facts["ds_master"] = {"address": given, "source": "--master-addr" if given else "hostname -I", "all": [],
@@ -419,67 +415,100 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     services: Dict[str, Any] = {}
     try:
         service_timeout = start_budget + READY_TIMEOUT_S + max_probe + timeout_c + 60 * batches
-
-        def start(h: str) -> None:
-            addresses = {n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)}
-            params: Dict[str, Any] = {"count": int(lim["sample_ports"]),
-                                      "master_port": master_port if h == master else None}
-            if h == master and len(hosts) > 1:
-                # The job's master address: --master-addr, else the one DeepSpeed's launcher picks there.
-                if given:
-                    addresses.add(given)
-                else:
-                    params["hostname_i"] = True
-            params["addresses"] = sorted(addresses)
-            services[h] = cluster.start(h, NAME + ".listen", params, service_timeout)
-
-        # Start every listener first, then wait for all of them against one deadline: they come up in parallel.
-        started = _parallel(start, hosts, cluster.parallel, start_budget)
-        ready_by = time.monotonic() + READY_TIMEOUT_S
-        for h, res in zip(hosts, started):
-            try:
-                if isinstance(res, BaseException):
-                    raise res
-                facts["listeners"][h] = services[h].wait_ready(max(0.1, ready_by - time.monotonic()))
-            except Exception as exc:  # this host is no destination; the others still are
-                facts["listener_errors"][h] = str(exc) or type(exc).__name__
-
+        _start_listeners(cluster, facts, lim, services, start_budget, service_timeout)
         plan = _plan(facts, probe_targets(len(hosts), int(lim["mesh_limit"])))
         _plan_ds_master(facts, plan)
         if plan:
-            threads = int(lim["probe_threads"])
-            longest = max(len(t) for t in plan.values())
-            budget = min(max_probe, math.ceil(longest / threads) * (timeout_c + 0.5) + 2.0)
-            call_timeout = budget + timeout_c + 10
-
-            def run(src: str) -> Any:
-                return cluster.call(src, NAME + ".probe",
-                                    {"targets": [[t["address"], t["port"]] for t in plan[src]],
-                                     "connect_timeout": timeout_c, "threads": threads, "budget_s": budget},
-                                    call_timeout)
-
-            sources = list(plan)
-            answers = _parallel(run, sources, cluster.parallel,
-                                (call_timeout + 15) * math.ceil(len(sources) / max(1, cluster.parallel)))
-            for src, ans in zip(sources, answers):
-                if not isinstance(ans, dict):
-                    facts["probe_errors"][src] = str(ans) or type(ans).__name__
-                    continue
-                for t, r in zip(plan[src], ans.get("results", [])):
-                    # The master address probes are the ds_master verdict's alone (not a network's).
-                    (facts["ds_master"]["probes"] if t["network"] == DS_MASTER else facts["probes"]).append(
-                        dict(t, src=src, **r))
+            _run_probes(cluster, facts, plan, int(lim["probe_threads"]), timeout_c, max_probe)
     finally:
         # Every listener is stopped whatever happened above; one that does not stop in time is killed.
-        names = list(services)
-        stopped = _parallel(lambda h: services[h].stop(10.0), names, cluster.parallel, 15.0 * batches + 10)
-        for h, res in zip(names, stopped):
-            if isinstance(res, dict):
-                if h in facts["listeners"]:
-                    facts["listeners"][h]["accepted"] = res.get("accepted", {})
-            else:
-                services[h].kill()
+        _stop_listeners(cluster, services, facts, batches)
     return facts
+
+
+def _add_shared_subnets(facts: Dict[str, Any], iface: Dict[str, Any], addresses: Dict[str, str],
+                        max_extra: int) -> None:
+    """Name the primary network's subnet, and add each other subnet that the hosts share (up to `max_extra`) to
+    facts["networks"], so that the listeners listen and the probes connect on those addresses too."""
+    for net in shared_subnets(iface, addresses, max_extra):
+        if net.get("primary"):
+            facts["networks"][0]["cidr"] = net["cidr"]
+        else:
+            facts["networks"].append({"name": net["cidr"], "cidr": net["cidr"], "addresses": net["addresses"]})
+
+
+def _start_listeners(cluster: ClusterView, facts: Dict[str, Any], lim: Dict[str, Any], services: Dict[str, Any],
+                     start_budget: float, service_timeout: float) -> None:
+    """Start a listener on every host (on each of its network addresses; the master's also on the master port and
+    the job's master address), then wait for all of them: `services` gets every one started (for the caller to
+    stop), facts["listeners"] what each ready one listens on, facts["listener_errors"] why the others are not."""
+    hosts, master, master_port = facts["hosts"], facts["master"], facts["master_port"]
+    given = facts["ds_master"]["address"]  # --master-addr, else None
+
+    def start(h: str) -> None:
+        addresses = {n["addresses"][h] for n in facts["networks"] if n["addresses"].get(h)}
+        params: Dict[str, Any] = {"count": int(lim["sample_ports"]),
+                                  "master_port": master_port if h == master else None}
+        if h == master and len(hosts) > 1:
+            # The job's master address: --master-addr, else the one DeepSpeed's launcher picks there.
+            if given:
+                addresses.add(given)
+            else:
+                params["hostname_i"] = True
+        params["addresses"] = sorted(addresses)
+        services[h] = cluster.start(h, NAME + ".listen", params, service_timeout)
+
+    # Start every listener first, then wait for all of them against one deadline: they come up in parallel.
+    started = _parallel(start, hosts, cluster.parallel, start_budget)
+    ready_by = time.monotonic() + READY_TIMEOUT_S
+    for h, res in zip(hosts, started):
+        try:
+            if isinstance(res, BaseException):
+                raise res
+            facts["listeners"][h] = services[h].wait_ready(max(0.1, ready_by - time.monotonic()))
+        except Exception as exc:  # this host is no destination; the others still are
+            facts["listener_errors"][h] = str(exc) or type(exc).__name__
+
+
+def _run_probes(cluster: ClusterView, facts: Dict[str, Any], plan: Dict[str, List[Dict[str, Any]]], threads: int,
+                timeout_c: float, max_probe: float) -> None:
+    """Every source host connects to its planned targets at once (`threads` at a time there), within one budget:
+    the results go to facts["probes"] (the master address's to facts["ds_master"]), a failed call to
+    facts["probe_errors"]."""
+    longest = max(len(t) for t in plan.values())
+    budget = min(max_probe, math.ceil(longest / threads) * (timeout_c + 0.5) + 2.0)
+    call_timeout = budget + timeout_c + 10
+
+    def run(src: str) -> Any:
+        return cluster.call(src, NAME + ".probe",
+                            {"targets": [[t["address"], t["port"]] for t in plan[src]],
+                             "connect_timeout": timeout_c, "threads": threads, "budget_s": budget},
+                            call_timeout)
+
+    sources = list(plan)
+    answers = _parallel(run, sources, cluster.parallel,
+                        (call_timeout + 15) * math.ceil(len(sources) / max(1, cluster.parallel)))
+    for src, ans in zip(sources, answers):
+        if not isinstance(ans, dict):
+            facts["probe_errors"][src] = str(ans) or type(ans).__name__
+            continue
+        for t, r in zip(plan[src], ans.get("results", [])):
+            # The master address probes are the ds_master verdict's alone (not a network's).
+            (facts["ds_master"]["probes"] if t["network"] == DS_MASTER else facts["probes"]).append(
+                dict(t, src=src, **r))
+
+
+def _stop_listeners(cluster: ClusterView, services: Dict[str, Any], facts: Dict[str, Any], batches: int) -> None:
+    """Stop every listener started, in parallel, and record the connections each accepted (the evidence of which
+    probes arrived); one that does not stop in time is killed."""
+    names = list(services)
+    stopped = _parallel(lambda h: services[h].stop(10.0), names, cluster.parallel, 15.0 * batches + 10)
+    for h, res in zip(names, stopped):
+        if isinstance(res, dict):
+            if h in facts["listeners"]:
+                facts["listeners"][h]["accepted"] = res.get("accepted", {})
+        else:
+            services[h].kill()
 
 
 def _plan_ds_master(facts: Dict[str, Any], plan: Dict[str, List[Dict[str, Any]]]) -> None:
