@@ -156,6 +156,9 @@ def _measure(entry: Dict[str, Any], test_file: str, count: int, ctx: HostContext
 
 def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_bytes: int, fraction: float,
                 min_bytes: int, cap: float) -> Dict[str, Any]:
+    """One path's entry: what it is and where it is mounted, its free space, whether this user can create a file
+    there (and open it with O_DIRECT), and its dd write and read rates, in that order: a step that rules the path
+    out ends it."""
     entry: Dict[str, Any] = {"path": path, "exists": False, "is_dir": False, "writable": False, "fstype": None,
                              "free_bytes": None, "write_Bps": None, "read_Bps": None, "direct": False,
                              "test_bytes": 0, "error": None,
@@ -163,14 +166,28 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
                              "kind": None, "realpath": None, "mountpoint": None, "device": None,
                              "direct_error": None, "measure_skipped": None, "timed_out": None, "timeout_s": None,
                              "uid": os.geteuid()}
+    real = _locate_dir(path, mounts, entry)
+    if real is None:
+        return entry
+    size_known = _read_free_space(real, entry)
+    if not os.access(real, os.W_OK | os.X_OK):
+        entry["error"] = f"not writable (access(W_OK) denied for uid {os.geteuid()})"
+        return entry
+    _test_write_read(entry, real, size_known, ctx, want_bytes, fraction, min_bytes, cap)
+    return entry
+
+
+def _locate_dir(path: str, mounts: List[Dict[str, str]], entry: Dict[str, Any]) -> Optional[str]:
+    """The real path of `path` when it is a directory, with its kind and mount noted in `entry`; None (and why in
+    entry["error"]) when it does not exist, cannot be read, or is not a directory (a block device's mounts listed)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         entry["error"] = "does not exist"
-        return entry
+        return None
     except OSError as exc:
         entry["error"] = f"cannot stat: {exc.strerror}"
-        return entry
+        return None
     entry["exists"] = True
     if stat.S_ISBLK(st.st_mode):
         entry["kind"] = "block device"
@@ -190,8 +207,14 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         if stat.S_ISBLK(st.st_mode):
             entry["device_mounts"] = [x["mountpoint"] for x in mounts
                                       if x["device"].startswith("/") and os.path.realpath(x["device"]) == real]
-        return entry
+        return None
     entry["is_dir"] = True
+    return real
+
+
+def _read_free_space(real: str, entry: Dict[str, Any]) -> bool:
+    """Note the directory's free bytes in `entry`; False when they are unknown: its filesystem reports no size, or
+    statvfs fails (noted in entry["error"])."""
     size_known = False
     try:
         sv = os.statvfs(real)
@@ -199,10 +222,13 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         entry["free_bytes"] = sv.f_bavail * sv.f_frsize if size_known else None
     except OSError as exc:
         entry["error"] = f"statvfs failed: {exc.strerror}"
-    if not os.access(real, os.W_OK | os.X_OK):
-        entry["error"] = f"not writable (access(W_OK) denied for uid {os.geteuid()})"
-        return entry
+    return size_known
 
+
+def _test_write_read(entry: Dict[str, Any], real: str, size_known: bool, ctx: HostContext, want_bytes: int,
+                     fraction: float, min_bytes: int, cap: float) -> None:
+    """Create a test file in the directory, open it with O_DIRECT, and (where the free space allows a test of at
+    least `min_bytes`) measure dd's write and read rates on it; the file is removed however this ends."""
     marker = TEST_PREFIX + secrets.token_hex(8)
     test_file = os.path.join(real, marker)
     tempfiles.register(test_file)  # before it exists: removed however this request ends (kill -9 of the coordinator)
@@ -213,7 +239,7 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         except OSError as exc:
             why = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
             entry["error"] = f"cannot create a file: {why}"
-            return entry
+            return
         entry["writable"] = True
         o_direct = getattr(os, "O_DIRECT", 0)
         if o_direct:  # DeepSpeed opens its swap files with O_DIRECT: test that on its own, before any dd
@@ -224,19 +250,18 @@ def _check_path(path: str, mounts: List[Dict[str, str]], ctx: HostContext, want_
         if not size_known:
             entry["measure_skipped"] = ("the filesystem reports no size (statvfs f_blocks = 0), so free space is "
                                         "unknown and no test file is written")
-            return entry
+            return
         free = entry["free_bytes"] or 0
         budget = min(want_bytes, int(free * fraction))
         count = budget // MiB
         if count == 0 or (budget < want_bytes and budget < min_bytes):
             entry["measure_skipped"] = (f"{free // MiB} MiB free; {fraction * 100:.0f}% of it is {budget // MiB} MiB, "
                                         f"below the {min_bytes // MiB} MiB minimum test size")
-            return entry
+            return
         entry["test_bytes"] = count * MiB
         _measure(entry, test_file, count, ctx, cap)
     finally:
         _remove(test_file)
-    return entry
 
 
 def collect(ctx: HostContext) -> Dict[str, Any]:
