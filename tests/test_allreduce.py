@@ -425,7 +425,7 @@ def test_ports_evidence_names_the_firewalled_host_on_the_allreduce_addresses():
     assert "inbound TCP to node03 (198.18.1.3)" in found["node03"] and "from node01, node02" in found["node03"]
     assert "timed out" in found["node03"]
     # Other addresses (the all-reduce runs on another network): the SSH network's probes prove nothing there.
-    assert mesh.blocked_hosts(facts, {h: "10.9.0.%d" % i for i, h in enumerate(addrs, 1)}) == {}
+    assert mesh.blocked_hosts(facts, {h: f"10.9.0.{i}" for i, h in enumerate(addrs, 1)}) == {}
     from tests.test_ports import RECORDED
     assert mesh.blocked_hosts(RECORDED["healthy"], addrs) == {}
 

@@ -84,7 +84,7 @@ needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
 
 
 def run(cluster, tmp_path, path):
-    out = tmp_path / ("out-%d.json" % len(list(tmp_path.glob("out-*.json"))))
+    out = tmp_path / (f"out-{len(list(tmp_path.glob('out-*.json')))}.json")
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--checks", "checkpoint", "--checkpoint-dir", str(path),

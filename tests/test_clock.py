@@ -58,8 +58,8 @@ def test_namespace_host_with_a_clock_30s_ahead_is_named(netcluster_factory, tmp_
     cluster = netcluster_factory(3, names=["node01", "node02", "node03"])
     # The job's --python on node02 (its hostname) runs under libfaketime +30 s: that host's clock, as its ranks see it.
     wrapper = cluster.dir / "python-faketime"  # the hosts' /tmp is their own; the cluster's state dir is shared
-    wrapper.write_text("#!/bin/sh\nif [ \"$(hostname)\" = node02 ]; then export LD_PRELOAD=%s FAKETIME=+30s; fi\n"
-                       "exec %s \"$@\"\n" % (FAKETIME, sys.executable))
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$(hostname)\" = node02 ]; then export LD_PRELOAD={FAKETIME} FAKETIME=+30s; "
+                       f"fi\nexec {sys.executable} \"$@\"\n")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     out = tmp_path / "out.json"
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),

@@ -33,13 +33,13 @@ def gpu_cluster(hosts=2, gpus=8, jitter=0.004):
     """{host: facts} of healthy H100 hosts, each GPU a little different (as real ones are)."""
     by_host = {}
     for h in range(hosts):
-        name = "gpu%02d" % (h + 1)
+        name = f"gpu{h + 1:02d}"
         devs = []
         for i in range(gpus):
             wobble = 1 + jitter * (((h * gpus + i) * 7) % 5 - 2) / 2  # deterministic +-1 jitter steps
             g = {k: (round(v * wobble, 2) if isinstance(v, float) and not k.endswith("_noise") and k != "memory_gib"
                      else v) for k, v in H100.items()}
-            g.update(index=i, uuid="GPU-%08x-1111-2222-3333-%012x" % (h, i))
+            g.update(index=i, uuid=f"GPU-{h:08x}-1111-2222-3333-{i:012x}")
             devs.append(g)
         by_host[name] = {"torch": "2.11.0+cu130", "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480C", "threads": 224},
                          "gpus": devs}

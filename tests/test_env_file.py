@@ -17,8 +17,8 @@ NEWLINE = "eth0\nLD_PRELOAD=/tmp/evil.so"  # the kernel refuses whitespace: only
 def run_exports(cluster, host, exports):
     """Run DeepSpeed's export string as pdsh would (a shell on the node), in an empty sandbox dir; returns
     (files the shell left in the sandbox, the environment it ended with)."""
-    script = "rm -rf /tmp/sbx && mkdir /tmp/sbx && cd /tmp/sbx && %s env; echo @@; ls -A /tmp/sbx; rm -rf /tmp/sbx" \
-        % exports
+    script = f"rm -rf /tmp/sbx && mkdir /tmp/sbx && cd /tmp/sbx && {exports} env; echo @@; ls -A /tmp/sbx; " \
+        "rm -rf /tmp/sbx"
     out = cluster.exec(host, ["sh", "-c", script]).stdout
     env_text, files = out.split("@@\n", 1)
     return files.split(), env_text
@@ -37,7 +37,7 @@ def assert_env_file_safe(env_file, stdout):
 def test_harness_catches_an_injected_value(tmp_path):
     """The check below can fail: the env file the old preflight wrote for this host did run `touch x`."""
     bad = tmp_path / "env"
-    bad.write_text("NCCL_SOCKET_IFNAME==%s,eth0\n" % ODD)
+    bad.write_text(f"NCCL_SOCKET_IFNAME=={ODD},eth0\n")
     exports = deepspeed_exports(bad)
     assert '"' in exports  # DeepSpeed quotes with "...", in which $(...) still runs
     subprocess.run(["sh", "-c", exports + "true"], cwd=tmp_path, check=True)
@@ -66,10 +66,10 @@ def test_interface_named_like_a_command_on_a_real_host(netcluster_factory, tmp_p
 
 def test_interface_name_with_a_newline_from_a_lying_host(netcluster_factory, tmp_path):
     cluster = netcluster_factory(2)
-    python = wrapper(cluster.dir, "node02", """
-        BAD = %r
+    python = wrapper(cluster.dir, "node02", f"""
+        BAD = {NEWLINE!r}
         def mutate(payload):
-            facts = payload.get("value", {}).get("interfaces", {}).get("facts")
+            facts = payload.get("value", {{}}).get("interfaces", {{}}).get("facts")
             if not facts:
                 return
             for itf in facts["interfaces"]:
@@ -77,7 +77,7 @@ def test_interface_name_with_a_newline_from_a_lying_host(netcluster_factory, tmp
                     itf["name"] = BAD
             if facts.get("route_to_master"):
                 facts["route_to_master"]["dev"] = BAD
-        """ % NEWLINE)
+        """)
     env, report = tmp_path / "env", tmp_path / "r.json"
     proc = preflight(cluster, "--hostfile", cluster.hostfile(tmp_path / "hostfile"), "--checks", "interfaces",
                      "--env-file", env, "--json", report, "--python", python)

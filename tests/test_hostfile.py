@@ -103,7 +103,7 @@ def test_lines_end_where_deepspeed_readlines_ends_them():
     # a form feed, vertical tab, NEL or U+2028 does not end a line for readlines(): DeepSpeed sees one host
     for sep in ("\f", "\v", "\x85", "\u2028", "\u2029", "\x1c"):
         notes = []
-        hosts = parse_hostfile("n1 slots=1%sn2 slots=2\n" % sep, "hf", notes)
+        hosts = parse_hostfile(f"n1 slots=1{sep}n2 slots=2\n", "hf", notes)
         assert [(h.name, h.slots) for h in hosts] == [("n1", 1)], repr(sep)
         assert notes and "ignored 'n2 slots=2'" in notes[0]
     # CR, CRLF and LF do

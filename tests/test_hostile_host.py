@@ -57,8 +57,8 @@ def cluster(request):
 
 
 def test_escapes_markup_html_and_nul_in_host_text(cluster, tmp_path):
-    python = wrapper(cluster.dir, "node02", """
-        EVIL = %r
+    python = wrapper(cluster.dir, "node02", f"""
+        EVIL = {EVIL!r}
         def mutate(payload):
             value = payload.get("value")
             if isinstance(value, dict) and "python" in value:
@@ -68,7 +68,7 @@ def test_escapes_markup_html_and_nul_in_host_text(cluster, tmp_path):
             host = payload.get("host")
             if isinstance(host, dict):
                 host["hostname"] = EVIL
-        """ % EVIL)
+        """)
     proc, data, html, env = run(cluster, tmp_path, "--checks", "python,interfaces,versions", python=python)
     assert proc.returncode == 1 and data is not None
     assert_json_raw_escaped((tmp_path / "r.json").read_text())
@@ -121,8 +121,8 @@ def test_invalid_json_costs_that_host_an_error(cluster, tmp_path):
 
 @pytest.mark.parametrize("shape", ["value-list", "facts-string", "no-duration", "interfaces-wrong-types"])
 def test_wrong_types_cost_that_host_an_error(cluster, tmp_path, shape):
-    python = wrapper(cluster.dir, "node02", """
-        SHAPE = %r
+    python = wrapper(cluster.dir, "node02", f"""
+        SHAPE = {shape!r}
         def mutate(payload):
             value = payload.get("value")
             if not isinstance(value, dict) or "interfaces" not in value:
@@ -134,9 +134,9 @@ def test_wrong_types_cost_that_host_an_error(cluster, tmp_path, shape):
             elif SHAPE == "no-duration":
                 del value["interfaces"]["duration_s"]
             else:
-                value["interfaces"]["facts"]["interfaces"] = [{"name": 7, "ipv4": "x"}, "eth0", None]
-                value["interfaces"]["facts"]["ib"] = {"device": "mlx5_0"}
-        """ % shape)
+                value["interfaces"]["facts"]["interfaces"] = [{{"name": 7, "ipv4": "x"}}, "eth0", None]
+                value["interfaces"]["facts"]["ib"] = {{"device": "mlx5_0"}}
+        """)
     proc, data, html, env = run(cluster, tmp_path, "--checks", "interfaces", python=python)
     assert data is not None
     c = cell(data, "node02", "interfaces")

@@ -22,7 +22,7 @@ MiB = 1 << 20
 
 # Recorded: the H100 host of tests/fixtures/h100-host (ulimit.txt: "max locked memory (kbytes, -l) unlimited",
 # 8 mlx5 ports), a stock Ubuntu login (8 MiB, systemd's default since v253), and a container left at 64 KiB.
-H100 = {"soft_bytes": None, "hard_bytes": None, "rdma_devices": ["mlx5_%d" % i for i in range(8)]}
+H100 = {"soft_bytes": None, "hard_bytes": None, "rdma_devices": [f"mlx5_{i}" for i in range(8)]}
 UBUNTU = {"soft_bytes": 8 * MiB, "hard_bytes": 8 * MiB, "rdma_devices": []}
 CONTAINER_IB = {"soft_bytes": 64 * 1024, "hard_bytes": 64 * 1024, "rdma_devices": ["mlx5_0"]}
 
