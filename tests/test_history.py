@@ -111,7 +111,7 @@ def nvme_report(host_rates, started, statuses=None):
     results = []
     for host, rate in host_rates.items():
         status = (statuses or {}).get(host, Status.PASS)
-        results.append(Result(host, "nvme", status, "/local_nvme: write %.2f GB/s" % rate, "",
+        results.append(Result(host, "nvme", status, f"/local_nvme: write {rate:.2f} GB/s", "",
                               {"paths": [{"path": "/local_nvme", "write_Bps": rate * GB, "read_Bps": 5 * GB}]}))
     results.append(Result(CLUSTER, "coordinator", Status.PASS, "ok", metrics={"fds": 10}))
     return Report(time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), 1.0,
@@ -213,11 +213,11 @@ db, writer, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 while time.time() < float(sys.argv[4]):  # start together
     time.sleep(0.005)
 for i in range(n):
-    outcomes = [("nvme", Outcome(Status.PASS, "ok", metrics={"paths": [{"path": "/p%d" % k, "write_Bps": 1e9 + i}
+    outcomes = [("nvme", Outcome(Status.PASS, "ok", metrics={"paths": [{"path": f"/p{k}", "write_Bps": 1e9 + i}
                                                                        for k in range(5)]})),
                 ("memlock", Outcome(Status.PASS, "ok", metrics={"soft_kib": 64, "hard_kib": 64}))]
     warned = []
-    run = history.record_outcomes("node%02d" % writer, outcomes, {}, history.Path(db), lambda: 0, warned.append)
+    run = history.record_outcomes(f"node{writer:02d}", outcomes, {}, history.Path(db), lambda: 0, warned.append)
     assert run and not warned, warned
 """
 
@@ -252,7 +252,7 @@ def test_prune_keeps_the_recent_runs_and_gives_the_space_back(tmp_path):
     day = 86400
     now = time.time()
     for i in range(30):  # a run a day for 30 days, 50 hosts
-        report = nvme_report({"node%02d" % h: 3.0 for h in range(50)}, now - (29 - i) * day)
+        report = nvme_report({f"node{h:02d}": 3.0 for h in range(50)}, now - (29 - i) * day)
         history.record_report(report, {}, db)
     proc = cli("history", "--history", str(db), "--prune", "--keep", "10d")
     assert proc.returncode == 0, proc.stderr
@@ -350,7 +350,7 @@ def test_eight_node_checks_writing_one_store_at_once_all_succeed_and_lose_nothin
     assert per_run > 0
     db = tmp_path / "shared.db"
     procs = [subprocess.Popen([sys.executable, "-m", "preflight", "node-check", "--checks", "memlock,libaio",
-                               "--history", str(db), "--node-name", "node%02d" % i], cwd=REPO,
+                               "--history", str(db), "--node-name", f"node{i:02d}"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
              for i in range(8)]
     done = [(p.wait(timeout=180), p.stdout.read(), p.stderr.read()) for p in procs]
@@ -375,7 +375,7 @@ def test_a_corrupt_or_unwritable_store_never_fails_the_gate(tmp_path):
         assert proc.returncode == 0 and proc.stdout.startswith("preflight: ok (2 checks"), proc.stdout + proc.stderr
         warned = history_warnings(proc.stderr)
         assert len(warned) == 1 and wanted in warned[0] and "goes on without history" in warned[0], proc.stderr
-        assert warned[0].startswith("preflight: warning: history: %s: " % where)
+        assert warned[0].startswith(f"preflight: warning: history: {where}: ")
     assert corrupt.read_bytes() == garbage  # the user's file is never overwritten
     proc = cli("run", "--python", sys.executable, "--checks", "memlock", "--history", str(corrupt), "-q")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -460,7 +460,7 @@ def cluster4():
 
 
 def cluster_run(cluster, tmp_path, db, checks, n):
-    out = tmp_path / ("run%d.json" % n)
+    out = tmp_path / f"run{n}.json"
     config = tmp_path / "site.toml"
     config.write_text(CONFIG)
     proc = cli("run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")), "--python", sys.executable,

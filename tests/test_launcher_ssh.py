@@ -192,13 +192,13 @@ def fake_ssh(tmp_path, monkeypatch):
     script = bindir / "ssh"
     script.write_text(FAKE_SSH)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SSH_LOG", str(tmp_path / "calls"))
     return tmp_path / "calls"
 
 
 def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
-    hosts = ["good%d" % i for i in range(20)] + ["denied1", "slow1", "slow2"]
+    hosts = [f"good{i}" for i in range(20)] + ["denied1", "slow1", "slow2"]
     ctx = HostContext(params={}, deadline=time.monotonic() + 30)
     start = time.monotonic()
     out = ls.probe({"hosts": hosts, "connect_timeout": 3, "command_timeout": 2.0, "parallel": 8}, ctx)
@@ -206,7 +206,7 @@ def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
     assert out["client"] == "OpenSSH_fake"
     res = out["results"]
     assert set(res) == set(hosts)
-    assert all(res["good%d" % i]["rc"] == 0 and res["good%d" % i]["hostname"] == "good%d" % i for i in range(20))
+    assert all(res[f"good{i}"]["rc"] == 0 and res[f"good{i}"]["hostname"] == f"good{i}" for i in range(20))
     assert res["denied1"]["rc"] == 255 and "Permission denied" in res["denied1"]["stderr"]
     assert res["slow1"]["rc"] == 124 and ls.classify(124, res["slow1"]["stderr"]) == "timeout"
     calls = fake_ssh.read_text().splitlines()
@@ -222,7 +222,7 @@ def test_probe_passes_the_port_to_ssh(fake_ssh):
 
 
 def test_probe_respects_the_overall_deadline(fake_ssh):
-    hosts = ["slow%d" % i for i in range(6)]
+    hosts = [f"slow{i}" for i in range(6)]
     ctx = HostContext(params={}, deadline=time.monotonic() + 5)
     start = time.monotonic()
     out = ls.probe({"hosts": hosts, "connect_timeout": 3, "command_timeout": 20.0, "parallel": 2}, ctx)
@@ -399,7 +399,7 @@ def test_real_first_host_without_pdsh_fails_there(netcluster_factory, tmp_path):
     words; node02 and node03, which have pdsh but are not the launch host, pass."""
     if not shutil.which("pdsh"):
         pytest.fail("pdsh is a test dependency (tests/install-deps.sh)")
-    hide = "mount --bind /dev/null %s" % shutil.which("pdsh")  # node01's own mount namespace only
+    hide = f"mount --bind /dev/null {shutil.which('pdsh')}"  # node01's own mount namespace only
     cluster = netcluster_factory(3, setup={"node01": [hide]})
     assert cluster.exec("node01", "command -v pdsh").returncode != 0
     assert cluster.exec("node02", "command -v pdsh").returncode == 0
@@ -512,7 +512,7 @@ def test_real_inherited_environment_is_named(netcluster_factory, tmp_path):
     cells = {r["host"]: r for r in json.loads(report.read_text())["results"] if r["check"] == "launcher_ssh"}
     star = " | ".join(f["message"] for f in cells["*"]["metrics"]["findings"])
     assert "NCCL_SOCKET_IFNAME=bogus0 (the launch shell) matches no interface on node01, node02, node03" in star
-    assert "NCCL_TIMEOUT=1800 (%s) has no effect" % (work / ".deepspeed_env") in star, star
+    assert f"NCCL_TIMEOUT=1800 ({work / '.deepspeed_env'}) has no effect" in star, star
     assert "TORCH_NCCL_BLOCKING_WAIT=1 is set in the launch shell" in star
     for h in ("node01", "node02", "node03"):
         assert cells[h]["status"] == "fail" and "NCCL_SOCKET_IFNAME=bogus0" in cells[h]["message"], cells[h]

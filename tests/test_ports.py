@@ -264,8 +264,8 @@ def test_busy_master_port_fails_on_the_master_naming_port_and_process():
     bad = out["node01"]
     assert bad.status == Status.FAIL
     assert "master port 29500 is already in use on node01" in bad.message
-    assert "pid %d" % holder["pid"] in bad.message and "create_server" in bad.message
-    assert "--master_port" in bad.fix and "pid %d" % holder["pid"] in bad.fix
+    assert f"pid {holder['pid']}" in bad.message and "create_server" in bad.message
+    assert "--master_port" in bad.fix and f"pid {holder['pid']}" in bad.fix
     assert out["node02"].status == Status.PASS and out["node03"].status == Status.PASS
 
 
@@ -380,11 +380,11 @@ def test_busy_master_port_is_found_with_its_process():
         stop.set()
         t.join(10)
         mp = ready["master_port"]
-        assert mp["free"] is False and mp["listening"] == ["127.0.0.1:%d" % port]
+        assert mp["free"] is False and mp["listening"] == [f"127.0.0.1:{port}"]
         assert [h["pid"] for h in mp["holders"]] == [__import__("os").getpid()]
         out = ports.evaluate({"master": "me", "master_port": port, "hosts": ["me"], "probes": [],
                               "listeners": {"me": box["value"]}}, THRESHOLDS)["me"]
-        assert out.status == Status.FAIL and "master port %d" % port in out.message
+        assert out.status == Status.FAIL and f"master port {port}" in out.message
     finally:
         holder.close()
 
@@ -440,7 +440,7 @@ def foreign_processes(cluster, host, spare=()):
         if pid == h.pid or pid in spare:
             continue
         try:
-            args = Path("/proc/%d/cmdline" % pid).read_bytes().replace(b"\0", b" ").decode()[:120]
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
         except OSError:
             continue
         if args and not args.startswith("sshd"):  # sshd's per-session processes linger a moment
@@ -508,7 +508,7 @@ def test_real_busy_master_port_fails_naming_port_and_process(netcluster_factory,
         assert proc.returncode == 1 and bad["status"] == "fail", proc.stdout + proc.stderr
         assert "master port 29500 is already in use on node01" in bad["message"]
         # nsenter execs the interpreter, so the holder's pid is the Popen's pid.
-        assert "pid %d" % holder.pid in bad["message"] and "create_server" in bad["message"]
+        assert f"pid {holder.pid}" in bad["message"] and "create_server" in bad["message"]
         assert "--master_port" in bad["fix"]
         assert cells[("node02", "ports")]["status"] == cells[("node03", "ports")]["status"] == "pass"
         assert 29500 in listening(cluster, "node01")  # the holder was left alone
@@ -537,7 +537,7 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
             for h in cluster.hosts:
                 self.facts[h.name]["interfaces"] = {"interfaces": [
                     {"name": "lo", "ipv4": ["127.0.0.1/8"], "kind": "loopback", "virtual": True, "operstate": "unknown"},
-                    *({"name": "eth%d" % k, "ipv4": ["%s/24" % a], "kind": "veth", "virtual": True, "operstate": "up"}
+                    *({"name": f"eth{k}", "ipv4": [f"{a}/24"], "kind": "veth", "virtual": True, "operstate": "up"}
                       for k, a in enumerate(h.addresses))]}
 
     options = RunOptions(hosts=load_hostfile(str(cluster.hostfile(tmp_path / "hostfile"))), checks=["ports"],
@@ -550,7 +550,7 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
     second = str(ipaddress.ip_interface(cluster.hosts[0].addresses[1] + "/24").network)  # networks are /24s
     warn = cells[("node03", "ports")]
     assert warn.status == Status.WARN, warn.message
-    assert "on network %s" % second in warn.message and "from node01, node02" in warn.message
+    assert f"on network {second}" in warn.message and "from node01, node02" in warn.message
     assert "NCCL_SOCKET_IFNAME" in warn.fix
     for name in ("node01", "node02"):
         assert cells[(name, "ports")].status == Status.PASS, cells[(name, "ports")].message

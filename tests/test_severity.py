@@ -54,9 +54,9 @@ def assert_named_only_on_evidence(out: Dict[str, Outcome], marker: str, max_p: f
     named = peer_findings(out, marker)
     for h, f in named:
         shown = printed(f.message)
-        assert shown, "%s %s without z and p: %s" % (h, f.status, f.message)
+        assert shown, f"{h} {f.status!s} without z and p: {f.message}"
         z, op, p = shown[-1]
-        assert (p < max_p) if op == "=" else (p <= max_p), "%s %s at p %s %g: %s" % (h, f.status, op, p, f.message)
+        assert (p < max_p) if op == "=" else (p <= max_p), f"{h} {f.status!s} at p {op} {p:g}: {f.message}"
         # The printed p is the printed z's: z is shown to 0.1, so its p lies between those of z -+ 0.05, and p is
         # shown to one significant digit or more (within a factor 1.5 of itself).
         assert z < 0, f.message
@@ -154,7 +154,7 @@ def iperf3_facts(rates: Dict[Tuple[str, str], float], samples: Optional[Dict[Tup
                   **({"samples_gbps": samples[(a, b)]} if samples and (a, b) in samples else {}))
              for (a, b), g in rates.items()]
     net = {"network": "10.0.0.0/24", "devices": dict.fromkeys(hosts, "eth0"),
-           "addresses": {h: "10.0.0.%d" % (i + 1) for i, h in enumerate(hosts)}, "links": links,
+           "addresses": {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}, "links": links,
            "median_gbps": iperf3._median([ln["gbps"] for ln in links])}
     if remeasured:
         net["remeasured"] = remeasured
@@ -250,13 +250,13 @@ def synthetic_compute(rng: random.Random) -> Dict[str, Any]:
             return round(base * factor * math.exp(rng.gauss(0, spread)), 3)
 
         if gpu:
-            devs = [{"index": g, "uuid": "GPU-%d-%d" % (i, g), "name": "NVIDIA H100 80GB HBM3",
+            devs = [{"index": g, "uuid": f"GPU-{i}-{g}", "name": "NVIDIA H100 80GB HBM3",
                      "gemm_tflops": value(700.0), "hbm_gbps": value(2900.0), "h2d_gbps": value(53.0),
                      "d2h_gbps": value(53.0), **{k + "_noise": rng.uniform(0, 0.2) for k, _, _ in compute.GPU_METRICS}}
                     for g in range(rng.choice([1, 2, 8]))]
-            by_host["h%d" % i] = {"torch": "2.11.0+cu130", "cpu": {"model": "Xeon", "threads": 224}, "gpus": devs}
+            by_host[f"h{i}"] = {"torch": "2.11.0+cu130", "cpu": {"model": "Xeon", "threads": 224}, "gpus": devs}
         else:
-            by_host["h%d" % i] = {"torch": "2.13.0+cpu", "cpu": {
+            by_host[f"h{i}"] = {"torch": "2.13.0+cpu", "cpu": {
                 "model": "EPYC", "threads": 2, "torch_threads": 2, "gemm_gflops": value(40.0),
                 "mem_gbps": value(10.0), "gemm_gflops_noise": rng.uniform(0, 0.4),
                 "mem_gbps_noise": rng.uniform(0, 0.4)}}
@@ -266,7 +266,7 @@ def synthetic_compute(rng: random.Random) -> Dict[str, Any]:
 
 def synthetic_iperf3(rng: random.Random) -> Dict[str, Any]:
     n = rng.randint(3, 8)
-    hosts = ["node%02d" % (i + 1) for i in range(n)]
+    hosts = [f"node{i + 1:02d}" for i in range(n)]
     spread = rng.choice([0.005, 0.05, 0.15, 0.3, 0.5])
     rate = {h: 10.0 for h in hosts}
     for h in rng.sample(hosts, rng.choice([0, 1, 1, 2])):
@@ -287,7 +287,7 @@ THRESHOLD_VARIANTS = [{}, {"max_p": 0.01}, {"z_threshold": 1.0}, {"z_threshold":
                       {"max_p": 0.2}]
 
 
-@pytest.mark.parametrize("variant", THRESHOLD_VARIANTS, ids=lambda v: ",".join("%s=%s" % kv for kv in v.items())
+@pytest.mark.parametrize("variant", THRESHOLD_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items())
                          or "defaults")
 def test_every_compute_peer_finding_is_significant(variant):
     rng = random.Random(26)
@@ -302,7 +302,7 @@ def test_every_compute_peer_finding_is_significant(variant):
 
 
 @pytest.mark.parametrize("variant", THRESHOLD_VARIANTS + [{"straggler_warn_fraction": 0.9}],
-                         ids=lambda v: ",".join("%s=%s" % kv for kv in v.items()) or "defaults")
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "defaults")
 def test_every_iperf3_straggler_is_significant(variant):
     rng = random.Random(26)
     thresholds = with_limits("iperf3", **variant)
@@ -335,7 +335,7 @@ def test_healthy_runs_quiet_and_loaded_name_nobody_on_weak_evidence(tmp_path):
     runs = []
     with NetCluster(4) as cluster:
         for i, loaded in enumerate((False, True, False)):
-            runs.append(severity.one_run(cluster, tmp_path / ("run-%d" % i), config, loaded, severity.HOG_PROCS))
+            runs.append(severity.one_run(cluster, tmp_path / f"run-{i}", config, loaded, severity.HOG_PROCS))
     for r in runs:
         assert r["worst"]["compute"] != "none" and r["worst"]["iperf3"] != "none", r["messages"]
         assert r["errors"] == [], r["errors"]
