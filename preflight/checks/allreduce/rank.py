@@ -237,14 +237,11 @@ def _straggler_rounds(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], r
 
 def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """One rank (started by supervisor.run with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set)."""
+    import datetime
+
     from ...hostside import agent
     job = params["job"]
-    info: Dict[str, Any] = {"tag": job["tag"], "rank": int(os.environ.get("RANK", "-1")),
-                            "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
-                            "world_size": int(os.environ.get("WORLD_SIZE", "0")), "host": params["host"],
-                            "pid": os.getpid(), "ok": False, "phase": "import",
-                            # forked from an agent that preloaded torch: no import of its own (agent.fork_call)
-                            "torch_preloaded": "torch" in sys.modules}
+    info = _rank_info(params)
     start = time.monotonic()
     dist: Any = None
     initialized = False
@@ -256,21 +253,9 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
 
     try:
         phase("import")
-        try:
-            import datetime
-            import torch
-            import torch.distributed as torch_dist
-            dist = torch_dist
-        except Exception as exc:
-            raise _Failed("torch_missing", f"torch is not importable by {sys.executable}: "
-                                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        torch, dist = _import_torch()
         backend = params["backend"]
-        if backend == "nccl":
-            torch.cuda.set_device(int(job["device"]))
-            dev = torch.device("cuda", int(job["device"]))
-            info["device"] = int(job["device"])
-        else:
-            dev = torch.device("cpu")
+        dev = _device(torch, backend, job, info)
         timeout = float(params["init_timeout_s"])
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         # Every rank gets the same start allowance, counted from its own launch (they launch together).
@@ -286,24 +271,15 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
                                 timeout=datetime.timedelta(seconds=timeout))
         initialized = True
         phase("connect")  # NCCL connects lazily: the first collective builds the rings
-        one = torch.ones(1, dtype=torch.float32, device=dev)
-        dist.all_reduce(one)
-        if one.item() != info["world_size"]:
-            world = info["world_size"]
-            raise _Failed("wrong_result", f"all-reduce of ones over {world} ranks gave a wrong sum {one.item()}")
+        _first_all_reduce(torch, dist, dev, info["world_size"])
         phase("sweep")
         info["sizes"], info["stopped_early"] = _sweep(torch, dist, dev, params, info["world_size"])
         info["backend"] = backend
         info["ok"] = True
         if params.get("stragglers"):
             phase("stragglers")
-            t0 = time.monotonic()
-            try:
-                info["stragglers"] = _straggler_rounds(torch, dist, dev, params, info["rank"])
-            except Exception as exc:  # the sweep's result stands; the rounds only add evidence
-                info["stragglers_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+            if not _add_straggler_rounds(torch, dist, dev, params, info):
                 initialized = False  # a communicator broken mid-collective can hang in destroy_process_group
-            info["stragglers_s"] = round(time.monotonic() - t0, 3)
         phase("done")
     except agent.Abort as exc:
         elapsed = time.monotonic() - start
@@ -323,3 +299,57 @@ def run(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
                 pass
     return info
 
+
+def _rank_info(params: Dict[str, Any]) -> Dict[str, Any]:
+    """What this rank returns, as it starts: who it is (the environment supervisor.run set), not ok yet."""
+    job = params["job"]
+    return {"tag": job["tag"], "rank": int(os.environ.get("RANK", "-1")),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "0")), "host": params["host"],
+            "pid": os.getpid(), "ok": False, "phase": "import",
+            # forked from an agent that preloaded torch: no import of its own (agent.fork_call)
+            "torch_preloaded": "torch" in sys.modules}
+
+
+def _import_torch() -> Tuple[Any, Any]:
+    """(torch, torch.distributed); a torch that this Python cannot import is the rank's failure, named as such."""
+    try:
+        import torch
+        import torch.distributed as torch_dist
+    except Exception as exc:
+        raise _Failed("torch_missing", f"torch is not importable by {sys.executable}: "
+                                       f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    return torch, torch_dist
+
+
+def _device(torch: Any, backend: str, job: Dict[str, Any], info: Dict[str, Any]) -> Any:
+    """The device the tensors live on: for NCCL the job's GPU (made current, and noted in info), else the CPU."""
+    if backend == "nccl":
+        torch.cuda.set_device(int(job["device"]))
+        dev = torch.device("cuda", int(job["device"]))
+        info["device"] = int(job["device"])
+    else:
+        dev = torch.device("cpu")
+    return dev
+
+
+def _first_all_reduce(torch: Any, dist: Any, dev: Any, world: int) -> None:
+    """All-reduce a one from every rank: the first collective (which makes NCCL connect), and its sum proves it."""
+    one = torch.ones(1, dtype=torch.float32, device=dev)
+    dist.all_reduce(one)
+    if one.item() != world:
+        raise _Failed("wrong_result", f"all-reduce of ones over {world} ranks gave a wrong sum {one.item()}")
+
+
+def _add_straggler_rounds(torch: Any, dist: Any, dev: Any, params: Dict[str, Any], info: Dict[str, Any]) -> bool:
+    """The straggler rounds (and their time) into info; False when they failed, their error noted instead: the
+    sweep's result stands, but the communicator may be broken."""
+    t0 = time.monotonic()
+    ok = True
+    try:
+        info["stragglers"] = _straggler_rounds(torch, dist, dev, params, info["rank"])
+    except Exception as exc:  # the sweep's result stands; the rounds only add evidence
+        info["stragglers_error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        ok = False
+    info["stragglers_s"] = round(time.monotonic() - t0, 3)
+    return ok
