@@ -79,10 +79,10 @@ def itf(name, ipv4, kind="veth", **extra):
 def host_interfaces(i, extra=()):
     """A container-like host: eth0 (a veth: its real NIC), docker0 with the same 172.17.0.1/16 everywhere, lo."""
     return {"interfaces": [itf("lo", ["127.0.0.1/8"], kind="loopback"),
-                           itf("eth0", ["10.0.0.%d/24" % (i + 1)]),
+                           itf("eth0", [f"10.0.0.{i + 1}/24"]),
                            itf("docker0", ["172.17.0.1/16"], kind="docker"),
-                           itf("br0", ["10.7.0.%d/24" % (i + 1)], kind="bridge")] + list(extra),
-            "ib": [], "peermem": False, "route_to_master": {"dev": "eth0", "src": "10.0.0.%d" % (i + 1)}}
+                           itf("br0", [f"10.7.0.{i + 1}/24"], kind="bridge")] + list(extra),
+            "ib": [], "peermem": False, "route_to_master": {"dev": "eth0", "src": f"10.0.0.{i + 1}"}}
 
 
 def test_shared_networks_skip_lo_docker_bridges_but_keep_veth():
@@ -141,14 +141,14 @@ def test_recorded_straggler_is_attributed_to_node03_only(thresholds):
 def test_straggler_in_a_ring_does_not_drag_its_neighbours():
     # Ring only: every host has 2 links, so a neighbour of the slow host has one slow link of two
     # (median 62% of the rest): comparing medians alone would flag it; attribution must not.
-    hosts = ["h%d" % i for i in range(8)]
+    hosts = [f"h{i}" for i in range(8)]
     rates = dict.fromkeys(hosts, 10.0, ) | {"h3": 2.5}
     ring = [(hosts[i], hosts[(i + 1) % 8]) for i in range(8)]
     assert set(iperf3.find_stragglers(links_from(rates, ring), hosts, 0.7)) == {"h3"}
 
 
 def test_two_stragglers_and_uniform_cluster():
-    hosts = ["h%d" % i for i in range(6)]
+    hosts = [f"h{i}" for i in range(6)]
     mesh = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
     rates = dict.fromkeys(hosts, 10.0) | {"h1": 3.0, "h4": 5.0}
     flagged = iperf3.find_stragglers(links_from(rates, mesh), hosts, 0.7)
@@ -160,11 +160,11 @@ def test_two_stragglers_and_uniform_cluster():
 
 
 def straggler_facts(ratio, n=4):
-    hosts = ["node%02d" % (i + 1) for i in range(n)]
+    hosts = [f"node{i + 1:02d}" for i in range(n)]
     rates = dict.fromkeys(hosts, 0.2) | {"node03": 0.2 * ratio}
     mesh = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
     net = {"network": "10.0.0.0/24", "devices": dict.fromkeys(hosts, "eth0"),
-           "addresses": {h: "10.0.0.%d" % (i + 1) for i, h in enumerate(hosts)}, "links": links_from(rates, mesh)}
+           "addresses": {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}, "links": links_from(rates, mesh)}
     net["median_gbps"] = iperf3._median([ln["gbps"] for ln in net["links"]])
     return {"hosts": hosts, "networks": [net], "chosen": iperf3.choose([net], hosts), "errors": {}}
 
@@ -203,7 +203,7 @@ def test_recorded_two_networks_choose_the_fast_one(thresholds):
     assert iperf3.choose(facts["networks"], facts["hosts"]) == facts["chosen"]
     out = iperf3.evaluate(facts, thresholds)
     assert all(o.status == Status.PASS for o in out.values())
-    assert "chosen %s via eth1" % fast["network"] in out["*"].message
+    assert f"chosen {fast['network']} via eth1" in out["*"].message
     assert out["node02"].metrics["device"] == "eth1"
 
 
@@ -287,7 +287,7 @@ def iperf3_cluster(n, thresholds, rates=None, no_server=(), client_raises=(), ex
 
     cluster = FakeCluster(n, thresholds=thresholds, on_round=each_round,
                           handlers={"iperf3.serve": serve, "iperf3.interfaces": interfaces, "iperf3.client": client})
-    cluster.facts.update({h.name: ({"interfaces": host_interfaces(i, [itf("eth1", ["10.1.0.%d/24" % (i + 1)])])}
+    cluster.facts.update({h.name: ({"interfaces": host_interfaces(i, [itf("eth1", [f"10.1.0.{i + 1}/24"])])}
                                    if iface else {}) for i, h in enumerate(cluster.all_hosts)})
     return cluster, services, rounds
 
@@ -436,7 +436,7 @@ def test_thresholds_are_documented():
     lines = section.strip().splitlines()
     for i, ln in enumerate(lines):
         if not ln.startswith("#") and "=" in ln:
-            assert lines[i - 1].startswith("#"), "%s needs a comment saying where its default comes from" % ln
+            assert lines[i - 1].startswith("#"), f"{ln} needs a comment saying where its default comes from"
 
 
 # ---------------------------------------------------------------------------- end to end: namespace cluster
@@ -460,7 +460,7 @@ def run_cli(cluster, tmp_path, checks_arg="interfaces,iperf3"):
                            "--checks", checks_arg, "--json", str(out), "--env-file", str(env_file)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT,
                           stdin=subprocess.DEVNULL)
-    assert out.exists(), "no JSON report (rc %d): %s" % (proc.returncode, proc.stderr[-3000:])
+    assert out.exists(), f"no JSON report (rc {proc.returncode}): {proc.stderr[-3000:]}"
     report = json.loads(out.read_text())
     return report, env_file.read_text(), proc
 
@@ -480,12 +480,12 @@ def measured_links(report):
 
 def iperf3_pids_in(cluster):
     """iperf3 processes still alive inside the cluster's hosts (their network namespaces)."""
-    mine = {os.stat("/proc/%d/ns/net" % h.pid).st_ino for h in cluster.hosts}
+    mine = {os.stat(f"/proc/{h.pid}/ns/net").st_ino for h in cluster.hosts}
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and Path("/proc/%s/comm" % entry).read_text().strip() == "iperf3" \
-                    and os.stat("/proc/%s/ns/net" % entry).st_ino in mine:
+            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip() == "iperf3" \
+                    and os.stat(f"/proc/{entry}/ns/net").st_ino in mine:
                 found.append(int(entry))
         except OSError:
             continue

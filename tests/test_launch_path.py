@@ -50,7 +50,7 @@ def h100_ds_report() -> Dict[str, Any]:
 def facts_for(config_file: str, hosts: int = 2, slots: int = 8, ds_report: Optional[Dict[str, Any]] = None,
               **extra: Any) -> Dict[str, Any]:
     config, found = D.load_config(config_file)
-    names = ["node%02d" % i for i in range(1, hosts + 1)]
+    names = [f"node{i:02d}" for i in range(1, hosts + 1)]
     facts: Dict[str, Any] = {
         "config_path": config_file, "config": config, "load_findings": [f.to_dict() for f in found],
         "world_size": hosts * slots, "hosts": [{"name": n, "slots": slots} for n in names],
@@ -180,7 +180,7 @@ def test_read_deepspeed_env_as_the_runner_reads_it(tmp_path):
     assert env["files"] == [str(home / ".deepspeed_env"), str(cwd / ".deepspeed_env")]
     assert env["vars"] == {"NCCL_SOCKET_IFNAME": "ib0", "DS_SKIP_CUDA_CHECK": "1"}
     # A line without '=' (an empty one too) makes DeepSpeed's `key, val = var.split('=', maxsplit=1)` raise.
-    assert env["bad_lines"] == ["%s:2: " % (cwd / ".deepspeed_env"), "%s:3: NCCL_DEBUG" % (cwd / ".deepspeed_env")]
+    assert env["bad_lines"] == [f"{cwd / '.deepspeed_env'}:2: ", f"{cwd / '.deepspeed_env'}:3: NCCL_DEBUG"]
     (cwd / "other_env").write_text("A=1\n")
     assert gather.read_deepspeed_env(cwd=str(cwd), home=str(home), environ={"DS_ENV_FILE": "other_env"})["vars"] \
         == {"A": "1"}
@@ -249,7 +249,7 @@ def make_checkpoint(directory: Path, stage: int, dp: int, mp: int = 1, tag: str 
 
 def test_deepspeed_names_read_back_as_their_layout():
     z2 = deepspeed_names(2, dp=4)
-    assert z2 == ["bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r for r in range(4)] + \
+    assert z2 == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)] + \
         ["mp_rank_00_model_states.pt"]
     z3 = deepspeed_names(3, dp=2, mp=2, bf16=False)
     assert "zero_pp_rank_1_mp_rank_01_model_states.pt" in z3 and "zero_pp_rank_1_mp_rank_01_optim_states.pt" in z3
@@ -274,7 +274,7 @@ def write_config(path: Path, stage: int, **extra: Any) -> str:
 
 def resume(config: str, checkpoint: Path, hosts: int = 2, slots: int = 4, **options: Any):
     """ds_config's coordinate and evaluate on in-process hosts (the host probe reads the real files)."""
-    names = ["node%02d" % i for i in range(1, hosts + 1)]
+    names = [f"node{i:02d}" for i in range(1, hosts + 1)]
     cluster = testing.FakeCluster(names, slots=slots, thresholds=TH,
                                   options=CheckOptions(deepspeed_config=config, checkpoint_dir=str(checkpoint),
                                                        **options))
@@ -315,8 +315,8 @@ def test_a_checkpoint_saved_at_another_data_parallel_size_fails_with_the_univers
     assert "saved at data-parallel size 4" in found.message and "this hostfile gives 8" in found.message
     assert "The checkpoint being loaded used a DP world size of 4 but the current world size is 8" in found.message
     where = ckpt / "global_step100"
-    assert ("python -m deepspeed.checkpoint.ds_to_universal --input_folder %s --output_folder %s_universal"
-            % (where, where)) in found.fix
+    assert f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {where} --output_folder {where}_universal" \
+        in found.fix
     assert '"load_universal": true' in found.fix
 
     # With tensor parallelism the data-parallel size is world / model-parallel: 8 / 2 = 4 fits.
@@ -390,7 +390,7 @@ def test_config_missing_or_different_on_a_host_is_named(tmp_path):
 # --- namespace hosts ---------------------------------------------------------------------------------------------
 
 def run_cli(cluster, tmp_path: Path, *extra: str, checks: str = "ds_config", timeout: int = 180):
-    report = tmp_path / ("report-%s.json" % os.urandom(3).hex())
+    report = tmp_path / (f"report-{os.urandom(3).hex()}.json")
     argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
             "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
             "--known-hosts", str(cluster.known_hosts), "--checks", checks, "--json", str(report), *extra]
@@ -414,23 +414,23 @@ def test_real_config_and_checkpoint_as_each_host_sees_them(netcluster_factory, t
         config = work / "ds.json"
         write_config(config, 3)
         text = config.read_text()
-        cluster.exec("node01", ["sh", "-c", "mkdir -p %s && cat > %s" % (work, config)], check=True, input=text)
-        cluster.exec("node03", ["sh", "-c", "mkdir -p %s && cat > %s" % (work, config)], check=True,
+        cluster.exec("node01", ["sh", "-c", f"mkdir -p {work} && cat > {config}"], check=True, input=text)
+        cluster.exec("node03", ["sh", "-c", f"mkdir -p {work} && cat > {config}"], check=True,
                      input=text.replace('"stage": 3', '"stage": 1'))
         proc, cells = run_cli(cluster, tmp_path, "--deepspeed-config", str(config))
         assert proc.returncode == 1, proc.stdout + proc.stderr
         star = findings(cells[("*", "ds_config")])
-        assert "%s is missing on node02" % config in star, star
-        assert "%s on node03 is not the file checked here" % config in star, star
+        assert f"{config} is missing on node02" in star, star
+        assert f"{config} on node03 is not the file checked here" in star, star
         assert cells[("node02", "ds_config")]["status"] == "fail" and cells[("node03", "ds_config")]["status"] == "fail"
         assert ("node01", "ds_config") not in cells  # node01 has the same file: nothing to say there
 
         # The same file everywhere, and a ZeRO-2 checkpoint (DP 3) in every host's /tmp.
         ckpt = work / "ckpt"
-        script = ["mkdir -p %s/global_step100" % ckpt, "echo global_step100 > %s/latest" % ckpt]
-        script += ["touch %s/global_step100/%s" % (ckpt, n) for n in deepspeed_names(2, dp=3)]
+        script = [f"mkdir -p {ckpt}/global_step100", f"echo global_step100 > {ckpt}/latest"]
+        script += [f"touch {ckpt}/global_step100/{n}" for n in deepspeed_names(2, dp=3)]
         for h in ("node01", "node02", "node03"):
-            cluster.exec(h, ["sh", "-c", "mkdir -p %s && cat > %s" % (work, config)], check=True, input=text)
+            cluster.exec(h, ["sh", "-c", f"mkdir -p {work} && cat > {config}"], check=True, input=text)
             cluster.exec(h, ["sh", "-c", " && ".join(script)], check=True)
         proc, cells = run_cli(cluster, tmp_path, "--deepspeed-config", str(config), "--checkpoint-dir", str(ckpt))
         assert proc.returncode == 1
@@ -439,8 +439,8 @@ def test_real_config_and_checkpoint_as_each_host_sees_them(netcluster_factory, t
         assert "is missing on" not in star and "not the file checked here" not in star, star
 
         # A ZeRO-3 checkpoint saved at DP 2: the data-parallel size differs, with the universal conversion.
-        script = ["rm -rf %s" % ckpt, "mkdir -p %s/global_step7" % ckpt, "echo global_step7 > %s/latest" % ckpt]
-        script += ["touch %s/global_step7/%s" % (ckpt, n) for n in deepspeed_names(3, dp=2)]
+        script = [f"rm -rf {ckpt}", f"mkdir -p {ckpt}/global_step7", f"echo global_step7 > {ckpt}/latest"]
+        script += [f"touch {ckpt}/global_step7/{n}" for n in deepspeed_names(3, dp=2)]
         for h in ("node01", "node02", "node03"):
             cluster.exec(h, ["sh", "-c", " && ".join(script)], check=True)
         proc, cells = run_cli(cluster, tmp_path, "--deepspeed-config", str(config), "--checkpoint-dir", str(ckpt))
@@ -462,7 +462,7 @@ def test_real_master_address_from_hostname_i_unreachable_by_the_others(netcluste
     management address would): DeepSpeed's launcher gives the ranks that address, so the ports check FAILs on
     node01 naming it and the address that works; --master-addr with that one passes."""
     first_extra = ("a=$(ip -4 -o addr show dev eth0 | awk '{print $4}'); ip addr flush dev eth0; "
-                   "ip addr add %s dev eth0; ip addr add $a dev eth0" % UNREACHABLE_NET)
+                   f"ip addr add {UNREACHABLE_NET} dev eth0; ip addr add $a dev eth0")
     cluster = netcluster_factory(3, setup={"node01": [first_extra]})
     words = cluster.exec("node01", ["hostname", "-I"], check=True).stdout.split()
     good = cluster.hosts[0].addresses[0]
@@ -475,7 +475,7 @@ def test_real_master_address_from_hostname_i_unreachable_by_the_others(netcluste
     assert cell["status"] == "fail", cell
     assert "10.213.7.1" in cell["message"] and "hostname -I" in cell["message"], cell["message"]
     assert "node02" in cell["message"] and "node03" in cell["message"]
-    assert "deepspeed --master_addr %s" % good in cell["fix"] and "--master-addr %s" % good in cell["fix"]
+    assert f"deepspeed --master_addr {good}" in cell["fix"] and f"--master-addr {good}" in cell["fix"]
     assert cell["metrics"]["deepspeed_master_addr"] == "10.213.7.1"
     for h in ("node02", "node03"):
         assert cells[(h, "ports")]["status"] == "pass", cells[(h, "ports")]
@@ -489,7 +489,7 @@ def test_real_master_address_from_hostname_i_unreachable_by_the_others(netcluste
     proc, cells = run_cli(cluster, tmp_path, "--master-addr", "10.213.7.1", checks="ports")
     assert proc.returncode == 1
     cell = cells[("node01", "ports")]
-    assert "10.213.7.1 (--master-addr)" in cell["message"] and "--master_addr %s" % good in cell["fix"]
+    assert "10.213.7.1 (--master-addr)" in cell["message"] and f"--master_addr {good}" in cell["fix"]
 
 
 def test_master_addr_option_is_validated():

@@ -256,7 +256,7 @@ def test_a_shared_step_that_cannot_start_leaves_each_node_a_step_of_its_own(brok
     wrapper = tmp_path / "bin" / "srun"
     wrapper.parent.mkdir()
     wrapper.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = --input=all ] && { echo "srun: error: refused" >&2; '
-                       'exit 1; }; done\nexec %s "$@"\n' % shutil.which("srun"))
+                       f'exit 1; }}; done\nexec {shutil.which("srun")} "$@"\n')
     wrapper.chmod(0o755)
     env = dict(broken3.env, PATH=f"{wrapper.parent}:{broken3.env['PATH']}")
     before = _step_launches(broken3)
