@@ -74,7 +74,7 @@ def make_facts(config_file: str, hosts: int = 1, slots: int = 8, gpus: Optional[
                ds_report: Optional[Dict[str, Any]] = None, mem: Optional[Dict[str, Any]] = None,
                nvme: Optional[Dict[str, Any]] = None, **extra: Any) -> Dict[str, Any]:
     config, found = D.load_config(config_file)
-    names = ["node%02d" % i for i in range(hosts)]
+    names = [f"node{i:02d}" for i in range(hosts)]
     gpu_list = gpus if gpus is not None else [h100_gpu(i) for i in range(slots)]
     facts = {
         "config_path": config_file, "config": config or None, "load_findings": [f.to_dict() for f in found],
@@ -122,9 +122,9 @@ def test_parse_error_reports_line_and_column():
     config, found = D.load_config(path)
     assert config == {}
     assert len(found) == 1 and found[0].status == Status.FAIL
-    assert "line %d column %d" % (lineno, col) in found[0].message
+    assert f"line {lineno} column {col}" in found[0].message
     out = run(make_facts(path))
-    assert out["*"].status == Status.FAIL and "line %d" % lineno in out["*"].message
+    assert out["*"].status == Status.FAIL and f"line {lineno}" in out["*"].message
 
 
 def test_duplicate_keys_fail_with_their_lines():
@@ -133,7 +133,7 @@ def test_duplicate_keys_fail_with_their_lines():
     assert len(lines) == 2
     _, found = D.load_config(path)
     assert [f.status for f in found] == [Status.FAIL]
-    assert "'stage'" in found[0].message and "lines %d, %d" % tuple(lines) in found[0].message
+    assert "'stage'" in found[0].message and f"lines {lines[0]}, {lines[1]}" in found[0].message
 
 
 def test_missing_file_and_non_object(tmp_path):
@@ -197,7 +197,7 @@ def test_deprecated_keys_warn_with_modern_name():
     for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"),
                      ("stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"),
                      ("cpu_offload_use_pin_memory", "pin_memory")):
-        assert any(("zero_optimization.%s is deprecated" % old) in f.message and new in f.message for f in warns), old
+        assert any(f"zero_optimization.{old} is deprecated" in f.message and new in f.message for f in warns), old
     assert not of(out["*"], Status.FAIL), text
     # the deprecated booleans still count as offload (what DeepSpeed maps them to)
     assert parse.offload_devices(D.load_config(cfg("deprecated.json"))[0]) == ("cpu", "cpu")
@@ -245,15 +245,15 @@ def test_batch_mismatch_fails_with_numbers_and_corrections():
     out = run(make_facts(cfg("batch_mismatch.json"), hosts=1, slots=8))
     fails = of(out["*"], Status.FAIL)
     assert len(fails) == 1
-    assert "%d != %d * %d * %d" % (tb, mb, ga, 8) in fails[0].message
-    assert "train_batch_size = %d x %d x %d = %d" % (mb, ga, 8, mb * ga * 8) in fails[0].fix
+    assert f"{tb} != {mb} * {ga} * 8" in fails[0].message
+    assert f"train_batch_size = {mb} x {ga} x 8 = {mb * ga * 8}" in fails[0].fix
 
 
 def test_batch_derived_value_uses_integer_division(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4}))
     fails = of(run(make_facts(str(p), slots=8))["*"], Status.FAIL)
-    assert len(fails) == 1 and "100 != 4 * %d * 8" % (100 // 4 // 8) in fails[0].message
+    assert len(fails) == 1 and f"100 != 4 * {100 // 4 // 8} * 8" in fails[0].message
     p.write_text(json.dumps({"train_batch_size": 96, "train_micro_batch_size_per_gpu": 4}))
     out = run(make_facts(str(p), slots=8))
     assert out["*"].status == Status.PASS and "96 = 4 x 3 x 8" in out["*"].message
@@ -345,7 +345,7 @@ def test_zero2_bf16_7b_on_8_h100_gives_no_findings():
     assert set(out) == {"*"}
     assert out["*"].status == Status.PASS and non_pass(out["*"]) == []
     est = (2 * 7e9 + 18 * 7e9 / 8) / GiB
-    assert ("%.1f GiB/GPU" % est) in out["*"].message and "79.2 GiB" in out["*"].message
+    assert f"{est:.1f} GiB/GPU" in out["*"].message and "79.2 GiB" in out["*"].message
 
 
 def test_zero2_too_big_fails_and_suggests_a_stage_that_fits():
@@ -357,9 +357,9 @@ def test_zero2_too_big_fails_and_suggests_a_stage_that_fits():
     free = h100_gpu()["memory_free"]
     need = 2 * 70e9 + 18 * 70e9 / 32
     assert need > free
-    assert len(fails) == 1 and ("%.1f GiB per GPU" % (need / GiB)) in fails[0].message
-    assert "ZeRO-3" in fails[0].fix and ("%.1f GiB" % ((4 * 1e9 + 18 * 70e9 / 32) / GiB)) in fails[0].fix
-    assert all(out["node%02d" % i].status == Status.FAIL for i in range(4))
+    assert len(fails) == 1 and f"{need / GiB:.1f} GiB per GPU" in fails[0].message
+    assert "ZeRO-3" in fails[0].fix and f"{(4 * 1e9 + 18 * 70e9 / 32) / GiB:.1f} GiB" in fails[0].fix
+    assert all(out[f"node{i:02d}"].status == Status.FAIL for i in range(4))
 
 
 def test_one_host_with_a_busy_gpu_is_named():
@@ -390,7 +390,7 @@ def test_zero3_offload_13b_fits_on_big_memory_hosts_and_fails_on_small_ones():
     out = run(facts)
     fails = of(out["*"], Status.FAIL)
     assert len(fails) == 1 and "node01" in fails[0].message and "node00" not in fails[0].message
-    assert ("%.1f GiB" % (13e9 * 18 / 2 * 1.5 / GiB)) in fails[0].message
+    assert f"{13e9 * 18 / 2 * 1.5 / GiB:.1f} GiB" in fails[0].message
     assert out["node01"].status == Status.FAIL and "node00" not in out
 
 
@@ -399,7 +399,7 @@ def test_stage3_for_a_small_model_warns():
     out = run(make_facts(cfg("zero3_offload_13b.json"), mem=big, model_params=1e9, largest_layer_params=0.1e9))
     warns = of(out["*"], Status.WARN)
     assert len(warns) == 1 and "fits comfortably with ZeRO-2" in warns[0].message
-    assert ("%.1f GiB" % ((2 * 1e9 + 18 * 1e9 / 8) / GiB)) in warns[0].message
+    assert f"{(2 * 1e9 + 18 * 1e9 / 8) / GiB:.1f} GiB" in warns[0].message
 
 
 def test_memory_skips_without_gpu_facts():
@@ -544,7 +544,7 @@ def test_keys_newer_than_the_hosts_deepspeed_warn():
     out = run(facts)
     warns = of(out["*"], Status.WARN)
     gate = K.ZERO["zero_quantized_weights"]["added"]
-    assert any("zero_optimization.zero_quantized_weights needs DeepSpeed >= %s" % gate[1] in w.message
+    assert any(f"zero_optimization.zero_quantized_weights needs DeepSpeed >= {gate[1]}" in w.message
                and "node00" in w.message and "node01" not in w.message for w in warns)
     assert not any("communication_data_type" in w.message for w in warns)  # 0.9.0 has it
     fails = of(out["*"], Status.FAIL)  # sparse_attention: removed in 0.19.7, node01 runs 0.19.8
@@ -717,7 +717,7 @@ def test_host_memory_reads_this_machine():
 
 def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: Any) -> testing.FakeCluster:
     """node00.. with 8 recorded H100s each; the host probe runs in this process, and raises on ``fail_on``."""
-    names = ["node%02d" % i for i in range(hosts)]
+    names = [f"node{i:02d}" for i in range(hosts)]
 
     def probe(host: str, params: Dict[str, Any], timeout: float) -> Any:
         if host == fail_on:
@@ -861,7 +861,7 @@ def test_sections_deepspeed_validates_are_found_by_asking_deepspeed(section, val
     facts = make_facts(cfg("zero2_bf16_7b.json"), config=config, deepspeed_models=res)
     fails = of(run(facts)["*"], Status.FAIL)
     bad = [k for k in value if k not in ("deepcompile", "autotp_size", "quantized_initialization")][0]
-    assert any(f.message.startswith("%s.%s: unknown" % (section, bad)) and "rejects it" in f.message
+    assert any(f.message.startswith(f"{section}.{bad}: unknown") and "rejects it" in f.message
                for f in fails), [f.message for f in fails]
 
 
@@ -952,7 +952,7 @@ def test_cli_stops_on_a_config_that_does_not_parse_with_file_line_col(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "preflight", "run", "--deepspeed-config", str(bad), "--checks",
                            "ds_config"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("preflight: error: %s:3:28: DeepSpeed config does not parse" % bad)
+    assert proc.stderr.startswith(f"preflight: error: {bad}:3:28: DeepSpeed config does not parse")
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
