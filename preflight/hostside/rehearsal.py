@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 TAG = "@@PF-REHEARSE"
 # One event is one write(2) of at most PIPE_BUF bytes: the ranks of a host share the launcher's stdout pipe, and
@@ -242,23 +242,11 @@ def _peak_memory(torch: Any, accelerator: Any) -> Dict[str, Any]:
 
 
 def rank_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="preflight_rehearse.py")
-    parser.add_argument("--local_rank", type=int, default=-1)  # DeepSpeed's launcher appends it
-    parser.add_argument("--deepspeed_config", required=True)
-    parser.add_argument("--preflight-run", required=True)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--model-params", type=float, default=1e6)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--init-timeout", type=float, default=60.0)
-    parser.add_argument("--lifetime", type=float, default=600.0)
-    args, _unknown = parser.parse_known_args(list(argv))
+    args = _rank_args(argv)
     rep = Reporter(args.preflight_run, _rank_identity())
     _watchdog(rep, args.lifetime)
     env = dict(os.environ)
-    watched = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
-               "NCCL_IB_HCA", "NCCL_DEBUG", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
-    rep.emit("start", python=sys.executable, version=sys.version.split()[0], cwd=os.getcwd(),
-             env={k: env[k] for k in watched if k in env})
+    _emit_start(rep, env)
     # torch's inductor cache (/tmp/torchinductor_USER, made at import) goes into the launch directory, which the
     # rehearsal removes: nothing of it stays on the host. The job's own environment is left as it is otherwise.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
@@ -280,59 +268,109 @@ def rank_main(argv: Sequence[str]) -> int:
         with open(args.deepspeed_config) as fh:
             config = json.load(fh)
         phase = "init"
-        advertised = gloo_address(env, socket.gethostname()) if backend == "gloo" else None
-        rep.emit("init_begin", backend=backend, advertise=advertised, init_timeout=args.init_timeout)
-        import datetime
-        started = time.monotonic()
-        deepspeed.init_distributed(dist_backend=backend,
-                                   timeout=datetime.timedelta(seconds=args.init_timeout))
-        rep.emit("init", s=round(time.monotonic() - started, 3), backend=backend,
-                 world_size=torch.distributed.get_world_size())
+        _init_distributed(rep, torch, deepspeed, backend, env, args.init_timeout)
         phase = "initialize"
-        width = layer_width(args.model_params, args.layers)
-        layers: List[Any] = []
-        for _ in range(args.layers):
-            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        model = torch.nn.Sequential(*layers[:-1])
-        params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them away
-        extra: Dict[str, Any] = {}
-        if "optimizer" not in config:  # the job brings its own optimizer: a plain AdamW stands in for it
-            extra["optimizer"] = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        started = time.monotonic()
-        engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(), **extra)
-        micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-        rep.emit("initialize", s=round(time.monotonic() - started, 3), zero_stage=engine.zero_optimization_stage(),
-                 micro_batch=micro, gradient_accumulation=gas, train_batch=engine.train_batch_size(),
-                 width=width, layers=args.layers, params=params)
+        engine, width, micro, gas = _initialize(rep, torch, deepspeed, args, config)
         phase = "step"
-        dtype = _dtype(torch, config)
-        device = engine.device
-        for index in range(args.steps):
-            started = time.monotonic()
-            for _ in range(gas):
-                x = torch.randn(micro, width, dtype=dtype, device=device)
-                loss = engine(x).float().pow(2).mean()
-                engine.backward(loss)
-                engine.step()
-            rep.emit("step", index=index, s=round(time.monotonic() - started, 4), loss=float(loss.item()))
+        _train_steps(rep, torch, engine, _dtype(torch, config), width, micro, gas, args.steps)
         phase = "done"
         rep.emit("done", ops=ops.ops, **_peak_memory(torch, accelerator))
         code = 0
     except BaseException as exc:  # every failure is this rank's report; SystemExit and Ctrl-C included
-        detail: Dict[str, Any] = {"phase": phase, "type": type(exc).__name__, "message": str(exc)[:1500],
-                                  "traceback": traceback.format_exc()}
-        if ops.current:
-            detail["op"] = ops.current
-        if ops.ops:
-            detail["ops"] = ops.ops
-        if torch is not None:
-            detail.update(_peak_memory(torch, accelerator))
-        rep.emit("error", **detail)
+        rep.emit("error", **_error_detail(exc, phase, ops, torch, accelerator))
         code = 1
     # No interpreter shutdown: gloo's and DeepSpeed's threads could hold it, and a rank must end when it is done.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _rank_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The rank's options; the job's own ones (which the launcher may pass along) are ignored."""
+    parser = argparse.ArgumentParser(prog="preflight_rehearse.py")
+    parser.add_argument("--local_rank", type=int, default=-1)  # DeepSpeed's launcher appends it
+    parser.add_argument("--deepspeed_config", required=True)
+    parser.add_argument("--preflight-run", required=True)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--model-params", type=float, default=1e6)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--init-timeout", type=float, default=60.0)
+    parser.add_argument("--lifetime", type=float, default=600.0)
+    args, _unknown = parser.parse_known_args(list(argv))
+    return args
+
+
+def _emit_start(rep: Reporter, env: Dict[str, str]) -> None:
+    """The start event: this rank's Python and the launch variables it was given, before torch is imported."""
+    watched = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+               "NCCL_IB_HCA", "NCCL_DEBUG", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
+    rep.emit("start", python=sys.executable, version=sys.version.split()[0], cwd=os.getcwd(),
+             env={k: env[k] for k in watched if k in env})
+
+
+def _init_distributed(rep: Reporter, torch: Any, deepspeed: Any, backend: str, env: Dict[str, str],
+                      init_timeout: float) -> None:
+    """deepspeed.init_distributed (init_process_group), timed; init_begin first says which address gloo will
+    advertise, so that a rank stuck in it still shows where it waits."""
+    advertised = gloo_address(env, socket.gethostname()) if backend == "gloo" else None
+    rep.emit("init_begin", backend=backend, advertise=advertised, init_timeout=init_timeout)
+    import datetime
+    started = time.monotonic()
+    deepspeed.init_distributed(dist_backend=backend,
+                               timeout=datetime.timedelta(seconds=init_timeout))
+    rep.emit("init", s=round(time.monotonic() - started, 3), backend=backend,
+             world_size=torch.distributed.get_world_size())
+
+
+def _initialize(rep: Reporter, torch: Any, deepspeed: Any, args: argparse.Namespace,
+                config: Dict[str, Any]) -> Tuple[Any, int, int, int]:
+    """(engine, layer width, micro batch, gradient accumulation steps): deepspeed.initialize, timed, with the job's
+    config on a stack of Linear layers of about --model-params parameters (and a stand-in optimizer when the config
+    names none)."""
+    width = layer_width(args.model_params, args.layers)
+    layers: List[Any] = []
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them away
+    extra: Dict[str, Any] = {}
+    if "optimizer" not in config:  # the job brings its own optimizer: a plain AdamW stands in for it
+        extra["optimizer"] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    started = time.monotonic()
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(), **extra)
+    micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    rep.emit("initialize", s=round(time.monotonic() - started, 3), zero_stage=engine.zero_optimization_stage(),
+             micro_batch=micro, gradient_accumulation=gas, train_batch=engine.train_batch_size(),
+             width=width, layers=args.layers, params=params)
+    return engine, width, micro, gas
+
+
+def _train_steps(rep: Reporter, torch: Any, engine: Any, dtype: Any, width: int, micro: int, gas: int,
+                 steps: int) -> None:
+    """`steps` optimizer steps on random batches (forward, backward, step per micro batch), each timed."""
+    device = engine.device
+    for index in range(steps):
+        started = time.monotonic()
+        for _ in range(gas):
+            x = torch.randn(micro, width, dtype=dtype, device=device)
+            loss = engine(x).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+        rep.emit("step", index=index, s=round(time.monotonic() - started, 4), loss=float(loss.item()))
+
+
+def _error_detail(exc: BaseException, phase: str, ops: OpLog, torch: Any, accelerator: Any) -> Dict[str, Any]:
+    """The error event of a failed rank: the phase, the exception and its traceback, the DeepSpeed op being loaded
+    (and those loaded), and the peak memory once torch is imported. Called while `exc` is being handled."""
+    detail: Dict[str, Any] = {"phase": phase, "type": type(exc).__name__, "message": str(exc)[:1500],
+                              "traceback": traceback.format_exc()}
+    if ops.current:
+        detail["op"] = ops.current
+    if ops.ops:
+        detail["ops"] = ops.ops
+    if torch is not None:
+        detail.update(_peak_memory(torch, accelerator))
+    return detail
 
 
 # ---------------------------------------------------------------------------------------- the supervisor
