@@ -107,9 +107,10 @@ def test_a_launcher_without_pdsh_fails_on_the_launch_host_before_any_rank():
 
 def test_a_rank_that_never_started_is_named_with_pdshs_line_for_its_host():
     hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
-    start = '@@PF-REHEARSE {"run": "t", "event": "%s", "rank": 0, "local_rank": 0, "host": "node01"}'
+    start = '@@PF-REHEARSE {{"run": "t", "event": "{}", "rank": 0, "local_rank": 0, "host": "node01"}}'
     log = _log("t", ["node01", "node02"], [
-        "node01: " + start % "start", "node01: " + start % "imported", "node01: " + start % "init_begin",
+        "node01: " + start.format("start"), "node01: " + start.format("imported"),
+        "node01: " + start.format("init_begin"),
         "node02: sh: 1: /opt/venv/bin/python3: not found",
         "pdsh@node01: node02: ssh exited with exit code 127",
         '@@PF-REHEARSE {"run": "other-run", "event": "start", "rank": 1}'])  # another run's event: not ours
@@ -123,12 +124,12 @@ def test_a_rank_that_never_started_is_named_with_pdshs_line_for_its_host():
 
 def test_a_config_missing_on_one_host_is_named_there():
     hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
-    event = '@@PF-REHEARSE {"run": "t", "event": "%s", "rank": %d, "local_rank": 0%s}'
+    event = '@@PF-REHEARSE {{"run": "t", "event": "{}", "rank": {}, "local_rank": 0{}}}'
     error = ', "phase": "config", "type": "FileNotFoundError", "message": "[Errno 2] No such file or directory: ' \
             '\'/shared/ds.json\'", "traceback": "Traceback ..."'
     log = _log("t", ["node01", "node02"], [
-        "node01: " + event % ("start", 0, ""), "node02: " + event % ("start", 1, ""),
-        "node02: " + event % ("error", 1, error), "node01: " + event % ("init_begin", 0, "")])
+        "node01: " + event.format("start", 0, ""), "node02: " + event.format("start", 1, ""),
+        "node02: " + event.format("error", 1, error), "node01: " + event.format("init_begin", 0, "")])
     rows = Outcomes(_options(hosts), "node01", log, "stopped 10 s after the first rank raised", 20.0, {}).host_rows()
     assert rows["node02"].status == Status.FAIL and "cannot open the DeepSpeed config /shared/ds.json on node02" \
         in rows["node02"].message
@@ -243,7 +244,7 @@ def warm_ops(tmp_path_factory):
               if line.startswith(host_side.TAG)]
     assert any(e["event"] == "done" for e in events), proc.stdout[-3000:] + proc.stderr[-3000:]
     ops = next(e for e in events if e["event"] == "done")["ops"]
-    print("\nops warmed in %.1f s: %s" % (time.monotonic() - started, ops))
+    print(f"\nops warmed in {time.monotonic() - started:.1f} s: {ops}")
     return ops
 
 
@@ -256,12 +257,12 @@ def debian_cluster(warm_ops):
         pytest.fail("the rehearsal needs pdsh and DeepSpeed's launcher (tests/install-deps.sh installs both)")
     with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
         hosts = cluster.dir / ("debian-hosts-" + LOOPBACK_HOST)
-        hosts.write_text("127.0.1.1\t%s\n" % LOOPBACK_HOST + cluster.exec(LOOPBACK_HOST, "cat /etc/hosts").stdout)
+        hosts.write_text(f"127.0.1.1\t{LOOPBACK_HOST}\n" + cluster.exec(LOOPBACK_HOST, "cat /etc/hosts").stdout)
         cluster.exec(LOOPBACK_HOST, ["mount", "--bind", str(hosts), "/etc/hosts"], check=True)
         resolved = cluster.exec(LOOPBACK_HOST, ["getent", "hosts", LOOPBACK_HOST], check=True).stdout
         assert resolved.startswith("127.0.1.1"), resolved
         for name, config in (("zero2", ZERO2), ("zero3", ZERO3)):
-            (cluster.dir / ("ds_%s.json" % name)).write_text(json.dumps(config))  # /run: every host sees it
+            (cluster.dir / (f"ds_{name}.json")).write_text(json.dumps(config))  # /run: every host sees it
         yield cluster
 
 
@@ -270,7 +271,7 @@ def rehearse(cluster, workdir, config, *extra, timeout=400):
     if report.exists():
         report.unlink()
     argv = [sys.executable, "-m", "preflight", "rehearse", "--hostfile", str(cluster.hostfile(workdir / "hostfile")),
-            "--deepspeed-config", str(cluster.dir / ("ds_%s.json" % config)), "--ssh-config", str(cluster.ssh_config),
+            "--deepspeed-config", str(cluster.dir / (f"ds_{config}.json")), "--ssh-config", str(cluster.ssh_config),
             "--ssh-key", str(cluster.user_key), "--known-hosts", str(cluster.known_hosts),
             "--deepspeed", str(LAUNCHER), "--python", sys.executable, "--init-timeout", str(INIT_TIMEOUT),
             "--json", str(report), *map(str, extra)]
@@ -313,16 +314,16 @@ def test_with_the_recommended_env_file_zero2_and_zero3_launch(debian_cluster, tm
             assert rank["init_s"] > 0 and rank["initialize_s"] > 0 and len(rank["step_s"]) == 2
             assert all(s > 0 for s in rank["step_s"]) and rank["zero_stage"] == stage and rank["train_batch"] == 6
             assert rank["advertise"]["source"] == "GLOO_SOCKET_IFNAME=eth0" and not rank["advertise"]["loopback"]
-            assert ("rank %d (local 0): init " % rank["rank"]) in cell["message"] and "steps " in cell["message"]
+            assert f"rank {rank['rank']} (local 0): init " in cell["message"] and "steps " in cell["message"]
         whole = cells["*"]
-        assert whole["status"] == "pass" and "ZeRO-%d" % stage in whole["message"]
+        assert whole["status"] == "pass" and f"ZeRO-{stage}" in whole["message"]
         assert "3 ranks on 3 hosts started by `deepspeed --launcher pdsh` from node01" in whole["message"]
         assert [f["keys"] for f in whole["metrics"]["env_files"]] == [
             [line.split("=")[0] for line in env_file.read_text().splitlines()]]
         assert str(env_file) in whole["message"]  # named as the file it was copied from
-        print("\n%s: exit %d in %.1f s (launch to last step %.1f s); per rank (rank, host, init_s, initialize_s, "
-              "step_s): %s" % (config, proc.returncode, elapsed, whole["metrics"]["launch_to_last_step_s"],
-                               _times(cells)))
+        print(f"\n{config}: exit {proc.returncode} in {elapsed:.1f} s (launch to last step "
+              f"{whole['metrics']['launch_to_last_step_s']:.1f} s); per rank (rank, host, init_s, initialize_s, "
+              f"step_s): {_times(cells)}")
         assert_nothing_left(cluster)
 
 
@@ -347,7 +348,7 @@ def test_without_the_env_file_it_names_the_rank_that_advertised_loopback(debian_
     assert whole["status"] == "fail" and "rank 1 (local 0) on node02 (127.0.1.1)" in whole["message"]
     assert "GLOO_SOCKET_IFNAME" in whole["fix"] and "no .deepspeed_env" in whole["message"]
     assert "node02::launch FAILED - rank 1 (local 0) advertised the loopback address" in proc.stdout
-    print("\nwithout .deepspeed_env: exit %d in %.1f s: %s" % (proc.returncode, elapsed, culprit["message"]))
+    print(f"\nwithout .deepspeed_env: exit {proc.returncode} in {elapsed:.1f} s: {culprit['message']}")
     assert_nothing_left(cluster)
 
 
@@ -384,7 +385,7 @@ def test_an_interrupted_or_killed_coordinator_leaves_nothing_behind(debian_clust
                 break
             time.sleep(1)
         else:
-            pytest.fail("the ranks did not start: %s" % leftovers(cluster))
+            pytest.fail(f"the ranks did not start: {leftovers(cluster)}")
         time.sleep(3)
         stopped = time.monotonic()
         proc.send_signal(sig)
@@ -400,7 +401,7 @@ def test_an_interrupted_or_killed_coordinator_leaves_nothing_behind(debian_clust
     deadline = time.monotonic() + 90
     while leftovers(cluster) and time.monotonic() < deadline:
         time.sleep(1)
-    print("\n%s: nothing left %.1f s after the signal" % (signal.Signals(sig).name, time.monotonic() - stopped))
+    print(f"\n{signal.Signals(sig).name}: nothing left {time.monotonic() - stopped:.1f} s after the signal")
     assert leftovers(cluster) == {}
 
 
@@ -411,7 +412,7 @@ def test_launch_from_this_machine(debian_cluster, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     wrapper = bindir / "ssh"
-    wrapper.write_text('#!/bin/sh\nexec %s -F %s "$@"\n' % (shutil.which("ssh"), cluster.ssh_config))
+    wrapper.write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {cluster.ssh_config} \"$@\"\n")
     wrapper.chmod(0o755)
     (tmp_path / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\n")
     report = tmp_path / "r.json"
@@ -420,7 +421,7 @@ def test_launch_from_this_machine(debian_cluster, tmp_path):
             "--ssh-key", str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--deepspeed",
             str(LAUNCHER), "--python", sys.executable, "--launch-from", "local", "--json", str(report)]
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
-                          env=_env(PATH="%s:%s" % (bindir, os.environ["PATH"])))
+                          env=_env(PATH=f"{bindir}:{os.environ['PATH']}"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cells = {r["host"]: r for r in json.loads(report.read_text())["results"]}
     assert all(cells[h]["status"] == "pass" for h in ("node01", "node02", "node03", "*")), cells
@@ -459,5 +460,5 @@ def test_preflight_run_rehearses_the_launch_as_its_launch_check(debian_cluster, 
     assert whole["status"] == "pass" and "3 ranks on 3 hosts" in whole["message"] and "from node01" in whole["message"]
     assert "-m deepspeed.launcher.runner" in whole["metrics"]["command"]
     assert str(tmp_path / ".deepspeed_env") in whole["message"]
-    print("\npreflight run --checks launch: exit %d in %.1f s: %s" % (proc.returncode, elapsed, whole["message"]))
+    print(f"\npreflight run --checks launch: exit {proc.returncode} in {elapsed:.1f} s: {whole['message']}")
     assert_nothing_left(cluster)
