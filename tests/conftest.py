@@ -2,10 +2,17 @@
 
 import contextlib
 import os
+import signal
 
 import pytest
 
 from .netcluster import NetCluster
+
+# A suite started in the background by a non-interactive shell (`.ci/run &`, nohup) inherits SIGINT ignored, and
+# every preflight it starts would too (Python installs its KeyboardInterrupt handler only over the default): the
+# Ctrl-C tests would interrupt nothing. A Python handler here becomes the default again in each exec'd child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # preflight records every run in a history store (default ~/.local/share/preflight/history.db) and judges each host
 # against its past runs: the suite's runs would pile up there and become baselines for later tests. Off for the
