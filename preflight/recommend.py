@@ -193,10 +193,8 @@ def inherited_env(environ: Optional[Mapping[str, str]] = None, cwd: Optional[str
 
 def _names(value: str) -> Tuple[bool, frozenset]:
     """(excluded, names) of an NCCL name list without its '=' and ':port' parts."""
-    text = value.strip()
-    exclude = text.startswith("^")
-    text = text.lstrip("^=")
-    return exclude, frozenset(i.split(":")[0] for i in text.split(",") if i)
+    exclude, _, items = launchenv.parse_ifname_filter(value)
+    return exclude, frozenset(items)
 
 
 def env_diff(env: Mapping[str, str], inherited: Mapping[str, Sequence[str]],

@@ -13,7 +13,7 @@ accelerator/cuda_accelerator.py:411-412), then every ``KEY=VALUE`` line of ``~/.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .outcome import Status
 
@@ -101,15 +101,21 @@ class EnvFinding(NamedTuple):
     hosts: Sequence[str] = ()
 
 
-def ifname_filter(value: str) -> Any:
+def parse_ifname_filter(value: str) -> Tuple[bool, bool, List[str]]:
     """NCCL's interface filter (NCCL env.rst, NCCL_SOCKET_IFNAME and NCCL_IB_HCA): a comma list of prefixes, '^'
-    first excludes them, '=' first makes them exact names; an HCA entry may end in ':port'. -> match(name)."""
+    first excludes them, '=' first makes them exact names; an HCA entry may end in ':port'. -> (exclude, exact,
+    names without their ports)."""
     text = value.strip()
     exclude = text.startswith("^")
     text = text[1:] if exclude else text
     exact = text.startswith("=")
     text = text[1:] if exact else text
-    items = [i.split(":")[0] for i in text.split(",") if i]
+    return exclude, exact, [i.split(":")[0] for i in text.split(",") if i]
+
+
+def ifname_filter(value: str) -> Any:
+    """NCCL's interface filter (``parse_ifname_filter``) -> match(name)."""
+    exclude, exact, items = parse_ifname_filter(value)
 
     def match(name: str) -> bool:
         hit = any(name == i if exact else name.startswith(i) for i in items)
