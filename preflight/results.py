@@ -31,14 +31,22 @@ class Result:
     fix: str = ""
     metrics: Dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
-    # The check of the same host (its connection check, e.g. "ssh") whose failure kept this one from running.
-    # Such a cell keeps the status ERROR (for JUnit and the pytest plugin it is not a pass), but it is counted as
-    # blocked, not as an error: the terminal prints its cause once, and the matrix shows it as a dot.
+    # The check whose failure kept this one from running or from telling anything of its own: by default of the same
+    # host (its connection check, e.g. "ssh"); of another host where blocked_host says so (a rank that waited for a
+    # rank of node02 which raised: blocked_by="launch", blocked_host="node02"). Such a cell keeps its status (for
+    # JUnit and the pytest plugin it is not a pass), but it is counted as blocked, not as a cause: the terminal
+    # prints its cause once, and the matrix shows it as a dot.
     blocked_by: Optional[str] = None
+    blocked_host: Optional[str] = None
+    # A cause fixed in no host (outcome.WHERE: "launch shell", "coordinator", "every host"): the verdict names it so.
+    where: Optional[str] = None
 
     @classmethod
     def from_outcome(cls, host: str, check: str, outcome: Outcome, duration_s: float = 0.0) -> "Result":
-        return cls(host, check, outcome.status, outcome.message, outcome.fix, dict(outcome.metrics), duration_s)
+        blocked = outcome.blocked_by
+        return cls(host, check, outcome.status, outcome.message, outcome.fix, dict(outcome.metrics), duration_s,
+                   blocked.check if blocked else None,
+                   blocked.host if blocked and blocked.host != host else None, outcome.where)
 
     @property
     def nodeid(self) -> str:
@@ -48,18 +56,30 @@ class Result:
     def blocked(self) -> bool:
         return self.blocked_by is not None
 
+    @property
+    def blocker(self) -> Optional[tuple]:
+        """(host, check) of the result that blocked this one, or None."""
+        if self.blocked_by is None:
+            return None
+        return (self.blocked_host or self.host, self.blocked_by)
+
     def to_dict(self) -> Dict[str, Any]:
         out = {"host": self.host, "check": self.check, "status": self.status.value, "message": self.message,
                "fix": self.fix, "metrics": self.metrics, "duration_s": round(self.duration_s, 3)}
         if self.blocked_by is not None:  # only on blocked cells: the other results stay as they were
             out["blocked_by"] = self.blocked_by
+            if self.blocked_host is not None:  # blocked by another host's fault
+                out["blocked_host"] = self.blocked_host
+        if self.where is not None:
+            out["where"] = self.where
         return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Result":
         """Inverse of to_dict (the JSON report's ``results`` entries)."""
         return cls(data["host"], data["check"], Status(data["status"]), data["message"], data.get("fix", ""),
-                   dict(data.get("metrics", {})), float(data.get("duration_s", 0.0)), data.get("blocked_by"))
+                   dict(data.get("metrics", {})), float(data.get("duration_s", 0.0)), data.get("blocked_by"),
+                   data.get("blocked_host"), data.get("where"))
 
 
 @dataclass

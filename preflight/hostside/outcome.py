@@ -47,15 +47,39 @@ class Finding:
         return {"status": self.status.value, "message": self.message, "fix": self.fix}
 
 
+# Where a cause with no host to fix is fixed (``Outcome.where``): the shell that launches the job (an inherited
+# variable), the coordinator (its options or files), or every host alike (the job's interpreter missing everywhere).
+WHERE = ("launch shell", "coordinator", "every host")
+
+
+@dataclass(frozen=True)
+class BlockedBy:
+    """The (host, check) whose fault kept a result from telling anything of its own: a rank that waited for a rank
+    which raised, a cluster-wide FAIL that one host's fault explains. ``host`` is CLUSTER ("*") for the cluster row."""
+
+    host: str
+    check: str
+
+    def __str__(self) -> str:
+        return f"{self.host}::{self.check}"
+
+
 @dataclass
 class Outcome:
-    """What ``evaluate`` returns for one (host, check): the message states actual vs expected."""
+    """What ``evaluate`` returns for one (host, check): the message states actual vs expected.
+
+    ``blocked_by``: set when this result only follows from another result's fault (that one is the cause; this one is
+    its victim, counted as blocked). ``where``: one of WHERE when the cause is fixed in no host (an inherited variable:
+    "launch shell"); the verdict then names no host to fix.
+    """
 
     status: Status
     message: str
     fix: str = ""
     metrics: Dict[str, Any] = field(default_factory=dict)
     findings: List[Finding] = field(default_factory=list)
+    blocked_by: Optional[BlockedBy] = None
+    where: Optional[str] = None
 
 
 def combine(findings: Sequence[Finding], ok_message: str, metrics: Optional[Dict[str, Any]] = None) -> Outcome:
