@@ -4,8 +4,8 @@ A check that knows something about the environment declares ``SPEC.recommend`` (
 ``RecommendInput -> Recommendation``); this module names no check. After the run it gives each contribution, in
 ORDER, the facts of its check and of the checks it reads, then sets the variables the parts ask for, each with its
 reason, e.g. ``NCCL_SOCKET_IFNAME = "=eth1"`` because "network 10.1.0.0/24 reaches all hosts with the best
-measured bandwidth ...", and adds what holds for every job: NCCL_DEBUG, TORCH_NCCL_ASYNC_ERROR_HANDLING (PyTorch's
-distributed docs) and the folklore never to set. Every value passes one gate before it is printed or written to
+measured bandwidth ...", and adds what holds for every job (NCCL_DEBUG), and a note on each variable of the folklore
+never to set (NEVER) that the ranks would inherit today. Every value passes one gate before it is printed or written to
 DeepSpeed's .deepspeed_env (``env_file_text``).
 
 It then compares the result with what DeepSpeed's launcher would pass the ranks today (the launch shell's NCCL*
@@ -43,8 +43,11 @@ NEVER = {
     # NCCL's env docs: NCCL_MIN_NRINGS (until 2.4) became NCCL_MIN_NCHANNELS; NCCL_MIN_CTAS is a separate knob.
     "NCCL_MIN_NRINGS": "NCCL_MIN_NRINGS is the pre-2.5 name of NCCL_MIN_NCHANNELS (still read as an alias, ignored "
                        "when NCCL_MIN_NCHANNELS is set); NCCL tunes channels itself",
-    "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name: use "
-                                 "TORCH_NCCL_ASYNC_ERROR_HANDLING (recommended above)",
+    # Not "use TORCH_NCCL_ASYNC_ERROR_HANDLING": preflight does not recommend that either (NOT_NEEDED below).
+    "NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING is PyTorch's legacy name of "
+                                 "TORCH_NCCL_ASYNC_ERROR_HANDLING, which preflight does not recommend either: "
+                                 "torch's default (3, SkipCleanUp) already ends the job when a collective fails or "
+                                 "times out",
 }
 # The only variables preflight ever writes to the --env-file (DeepSpeed's .deepspeed_env): a key outside this set is
 # a bug, never something a host could add.
@@ -61,6 +64,9 @@ GENERAL = (
 )
 NOT_NEEDED = ("TORCH_NCCL_ASYNC_ERROR_HANDLING is not recommended: torch's default (3, SkipCleanUp) already ends "
               "the job when a collective fails or times out; only 0 or 2 keep it hanging (named above if inherited)")
+# The variables whose note (NEVER, NOT_NEEDED) is printed only when the ranks would get them today: a note about a
+# variable nobody set is noise (issue 30: -v printed all of them on every run).
+NOTED = dict(NEVER, TORCH_NCCL_ASYNC_ERROR_HANDLING=NOT_NEEDED)
 # The metric by which the check that judged the inherited environment marks its results (the launch shell's and
 # .deepspeed_env's exported names, on its cluster row or the first host's): the contradictions join that check.
 INHERITED_METRIC = "launch_env"
@@ -128,8 +134,15 @@ def advise(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec]
     """``recommend`` plus the comparison with what the launcher passes the ranks today. inherited: {name: [value,
     where]} (default: ``inherited_env()``, read on this machine, where preflight runs and deepspeed will)."""
     env, reasons, notes, measured = _gather(cluster, results, specs)
-    diff = env_diff(env, inherited_env() if inherited is None else inherited, measured)
-    return Advice(env, reasons, notes, diff, contradictions(diff, reasons))
+    given = inherited_env() if inherited is None else inherited
+    diff = env_diff(env, given, measured)
+    return Advice(env, reasons, set_notes(given) + notes, diff, contradictions(diff, reasons))
+
+
+def set_notes(inherited: Mapping[str, Any]) -> List[str]:
+    """The notes on folklore (NEVER) and on TORCH_NCCL_ASYNC_ERROR_HANDLING (NOT_NEEDED), for the variables that
+    are set (``inherited``: what the ranks get today), in NOTED's order; none for a variable nobody set."""
+    return [note for name, note in NOTED.items() if name in inherited]
 
 
 def _gather(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec]]
@@ -173,8 +186,6 @@ def _gather(cluster: Any, results: List[Any], specs: Optional[Sequence[CheckSpec
         caveats.extend(str(c) for c in part.caveats)
     for var in GENERAL:
         put(var)
-    notes.append(NOT_NEEDED)
-    notes.extend(NEVER.values())
     notes.extend(caveats)
     return env, reasons, notes, measured
 

@@ -6,7 +6,7 @@ import pytest
 
 from preflight.hostside.outcome import Status
 from preflight.hostside.ncclenv import roce_gid_index, socket_ifname
-from preflight.recommend import NEVER, recommend
+from preflight.recommend import NEVER, NOTED, NOT_NEEDED, advise, recommend
 from preflight.testing import FakeCluster
 
 H100 = Path(__file__).parent / "fixtures" / "h100-host"
@@ -69,8 +69,8 @@ def assert_never_folklore(env, notes):
     assert env["NCCL_DEBUG"] == "WARN"
     # torch's default (3, SkipCleanUp) already tears a failed rank down: preflight does not restate it, and says why.
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
-    assert any(n.startswith("TORCH_NCCL_ASYNC_ERROR_HANDLING is not recommended: torch's default (3") for n in notes)
-    assert any("init_process_group(timeout=" in n for n in notes)
+    # Nothing inherited here: no note about a variable nobody set (issue 30).
+    assert not [n for n in notes if any(name in n for name in NOTED)], notes
 
 
 def test_h100_host_eth0_only_no_ib():
@@ -252,7 +252,6 @@ def test_never_recommends_folklore_even_if_asked():
     env, reasons, notes = recommend(make_cluster({}, ["solo"]), [])
     assert set(env) <= {"NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
     assert_never_folklore(env, notes)
-    assert any("NCCL_MIN_NRINGS" in n for n in notes)
 
 
 # --- the gatherer: every check's contribution, seen through its declared reads ----------------------------------
@@ -306,7 +305,7 @@ def test_a_broken_contribution_costs_its_part_only_and_the_gate_still_holds():
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1" and reasons["NCCL_IB_HCA"] == "because"
     assert "NCCL_IB_DISABLE" not in env and "holds characters a shell would interpret" in notes[3]
     assert list(env) == ["NCCL_IB_HCA", "NCCL_DEBUG"]
-    assert notes[-1] == "trust this less" and notes[-1 - len(NEVER):-1] == list(NEVER.values())
+    assert notes[4:] == ["trust this less"]  # no folklore note: nothing was inherited
 
 
 def test_the_network_part_is_iperf3s_pure_contribution():
@@ -322,3 +321,48 @@ def test_the_network_part_is_iperf3s_pure_contribution():
     env, _, _ = recommend(cluster, [])
     assert [k for k in env if k not in ("NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING")] == [
         "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"]
+
+
+# --- notes only about variables that are set, never contradicting the recommendation (issue 30) ------------------
+
+def _verbose_report(inherited):
+    """What `preflight run -v` prints of the recommendation and its notes, with ``inherited`` what the ranks get."""
+    import io
+
+    from preflight.render.terminal import console, print_report
+    from preflight.results import Report
+    advice = advise(make_cluster({}, ["solo"]), [], inherited=inherited)
+    out = io.StringIO()
+    print_report(Report("t", 1.0, [], [], [], advice.env, advice.reasons, advice.notes, False, advice.diff),
+                 console(out, 400), verbose=True)
+    return advice, out.getvalue()
+
+
+def test_no_note_about_a_variable_nobody_set():
+    """Before: every -v run printed notes on NCCL_TIMEOUT, NCCL_MIN_NRINGS and both ASYNC_ERROR_HANDLING names."""
+    advice, text = _verbose_report({})
+    notes = [line for line in text.splitlines() if line.startswith("note: ")]
+    for name in ("NCCL_TIMEOUT", "NCCL_MIN_NRINGS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        assert not [n for n in notes if name in n], (name, notes)
+    assert not set(advice.notes) & set(NOTED.values())
+
+
+@pytest.mark.parametrize("name", sorted(NOTED))
+def test_a_set_variable_gets_its_note_and_only_it(name):
+    advice, text = _verbose_report({name: ["1", "the launch shell"]})
+    assert [n for n in advice.notes if n in NOTED.values()] == [NOTED[name]]
+    assert f"note: {NOTED[name]}" in text
+
+
+def test_notes_never_contradict_the_recommendation():
+    """Before: "TORCH_NCCL_ASYNC_ERROR_HANDLING is not recommended" next to "use TORCH_NCCL_ASYNC_ERROR_HANDLING
+    (recommended above)". Every variable a note tells the user to use or calls recommended is in the env."""
+    import re
+    every = {name: ["1", "the launch shell"] for name in NOTED}
+    advice, text = _verbose_report(every)
+    assert NOT_NEEDED in advice.notes and NOTED["NCCL_ASYNC_ERROR_HANDLING"] in advice.notes
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in advice.env
+    for note in advice.notes:
+        for var in re.findall(r"\buse ([A-Z][A-Z0-9_]+)", note) + re.findall(r"([A-Z][A-Z0-9_]+) \(recommended", note):
+            assert var in advice.env, (var, note)
+        assert "recommended above" not in note, note
