@@ -129,3 +129,86 @@ def test_unknown_then_changed_host_key_fixes_pasted_verbatim(cluster, tmp_path):
     assert rc == 0, stdout
     assert all(cell["status"] == "pass" for cell in cells.values()), cells
     assert f"[{node02.addresses[0]}]:{PORT} {node02.host_key_line}" in known.read_text()
+
+
+# --- the firewall fix, for the firewall the host really runs (issue 30) ---------------------------------------
+
+# A site's own nftables table (not `filter`): its input chain drops new TCP to high ports. Before issue 30 the fix
+# said `nft insert rule inet filter input ...`, which fails here ("No such file or directory": no table `filter`),
+# and an accept in a table of its own would not help: each base chain on the input hook decides on its own.
+SITE_RULES = f"""
+table inet site_fw {{
+    chain inbound {{
+        type filter hook input priority 0; policy accept;
+        ct state established,related accept
+        tcp dport {PORT} accept
+        tcp dport 1024-65535 drop
+    }}
+}}
+"""
+
+
+def run_ports(cluster, tmp_path):
+    """preflight run --checks ports on the cluster: (rc, stdout, {(host, check): cell})."""
+    report = tmp_path / "ports.json"
+    report.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--ssh-port", str(PORT), "--checks", "ports",
+            "--json", str(report), "-v"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    cells = {(r["host"], r["check"]): r for r in json.loads(report.read_text())["results"]}
+    return proc.returncode, proc.stdout, cells
+
+
+def test_firewall_fix_goes_in_the_hosts_own_nft_table_and_the_next_run_passes(cluster, tmp_path):
+    cluster.exec("node03", ["nft", "-f", "-"], check=True, input=SITE_RULES)
+    rc, stdout, cells = run_ports(cluster, tmp_path)
+    assert rc == 1, stdout
+    cell = cells[("node03", "ports")]
+    assert cell["status"] == "fail" and "inbound TCP to node03:" in cell["message"], cell
+    lines = commands(cell["fix"])
+    # The chain that drops, in the table that holds it: nothing else (no iptables/ufw/firewalld alternatives).
+    # (--checks ports alone: no interfaces facts, so the sources are the other hosts' addresses, not their subnet)
+    sources = ", ".join(cluster.host(n).addresses[0] for n in ("node01", "node02"))
+    assert lines == [f"nft insert rule inet site_fw inbound ip saddr {{ {sources} }} tcp dport 1024-65535 accept"], \
+        cell["fix"]
+    for line in lines:
+        printed(line, stdout)
+    # The old fix, pasted: fails on a host whose table is not named `filter`.
+    old = cluster.exec("node03", ["bash", "-c", f"nft insert rule inet filter input ip saddr {cluster.subnets[0]} "
+                                                "tcp dport 1024-65535 accept"])
+    assert old.returncode != 0, old
+    for line in lines:
+        paste(line, cluster, "node03")
+    rc, stdout, cells = run_ports(cluster, tmp_path)
+    assert rc == 0, stdout
+    assert all(cells[(h.name, "ports")]["status"] == "pass" for h in cluster.hosts), cells
+
+
+def test_firewall_fix_names_every_dropping_base_chain(cluster, tmp_path):
+    """Two tables drop on the input hook (the site's, and one at priority 10): an accept in one base chain does not
+    override a drop in the other, so the fix inserts one rule in each, and pasting both makes the run pass."""
+    cluster.exec("node03", ["nft", "-f", "-"], check=True, input=SITE_RULES + f"""
+table ip later {{
+    chain in_late {{
+        type filter hook input priority 10; policy drop;
+        ct state established,related accept
+        iif "lo" accept
+        tcp dport {PORT} accept
+    }}
+}}
+""")
+    rc, stdout, cells = run_ports(cluster, tmp_path)
+    cell = cells[("node03", "ports")]
+    assert rc == 1 and cell["status"] == "fail", stdout
+    lines = commands(cell["fix"])
+    assert sorted(line.split()[3:6] for line in lines) == [["inet", "site_fw", "inbound"], ["ip", "later", "in_late"]]
+    paste(lines[0], cluster, "node03")  # one chain opened: the other still drops
+    rc, _, cells = run_ports(cluster, tmp_path)
+    assert rc == 1 and cells[("node03", "ports")]["status"] == "fail"
+    for line in commands(cells[("node03", "ports")]["fix"]):
+        paste(line, cluster, "node03")
+    rc, stdout, cells = run_ports(cluster, tmp_path)
+    assert rc == 0, stdout

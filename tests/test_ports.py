@@ -153,6 +153,15 @@ PROC_NET_TCP6 = """\
 """
 
 
+# What ports.firewall (hostside/fixes.read_firewall) read on node03 of the "firewalled" cluster, as root.
+RECORDED["firewalled"]["firewalls"] = json.loads(r"""
+{"node03": {"root": true, "firewalld": {"running": false, "error": null}, "ufw": {"active": false, "error": null},
+ "nft": {"read": true, "installed": true, "error": null,
+         "drops": [{"family": "inet", "table": "pf_firewall", "chain": "input", "priority": 0, "compat": false}],
+         "drops6": [{"family": "inet", "table": "pf_firewall", "chain": "input", "priority": 0, "compat": false}]}}}
+""")
+
+
 def facts(name):
     return copy.deepcopy(RECORDED[name])
 
@@ -237,12 +246,11 @@ def test_firewalled_host_fails_as_the_destination_and_names_port_and_sources():
         assert str(port) in bad.message
     assert "inbound TCP to node03:" in bad.message and "from node01, node02" in bad.message
     assert "timed out" in bad.message and "NCCL will hang" in bad.message
-    assert "nft insert rule" in bad.fix and "iptables -I INPUT" in bad.fix and "ufw allow" in bad.fix
-    # alternatives, one per line: pasted, '|' would have run all three as one pipeline (issue 26)
-    lines = bad.fix.splitlines()
-    assert " | " not in bad.fix and [ln.split()[0] for ln in lines[1:3]] == ["nft", "iptables"]
-    assert len(lines) == 4 and "ufw allow" in lines[3]
-    assert "198.18.1.1" in bad.fix and "1024-65535" in bad.fix
+    # node03's firewall as ports.firewall read it there (netcluster's pf_firewall table): the rule goes in that
+    # table's chain, the one that drops; no alternatives for tools the host does not run (issue 30).
+    assert bad.fix.splitlines()[1:] == [
+        "  nft insert rule inet pf_firewall input ip saddr { 198.18.1.1, 198.18.1.2 } tcp dport 1024-65535 accept"]
+    assert "iptables" not in bad.fix and "ufw" not in bad.fix and "firewall-cmd" not in bad.fix
     assert bad.metrics["probes_in_ok"] == 0 and bad.metrics["probes_out_ok"] == bad.metrics["probes_out"] > 0
 
 
@@ -277,7 +285,7 @@ def test_unreachable_master_port_fails_the_master_only():
     out = ports.evaluate(f, THRESHOLDS)
     assert out["node01"].status == Status.FAIL
     assert "node01:29500 (master port)" in out["node01"].message and "from node03" in out["node01"].message
-    assert "tcp dport 29500" in out["node01"].fix
+    assert "--dport 29500 -j ACCEPT" in out["node01"].fix  # its firewall was not read: every tool's line
     assert out["node02"].status == out["node03"].status == Status.PASS
 
 

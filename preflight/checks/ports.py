@@ -21,7 +21,6 @@ import errno
 import ipaddress
 import math
 import os
-import shlex
 import random
 import selectors
 import socket
@@ -30,6 +29,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
+from ..hostside.fixes import firewall_fix, read_firewall
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text, sh
@@ -380,6 +380,12 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
                         for r in results]}
 
 
+def firewall(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """What filters inbound TCP on this host (firewalld, ufw, the nft chains on the input hook that drop, iptables):
+    read only on a host some probes could not reach, so that its fix names the tool and chain it really runs."""
+    return read_firewall([str(a) for a in params.get("addresses") or [] if validate.ip_address(a)])
+
+
 # --- coordinator -----------------------------------------------------------------------------
 
 def _parallel(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
@@ -420,6 +426,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         _plan_ds_master(facts, plan)
         if plan:
             _run_probes(cluster, facts, plan, int(lim["probe_threads"]), timeout_c, max_probe)
+            _read_firewalls(cluster, facts, batches)
     finally:
         # Every listener is stopped whatever happened above; one that does not stop in time is killed.
         _stop_listeners(cluster, services, facts, batches)
@@ -498,6 +505,22 @@ def _run_probes(cluster: ClusterView, facts: Dict[str, Any], plan: Dict[str, Lis
                 dict(t, src=src, **r))
 
 
+def _read_firewalls(cluster: ClusterView, facts: Dict[str, Any], batches: int) -> None:
+    """facts["firewalls"][host]: the firewall of each host that some probes could not reach (its fix's commands
+    come from it), or {"error": why} when it could not be read."""
+    blocked: Dict[str, set] = {}
+    for p in facts["probes"] + facts["ds_master"]["probes"]:
+        if p["result"] not in ("ok", "skipped"):
+            blocked.setdefault(p["dst"], set()).add(p["address"])
+    if not blocked:
+        return
+    names = sorted(blocked)
+    answers = _parallel(lambda h: cluster.call(h, NAME + ".firewall", {"addresses": sorted(blocked[h])}, 30.0),
+                        names, cluster.parallel, 40.0 * batches + 10)
+    facts["firewalls"] = {h: ans if isinstance(ans, dict) else {"error": str(ans) or type(ans).__name__}
+                          for h, ans in zip(names, answers)}
+
+
 def _stop_listeners(cluster: ClusterView, services: Dict[str, Any], facts: Dict[str, Any], batches: int) -> None:
     """Stop every listener started, in parallel, and record the connections each accepted (the evidence of which
     probes arrived); one that does not stop in time is killed."""
@@ -556,22 +579,6 @@ def _plan(facts: Dict[str, Any], pairs: Sequence[Tuple[int, int]]) -> Dict[str, 
 
 
 # --- evaluation ------------------------------------------------------------------------------
-
-def _firewall_fix(host: str, sources: List[str], ports: str) -> str:
-    """The commands that let the cluster in, for nft, iptables and ufw (whichever manages the host)."""
-    rng = ports.replace("-", ":")
-    sources = [shlex.quote(str(s)) for s in sources]  # pasted as shell words: addresses, nothing else
-    listed = ", ".join(sources)
-    nft_src = sources[0] if len(sources) == 1 else f"{{ {listed} }}"  # an nft anonymous set: { a, b }
-    ufw = (f"ufw allow from {sources[0]} proto tcp to any port {rng}" if len(sources) == 1 else
-           f"for s in {' '.join(sources)}; do ufw allow from $s proto tcp to any port {rng}; done")
-    iptables_src = ",".join(sources)
-    # Alternatives, one per line (never joined with '|', which a paste would run as one pipeline of all three).
-    return (f"on {host} allow TCP from the cluster, with the one of these that manages its firewall:\n"
-            f"  nft insert rule inet filter input ip saddr {nft_src} tcp dport {ports} accept\n"
-            f"  iptables -I INPUT -p tcp -s {iptables_src} --dport {rng} -j ACCEPT\n"
-            f"  {ufw}")
-
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     hosts: List[str] = facts.get("hosts", [])
@@ -728,11 +735,15 @@ def _inbound_findings(h: str, inbound: List[Dict[str, Any]], facts: Dict[str, An
                        else "NCCL hangs if it picks this network")
         cidr = (nets.get(net) or {}).get("cidr")
         src_addrs = [(nets.get(net) or {}).get("addresses", {}).get(s) for s in srcs]
-        src_spec = [cidr] if cidr else [a for a in src_addrs if a] if all(src_addrs) else ["<cluster subnet>"]
-        # NCCL's ports are ephemeral: open the whole unprivileged range, not just the ports we sampled.
-        fix = _firewall_fix(h, src_spec, str(mport) if ports == [mport] else "1024-65535")
+        src_spec = [cidr] if cidr else [a for a in src_addrs if a] if all(src_addrs) else []
+        # NCCL's ports are ephemeral: open the whole unprivileged range, not just the ports we sampled. The
+        # commands are for the firewall the host runs, in the chain that drops (hostside/fixes.py).
+        fix = firewall_fix(h, (facts.get("firewalls") or {}).get(h), src_spec,
+                           str(mport) if ports == [mport] else "1024-65535")
         if not primary:
-            fix += "; or pin NCCL to the working network: NCCL_SOCKET_IFNAME=<the SSH network's interface>"
+            prose, sep, commands = fix.partition("\n")  # the alternative goes in the prose: never on a command line
+            fix = prose.rstrip(":") + " (or pin NCCL to the network that works: NCCL_SOCKET_IFNAME set to the SSH " \
+                "network's interface)" + (":" + sep + commands if sep else "")
         findings.append(Finding(
             Status.FAIL if primary else Status.WARN,
             f"inbound TCP to {h}:{label} ({addr}){where} blocked from {short_list(srcs)} "
