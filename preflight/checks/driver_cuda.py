@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..hostside.fixes import pip_fix, pip_install, pip_phrase
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expected, nvml_session
@@ -234,6 +236,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "nvcc": None, "nvcc_path": None, "nvcc_error": None, "tool_timeout": None,
         "slots": ctx.params.get("slots"), "gpus_expected": ctx.params.get("gpus_expected"),
+        "python": sys.executable,  # the job's interpreter: a fix's pip runs in it
     }
     proc_text = read_text("/proc/driver/nvidia/version")
     facts["proc_driver_version"] = parse_proc_driver_version(proc_text)
@@ -290,11 +293,18 @@ def _torch_wheel(cuda: Optional[str]) -> Optional[str]:
     return "cu" + fits[-1].replace(".", "") if fits else None
 
 
-def _torch_install_hint(cuda: Optional[str]) -> str:
+def _torch_install_hint(cuda: Optional[str], python: Any) -> str:
+    """The job's interpreter's pip (python: its sys.executable on the host), installing the torch CUDA build
+    that this driver's CUDA runs; "" when no published build fits."""
     tag = _torch_wheel(cuda)
     if not tag:
         return ""
-    return f"pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/{tag}"
+    return pip_install(python, "--force-reinstall", "torch", "--index-url", f"https://download.pytorch.org/whl/{tag}")
+
+
+def _pasteable(command: str) -> bool:
+    """A pip line that names the interpreter (not the prose pip_install gives for a path it cannot name)."""
+    return " -m pip install " in command and not command.startswith("install ")
 
 
 def _driver_for(cuda: str) -> Optional[str]:
@@ -319,7 +329,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     # 2. nvcc vs torch's CUDA (DeepSpeed JIT builds)
     nvcc = facts.get("nvcc")
     if nvcc and torch_cuda:
-        findings.extend(_nvcc_findings(nvcc, facts.get("nvcc_path"), torch_cuda))
+        findings.extend(_nvcc_findings(nvcc, facts.get("nvcc_path"), torch_cuda, facts.get("python")))
     elif not nvcc:
         notes.append("no nvcc found (DeepSpeed JIT op builds need a CUDA toolkit)")
     # 3. enough GPUs for the hostfile's slots
@@ -397,10 +407,12 @@ def _torch_findings(facts: Dict[str, Any], driver: str, driver_cuda: Optional[st
         Status.FAIL,
         f"torch {facts['torch']} is a CPU-only build (torch.version.cuda is None) on a host with NVIDIA driver "
         f"{driver} and {facts.get('gpu_count')} GPU(s): DeepSpeed cannot use the GPUs",
-        _torch_install_hint(driver_cuda) or f"install a CUDA build of torch that driver {driver} supports")]
+        (pip_fix(f"install a CUDA build of torch that driver {driver} supports", facts.get("python"),
+                 "--force-reinstall", "torch", "--index-url", f"https://download.pytorch.org/whl/{tag}")
+         if (tag := _torch_wheel(driver_cuda)) else f"install a CUDA build of torch that driver {driver} supports"))]
 
 
-def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List[Finding]:
+def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str, python: Any = None) -> List[Finding]:
     """A WARN when the toolkit's nvcc differs from torch's CUDA (DeepSpeed's JIT op builds compile with it)."""
     torch_mm = ".".join(str(v) for v in version_tuple(torch_cuda)[:2])
     if nvcc == torch_mm:
@@ -412,14 +424,15 @@ def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str) -> List
     if nvcc in ok_list and torch_mm in ok_list:
         consequence = (f"DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA {nvcc} "
                        f"against torch's {torch_mm}")
-        fix = match + "; pre-building the ops (DS_BUILD_OPS=1 pip install deepspeed) also avoids JIT"
+        fix = match + f"; pre-building the ops (DS_BUILD_OPS=1 {pip_phrase(python, 'deepspeed')}) also avoids JIT"
     else:
         # assert_no_cuda_mismatch (op_builder/builder.py:107-129) runs when ops are pre-built (CUDAOpBuilder.builder,
         # :804) and, before DeepSpeed 0.12.3, at every JIT build; DS_SKIP_CUDA_CHECK=1 (:119) lets it through.
         consequence = (f"DeepSpeed raises CUDAMismatchException (\"Installed CUDA version {nvcc} does not match the "
                        f"version torch was compiled with {torch_cuda}\") when it pre-builds ops, and before 0.12.3 at "
                        "every JIT build")
-        fix = (match + "; pre-building does not avoid it: DS_BUILD_OPS=1 pip install deepspeed stops with the same "
+        fix = (match + f"; pre-building does not avoid it: DS_BUILD_OPS=1 {pip_phrase(python, 'deepspeed')} stops "
+               "with the same "
                "CUDAMismatchException on this host; DS_SKIP_CUDA_CHECK=1 is DeepSpeed's override (\"it may result "
                "in unexpected behavior\")")
     return [Finding(
@@ -473,17 +486,19 @@ def _compat_findings(driver: str, driver_cuda: Optional[str], torch_cuda: str, f
     same_major = bool(have) and have[0] == want[0]
     if minor_min and version_tuple(driver) >= version_tuple(minor_min) and (same_major or not have):
         status = Status.FAIL if str(limits(thresholds, NAME)["minor_compat_status"]).lower() == "fail" else Status.WARN
-        older = (f" (or use a torch build for CUDA <= {driver_cuda}: {_torch_install_hint(driver_cuda)})"
-                 if _torch_wheel(driver_cuda) else "")
+        hint = _torch_install_hint(driver_cuda, facts.get("python"))
+        older = (f", or use a torch build for CUDA <= {driver_cuda}" + (f":\n  {hint}" if _pasteable(hint) else
+                                                                       f" ({hint})")) if hint else ""
         return [Finding(
             status,
             f"driver {driver} supports CUDA {driver_cuda or 'unknown'}, older than torch's CUDA {torch_cuda}: it "
             "runs only through CUDA minor-version compatibility (limited feature set: no JIT of newer PTX, newer "
             f"APIs fail with cudaErrorCallRequiresNewerDriver); full support needs driver >= {need}",
             f"upgrade the NVIDIA driver to >= {need}{older}")]
-    hint = _torch_install_hint(driver_cuda)
+    hint = _torch_install_hint(driver_cuda, facts.get("python"))
     minor = f"; minor-version compatibility needs >= {minor_min}" if minor_min else ""
-    other_torch = f" or use a torch build for CUDA <= {driver_cuda}: {hint}" if hint else ""
+    other_torch = (f" or use a torch build for CUDA <= {driver_cuda}" + (f":\n  {hint}" if _pasteable(hint) else
+                                                                        f" ({hint})")) if hint else ""
     return [Finding(
         Status.FAIL,
         f"driver {driver} supports CUDA up to {driver_cuda or 'unknown'} but torch {facts.get('torch')} needs "

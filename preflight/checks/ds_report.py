@@ -26,6 +26,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Set
 
+from ..hostside.fixes import pip_fix, pip_install, pip_phrase, python_word
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside import jit
@@ -46,9 +47,10 @@ OP_FIXES = {
                 "libaio1/libaio.so.1 alone is not enough, DeepSpeed links a test program with -laio",
     "gds": "install libaio-dev as for async_io and NVIDIA GPUDirect Storage (libcufile: sudo apt-get install -y "
            "nvidia-gds)",
-    "evoformer_attn": "pip install nvidia-cutlass, or clone CUTLASS and export CUTLASS_PATH=/path/to/cutlass",
+    "evoformer_attn": "{pip_cutlass}, or clone CUTLASS and export CUTLASS_PATH=/path/to/cutlass",
     "sparse_attn": "sparse_attn needs torch 1.x with triton 1.0; it is not available on torch 2.x",
-    "fp_quantizer": "install the triton version the ds_report warning names (pip install triton==VERSION)",
+    "fp_quantizer": "install the triton version that the ds_report warning names, with the job's interpreter's "
+                    "pip ({pip_triton} followed by that version)",
 }
 
 _API_SCRIPT = r'''
@@ -239,9 +241,13 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def _op_fix(name: str) -> str:
-    return OP_FIXES.get(name, f"run `ds_report` on this host to see why {name} is not compatible and install what "
-                              "its warning names")
+def _op_fix(name: str, python: Any = None) -> str:
+    """What op ``name`` needs; pip runs in the job's interpreter (python: its sys.executable on the host)."""
+    fix = OP_FIXES.get(name, f"run `ds_report` on this host to see why {name} is not compatible and install what "
+                             "its warning names")
+    word = python_word(python) or "python3"
+    return fix.format(pip_cutlass=pip_phrase(python, "nvidia-cutlass"),
+                      pip_triton=f"{word} -m pip install triton==")
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
@@ -262,7 +268,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                      f"ds_report: {facts.get('ds_report_error')})", "run `ds_report` on the host by hand", **metrics)
 
     ops: Dict[str, Dict[str, Any]] = facts.get("ops") or {}
-    findings = _op_findings(ops, required, ignore, facts.get("deepspeed"))
+    findings = _op_findings(ops, required, ignore, facts.get("deepspeed"), python)
     if not facts.get("ninja"):
         findings.append(_no_ninja(facts, ops, required, python))
     shm = facts.get("shm_bytes")
@@ -293,8 +299,10 @@ def _without_deepspeed(facts: Dict[str, Any], python: str, required: List[str], 
     if facts.get("installed") and facts.get("import_error"):
         return combine([Finding(Status.FAIL, f"DeepSpeed is installed for {python} but `import deepspeed` fails: "
                                 f"{facts['import_error']}",
-                                f"{python} -m pip install --force-reinstall deepspeed, then check with {python} -c "
-                                "'import deepspeed'")], "", metrics)
+                                pip_fix("reinstall it into that interpreter, then check that it imports", python,
+                                        "--force-reinstall", "deepspeed")
+                                + (f"\n  {python_word(python)} -c 'import deepspeed'" if python_word(python) else
+                                   ""))], "", metrics)
     if facts.get("tool_timeout"):
         return error(f"could not get DeepSpeed's op report: {facts['tool_timeout']}",
                      "run `ds_report` on the host by hand", **metrics)
@@ -305,14 +313,14 @@ def _without_deepspeed(facts: Dict[str, Any], python: str, required: List[str], 
                      **metrics)
     why = facts.get("import_error") or facts.get("api_error") or "not importable"
     reason = f"DeepSpeed is not installed for {python} ({why}) and no ds_report is on PATH"
-    fix = f"{shlex.quote(str(python))} -m pip install deepspeed"
+    fix = pip_install(python, "deepspeed")
     if required:
         return combine([Finding(Status.FAIL, reason + f", but required_ops = {required}", fix)], "", metrics)
     return Outcome(Status.SKIP, reason + "; op checks do not apply", fix, metrics)
 
 
 def _op_findings(ops: Dict[str, Dict[str, Any]], required: List[str], ignore: Set[str],
-                 deepspeed: Any) -> List[Finding]:
+                 deepspeed: Any, python: Any = None) -> List[Finding]:
     """FAIL for a required op that is unknown or neither pre-built nor JIT-buildable; WARN for any other such op
     not in ignore_ops."""
     findings: List[Finding] = []
@@ -326,14 +334,15 @@ def _op_findings(ops: Dict[str, Dict[str, Any]], required: List[str], ignore: Se
             note = ": " + entry["note"] if entry.get("note") else ""
             findings.append(Finding(Status.FAIL, f"required op {op} is neither pre-built nor compatible for a JIT "
                                                  f"build (installed NO, compatible NO){note}",
-                                    _op_fix(op)))
+                                    _op_fix(op, python)))
     for op, entry in sorted(ops.items()):
         if op in required or op in ignore:
             continue
         if not entry.get("installed") and not entry.get("compatible"):
             note = ": " + entry["note"] if entry.get("note") else ""
             findings.append(Finding(Status.WARN, f"op {op} is not compatible (cannot be JIT-built here){note}",
-                                    _op_fix(op) + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
+                                    _op_fix(op, python)
+                                    + " (or add it to [ds_report] ignore_ops if the job does not use it)"))
     return findings
 
 
@@ -350,7 +359,8 @@ def _no_ninja(facts: Dict[str, Any], ops: Dict[str, Dict[str, Any]], required: L
     return Finding(
         Status.FAIL if needs_jit else Status.WARN,
         f"ninja is missing ({what}): ops that are not pre-built cannot be JIT-compiled{required_jit}",
-        f"{python} -m pip install ninja (and make sure its bin directory is on PATH for non-interactive ssh)")
+        pip_fix("install ninja into the job's interpreter (and make sure its bin directory is on PATH for "
+                "non-interactive ssh)", python, "ninja"))
 
 
 def _shm_findings(shm: Optional[int], shm_min: int) -> List[Finding]:

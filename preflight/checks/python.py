@@ -13,6 +13,7 @@ import platform
 import sys
 from typing import Any, Dict
 
+from ..hostside.fixes import pip_fix
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, HostContext
 
@@ -57,13 +58,16 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         findings.append(Finding(Status.FAIL, f"Python {facts['python']} < {minimum} required",
                                 f"point --python at the job's interpreter (a venv with Python >= {minimum})"))
     if facts.get("torch_error"):
+        # The failing interpreter's own pip (a bare `pip` is whatever is first on PATH: often another Python's).
         findings.append(Finding(Status.FAIL, f"torch is installed but fails to import: {facts['torch_error']}",
-                                "reinstall torch in this environment: pip install --force-reinstall torch"))
+                                pip_fix("reinstall torch in this environment", facts.get("executable"),
+                                        "--force-reinstall", "torch")))
     elif facts.get("torch") is None and lim["require_torch"]:
         # FAIL, as the all-reduce fails a multi-host run for the same cause: the job cannot start either way.
         message = f"torch is not importable by {facts.get('executable')}; the job needs it on every host"
         findings.append(Finding(Status.FAIL, message,
-                                "pass --python with the job's interpreter, or pip install torch"))
+                                pip_fix("pass --python with the job's interpreter, or install torch into this one",
+                                        facts.get("executable"), "torch")))
     summary = f"Python {facts['python']}" + "".join(
         f", {label} {facts[key]}" for key, label in
         (("torch", "torch"), ("torch_cuda", "CUDA"), ("nccl", "NCCL"), ("deepspeed", "DeepSpeed"),

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.ncclenv import nccl_version
 from ..hostside.netinfo import gdr_path
+from ..hostside.fixes import pip_install, pip_install_torch, python_word
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, ClusterView
 
@@ -52,14 +53,13 @@ SOFTWARE: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
 
 # Templates filled in later with str.format: {value} = the majority's, {hosts} = the hosts to fix.
 _FIXES = {
-    "torch": "install torch=={value} on {hosts} from the same index as the other hosts (e.g. pip install "
-             "torch=={value} --index-url https://download.pytorch.org/whl/cuXYZ), or use one container image "
-             "everywhere",
+    "torch": "install torch=={value} on {hosts} from the same index as the other hosts, with the job's interpreter "
+             "there, or use one container image everywhere",
     "cuda": "install the torch build for CUDA {value} on {hosts} (the CUDA runtime comes with the torch wheel); "
             "one container image everywhere avoids this",
-    "nccl": "install NCCL {value} on {hosts} (it ships with torch: the same torch build, or pip install "
-            "nvidia-nccl-cuXX=={value})",
-    "deepspeed": "pip install deepspeed=={value} on {hosts}",
+    "nccl": "install NCCL {value} on {hosts}: it ships with torch, so install the same torch build as the other "
+            "hosts (the torch line above), or the nvidia-nccl wheel of torch's CUDA major version",
+    "deepspeed": "install deepspeed=={value} on {hosts}, with the job's interpreter there",
     "python": "use Python {value} on {hosts} (the same venv/conda env or container image as the other hosts)",
     "driver": "install NVIDIA driver branch {value} on {hosts} (mixed branches give different CUDA support and "
               "NCCL behaviour)",
@@ -83,7 +83,7 @@ HARDWARE: Dict[str, Tuple[str, str, str]] = {
     "gpu_cc": ("GPU compute capability", "kernels built for one compute capability (TORCH_CUDA_ARCH_LIST, DeepSpeed's "
                "pre-built ops) may not run on another, and bf16 needs 8.0 or higher",
                "use one GPU generation per job, or build ops for every one: TORCH_CUDA_ARCH_LIST='<each cc>' "
-               "DS_BUILD_OPS=1 pip install deepspeed (on {hosts} too)"),
+               "DS_BUILD_OPS=1 and `-m pip install deepspeed` run by the job's interpreter (on {hosts} too)"),
 }
 # Every compared field (the choices of [versions] ignore): the software, then the GPUs with the facts they come from.
 FIELDS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = dict(
@@ -176,7 +176,13 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         if path in GDR_MIN_NCCL:
             gdr[name] = str(path)
     # Only where a host relies on GPUDirect RDMA, so that a cluster without IB records what it always did.
-    return {"hosts": hosts, **({"gdr": gdr} if gdr else {})}
+    out: Dict[str, Any] = {"hosts": hosts, **({"gdr": gdr} if gdr else {})}
+    # The job's interpreter on each host (its python check's sys.executable): a fix's pip runs in it.
+    executables = {h: py.get("executable") if isinstance(py := (all_facts.get(h) or {}).get("python"), dict) else None
+                   for h in hosts}
+    if any(executables.values()):
+        out["executables"] = executables
+    return out
 
 
 def _show(value: Optional[str], field: str = "") -> str:
@@ -193,7 +199,8 @@ def _hosts(names: Sequence[str], limit: int = 8) -> str:
 
 
 def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], status: Status,
-             odd_hosts: Dict[str, List[str]]) -> Finding:
+             odd_hosts: Dict[str, List[str]], executables: Optional[Dict[str, Any]] = None,
+             cuda: Optional[str] = None) -> Finding:
     """The finding for one field whose value differs between hosts: the odd hosts against the majority, or every
     group where there is none; records each odd host's field in odd_hosts."""
     ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _show(kv[0], field)))
@@ -215,7 +222,37 @@ def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], sta
     if field in HARDWARE:
         _label, why, fix = HARDWARE[field]
         return Finding(status, f"{message}: {why}", fix.format(value=_show(top_value, field), hosts=named_for_fix))
-    return Finding(status, message, _FIXES[field].format(value=_show(top_value), hosts=named_for_fix))
+    fix = _FIXES[field].format(value=_show(top_value), hosts=named_for_fix)
+    return Finding(status, message, fix + _pip_lines(field, top_value, odd_names, executables or {}, cuda))
+
+
+# The package each field comes from, as `<python> -m pip install` takes it (nccl: NVIDIA's wheel, per CUDA major).
+def _pip_lines(field: str, value: Optional[str], hosts: Sequence[str], executables: Dict[str, Any],
+               cuda: Optional[str]) -> str:
+    """':' and one command line per interpreter of the hosts to fix: the job's own interpreter on each host (as its
+    python check reported it) runs pip, for the majority's version; '' when there is nothing to install."""
+    if value is None or field not in ("torch", "deepspeed", "nccl"):
+        return ""
+    if field == "nccl":
+        major = (cuda or "").split(".")[0]
+        if not major.isdigit():
+            return ""
+        spec: Tuple[str, ...] = (f"nvidia-nccl-cu{major}=={value}",)
+    else:
+        spec = (f"{field}=={value}",)
+    by_python: Dict[str, List[str]] = {}
+    for h in sorted(hosts):
+        exe = executables.get(h)
+        if python_word(exe) is None:
+            continue  # no path to name: the prose above says what to install
+        line = pip_install_torch(exe, value) if field == "torch" else pip_install(exe, *spec)
+        by_python.setdefault(line, []).append(h)
+    if not by_python:
+        return ""
+    if len(by_python) == 1:
+        return ":\n  " + next(iter(by_python))
+    # Different interpreters: each line says where it runs (a comment, so the line still pastes as it is).
+    return ":\n" + "\n".join(f"  {line}  # on {_hosts(names)}" for line, names in by_python.items())
 
 
 def _gdr_findings(gdr: Dict[str, str], hosts: Dict[str, Dict[str, Any]]) -> Tuple[List[Finding], Dict[str, Any]]:
@@ -246,6 +283,15 @@ def _gdr_findings(gdr: Dict[str, str], hosts: Dict[str, Dict[str, Any]]) -> Tupl
     return findings, metrics
 
 
+def _majority(hosts: Dict[str, Dict[str, Any]], field: str) -> Optional[str]:
+    """The value of field on most hosts (None when no host has one)."""
+    counts: Dict[str, int] = {}
+    for values in hosts.values():
+        if values.get(field) is not None:
+            counts[str(values[field])] = counts.get(str(values[field]), 0) + 1
+    return max(sorted(counts), key=lambda v: counts[v]) if counts else None
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     t = limits(thresholds, NAME)
     ignore = set(t["ignore"])
@@ -272,7 +318,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             summary[field]["unknown"] = sorted(unknown)
         if len(groups) > 1:
             findings.append(_differs(field, label, groups, hardware_status if field in HARDWARE else Status.FAIL,
-                                     odd_hosts))
+                                     odd_hosts, facts.get("executables"), _majority(hosts, "cuda")))
     gdr_findings, gdr_metrics = _gdr_findings(facts.get("gdr") or {}, hosts)
     findings.extend(gdr_findings)
 

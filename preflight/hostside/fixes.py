@@ -52,6 +52,21 @@ def pip_install(executable: Any, *words: str) -> str:
     return f"{python} -m pip install {args}"
 
 
+def pip_fix(prose: str, executable: Any, *words: str) -> str:
+    """prose, then the pip command on a line of its own (``"prose:\\n  <python> -m pip install WORDS"``); when the
+    host reported no usable path, all prose (nothing on a command line that would not run)."""
+    if python_word(executable) is None:
+        return f"{prose}: {pip_install(executable, *words)}"
+    return f"{prose}:\n  {pip_install(executable, *words)}"
+
+
+def pip_phrase(executable: Any, *words: str) -> str:
+    """The pip command inside a sentence: the command when the path can be named, else words saying whose pip."""
+    if python_word(executable) is None:
+        return f"the job's interpreter's `-m pip install {' '.join(shlex.quote(str(w)) for w in words)}`"
+    return pip_install(executable, *words)
+
+
 def torch_index(version: Any) -> Optional[str]:
     """The wheel index of a torch build: '2.4.0+cu121' -> 'https://download.pytorch.org/whl/cu121'; None for a
     version without a local tag (PyPI's own build)."""

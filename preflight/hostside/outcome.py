@@ -105,7 +105,10 @@ def combine(findings: Sequence[Finding], ok_message: str, metrics: Optional[Dict
     if worst == Status.PASS:
         message = ok_message if ok_message else message
     metrics.setdefault("findings", [f.to_dict() for f in findings])
-    return Outcome(worst, message, "; ".join(fixes), metrics, findings)
+    # A fix with command lines (prose, then "\n  command" lines) ends in a command: "; " after it would append the
+    # next fix's prose to that command when pasted, so such fixes go one after the other on lines of their own.
+    sep = "\n" if any("\n" in fx for fx in fixes) else "; "
+    return Outcome(worst, message, sep.join(fixes), metrics, findings)
 
 
 def skip(reason: str, **metrics: Any) -> Outcome:

@@ -465,7 +465,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     no_torch = {h: p["error"] for h, p in probes.items() if p.get("torch") is None}
     if no_torch:
         return done("no_torch", hosts_without_torch=sorted(no_torch), reason=next(iter(no_torch.values())),
-                    python=cluster.options.python)
+                    python=cluster.options.python,
+                    executables={h: probes[h].get("executable") for h in sorted(no_torch)})
     facts["interfaces"] = {h: p.get("interface") for h, p in probes.items()}
     ifnames = {h: (p.get("interface") or {}).get("ifname") for h, p in probes.items()}
     backend, no_gpu = _backend(cluster, hosts, probes, facts)

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -81,7 +82,7 @@ def pick_interface(bind_address: Optional[str], master_addr: Optional[str]) -> D
 
 def probe(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
     """Can this host run a rank: torch importable, CUDA and enough GPUs, which interface to use."""
-    return dict(torch_view(), interface=interface(params, ctx))
+    return dict(torch_view(), interface=interface(params, ctx), executable=sys.executable)
 
 
 def interface(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:

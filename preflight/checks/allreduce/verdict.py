@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...hostside.fixes import pip_install, python_word
 from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ...hostside.fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
@@ -90,7 +91,8 @@ _FIX = {
     "port_in_use": "another process holds port {port} on {master}: stop it or pass --master-port",
     "hung": "look at the host named above (load, firewall, NCCL_DEBUG=INFO output); raise init_timeout_s only if "
             "the hosts are merely slow",
-    "torch_missing": "pass --python with the job's interpreter, or pip install torch on every host",
+    "torch_missing": "pass --python with the job's interpreter, or install torch into it on every host with its own "
+                     "pip (`-m pip install torch` run by that interpreter; the python check's fix names it per host)",
     "no_gpu": "fix the hostfile's slots or the GPUs (see the gpu check)",
     "oom": "free the GPUs (nvidia-smi shows who holds them)",
     "wrong_result": "a GPU or NIC corrupts data: run nccl-tests with -c 1 and check dmesg for Xid errors",
@@ -198,7 +200,7 @@ def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
     if status == "no_torch":
         hosts = facts.get("hosts_without_torch") or []
         msg = f"torch is not importable on {names(hosts)} ({facts.get('reason')}): the all-reduce cannot run"
-        fix = "pass --python with the job's interpreter, or pip install torch on every host"
+        fix = _torch_fix(hosts, facts.get("executables") or {})
         # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
         if limits(thresholds, "python")["require_torch"]:
             return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
@@ -208,6 +210,21 @@ def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
         return {"*": error(f"could not run the all-reduce: {reason}",
                            "rerun with -v; check that --python works on every host", **base_metrics)}
     return None
+
+
+def _torch_fix(hosts: List[str], executables: Dict[str, Any]) -> str:
+    """--python, or torch installed by each host's own interpreter (as the host reported it): one line per
+    interpreter, saying where it runs when they differ."""
+    by_line: Dict[str, List[str]] = {}
+    for h in hosts:
+        if python_word(executables.get(h)) is not None:
+            by_line.setdefault(pip_install(executables[h], "torch"), []).append(h)
+    if not by_line:
+        return _FIX["torch_missing"]
+    lines = ([f"  {next(iter(by_line))}"] if len(by_line) == 1 else
+             [f"  {line}  # on {names(on)}" for line, on in by_line.items()])
+    return (f"pass --python with the job's interpreter, or install torch into it on {names(hosts)}:\n"
+            + "\n".join(lines))
 
 
 def _failed(facts: Dict[str, Any], suspects: List[Dict[str, Any]], metrics: Dict[str, Any]) -> Dict[str, Outcome]:
