@@ -2,10 +2,12 @@
 name in a directory others can write to (the dd test uses mktemp)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,112 @@ def test_gpu_fixes_quote_the_host_reported_index_and_bus_id():
     fake = {"index": "0;reboot", "uuid": "GPU-x", "pci_bus_id": "00:01.0;reboot", "handle_error": "Unknown Error"}
     fixes = " ".join(f.fix for f in gpu._gpu_findings(fake, T))
     assert "-i '0;reboot'" in fixes and not re.search(r"-i 0;reboot", fixes), fixes
+
+
+# --- firewall fixes for the tool the host runs, from its recorded outputs (issue 30) --------------------------
+
+# What each tool prints, recorded from its documented output formats (firewalld/ufw do not run in a namespace
+# here). `nft -j list ruleset` of a host whose iptables-nft manages the filter table (xt expressions).
+NFT_EMPTY = '{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", ' \
+            '"json_schema_version": 1}}]}'
+NFT_IPTABLES_NFT = json.dumps({"nftables": [
+    {"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+    {"table": {"family": "ip", "name": "filter", "handle": 1}},
+    {"chain": {"family": "ip", "table": "filter", "name": "INPUT", "handle": 1, "type": "filter", "hook": "input",
+               "prio": 0, "policy": "drop"}},
+    {"rule": {"family": "ip", "table": "filter", "chain": "INPUT", "handle": 4,
+              "expr": [{"xt": {"type": "match", "name": "conntrack"}}, {"counter": {"packets": 0, "bytes": 0}},
+                       {"accept": None}]}}]})
+OUTPUTS = {
+    "firewalld": {"firewall-cmd --state": (0, "running\n"),
+                  "firewall-cmd --get-zone-of-interface=eth0": (0, "internal\n"),
+                  "firewall-cmd --get-default-zone": (0, "public\n"),
+                  "ip -o addr show": (0, "2: eth0    inet 10.0.0.3/24 brd 10.0.0.255 scope global eth0\\       "
+                                         "valid_lft forever preferred_lft forever\n"),
+                  "nft -j list ruleset": (0, NFT_EMPTY)},
+    "ufw": {"firewall-cmd --state": (252, "not running\n"),
+            "ufw status": (0, "Status: active\n\nTo                         Action      From\n"
+                              "--                         ------      ----\n22/tcp                     ALLOW       "
+                              "Anywhere\n"),
+            "nft -j list ruleset": (0, NFT_EMPTY)},
+    "iptables-legacy": {"nft -j list ruleset": (0, NFT_EMPTY), "iptables --version": (0, "iptables v1.8.9 (legacy)\n"),
+                        "iptables -S INPUT": (0, "-P INPUT DROP\n-A INPUT -i lo -j ACCEPT\n"
+                                                 "-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n")},
+    "iptables-nft": {"nft -j list ruleset": (0, NFT_IPTABLES_NFT),
+                     "iptables --version": (0, "iptables v1.8.9 (nf_tables)\n"),
+                     "iptables -S INPUT": (0, "-P INPUT DROP\n-A INPUT -m conntrack --ctstate ESTABLISHED -j ACCEPT\n")},
+    "unreadable": {"nft -j list ruleset": (1, "Error: Operation not permitted\n")},
+}
+EXPECTED = {
+    "firewalld": ["firewall-cmd --zone=internal --add-port=1024-65535/tcp",
+                  "firewall-cmd --zone=internal --permanent --add-port=1024-65535/tcp"],
+    "ufw": ["ufw allow from 10.0.0.0/24 proto tcp to any port 1024:65535"],
+    "iptables-legacy": ["iptables -I INPUT -p tcp -s 10.0.0.0/24 --dport 1024:65535 -j ACCEPT"],
+    "iptables-nft": ["iptables -I INPUT -p tcp -s 10.0.0.0/24 --dport 1024:65535 -j ACCEPT"],
+}
+
+
+def fake_tools(folder, outputs, log):
+    """Each tool of ``outputs`` as a script that prints its recorded output for its argv and logs the argv it got
+    (one line of shell words), so that a pasted fix can be checked word for word; every other argv fails."""
+    folder.mkdir(exist_ok=True)
+    by_tool = {}
+    for argv, (rc, out) in outputs.items():
+        by_tool.setdefault(argv.split()[0], {})[argv] = (rc, out)
+    for tool in set(by_tool) | {"firewall-cmd", "ufw", "nft", "iptables", "ip"}:
+        cases = "\n".join(f"    {shlex.quote(argv)}) printf %s {shlex.quote(out)}; exit {rc};;"
+                          for argv, (rc, out) in by_tool.get(tool, {}).items())
+        script = (f"#!/bin/bash\nprintf '%q ' {tool} \"$@\" >> {shlex.quote(str(log))}; echo >> "
+                  f"{shlex.quote(str(log))}\ncase \"{tool} $*\" in\n{cases}\n    *) exit 3;;\nesac\n")
+        (folder / tool).write_text(script)
+        (folder / tool).chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize("kind", sorted(OUTPUTS))
+def test_firewall_fix_for_the_tool_the_host_runs(kind, tmp_path, monkeypatch):
+    from preflight.hostside import fixes
+    bin_dir = fake_tools(tmp_path / "bin", OUTPUTS[kind], tmp_path / "argv.log")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    state = fixes.read_firewall(["10.0.0.3"])
+    fix = fixes.firewall_fix("node03", state, ["10.0.0.0/24"], "1024-65535")
+    lines = [ln[2:] for ln in fix.splitlines() if ln.startswith("  ")]
+    if kind == "unreadable":
+        assert "could not be read" in fix and "Operation not permitted" in fix, fix
+        assert not [ln for ln in lines if ln.startswith("nft ")], fix  # no nft line naming a chain it never saw
+        return
+    assert lines == EXPECTED[kind], fix
+    # Pasted: each line is one command whose tool gets exactly the intended words.
+    (tmp_path / "argv.log").write_text("")
+    for line in lines:
+        subprocess.run(["bash", "-c", line], env=dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin"), timeout=30)
+    logged = [shlex.split(x) for x in (tmp_path / "argv.log").read_text().splitlines()]
+    assert logged == [shlex.split(line) for line in lines]
+
+
+def test_firewall_fix_never_pastes_a_host_reported_name():
+    from preflight.hostside import fixes
+    odd = {"root": True, "nft": {"read": True, "drops": [
+        {"family": "inet", "table": "x;reboot", "chain": "input", "compat": False},
+        {"family": "inet", "table": "fw", "chain": "in put", "compat": False},
+        {"family": "inet", "table": "site", "chain": "inbound", "compat": False}]}}
+    fix = fixes.firewall_fix("node03", odd, ["10.0.0.0/24"], "1024-65535")
+    assert "  nft insert rule inet site inbound ip saddr 10.0.0.0/24 tcp dport 1024-65535 accept" in fix.splitlines()
+    assert "reboot" not in [w for line in fix.splitlines() if line.startswith("  nft") for w in words(line)]
+    zone = {"root": True, "firewalld": {"running": True, "zone": "$(reboot)"}}
+    fix = fixes.firewall_fix("node03", zone, ["10.0.0.0/24"], "29500")
+    assert "--zone" not in fix and "firewall-cmd --add-port=29500/tcp" in fix, fix
+    # A non-root agent read it with sudo: the lines say sudo.
+    assert fixes.firewall_fix("n", {"root": False, "ufw": {"active": True}}, ["10.0.0.1"], "29500").endswith(
+        "\n  sudo ufw allow from 10.0.0.1 proto tcp to any port 29500")
+
+
+def test_nft_chains_that_drop_from_the_real_ruleset_shape():
+    """A recorded `nft -j list ruleset`: a site table whose chain drops by rule, an iptables-nft table by policy,
+    an ip6 table (not for IPv4 sources), a regular chain (no hook)."""
+    from preflight.hostside.fixes import dropping_input_chains
+    ruleset = json.loads((Path(__file__).parent / "fixtures" / "nft-ruleset.json").read_text())
+    got = [(c["family"], c["table"], c["chain"]) for c in dropping_input_chains(ruleset)]
+    assert got == [("inet", "site_fw", "inbound"), ("ip", "filter", "INPUT")]
+    got6 = [(c["family"], c["table"], c["chain"]) for c in dropping_input_chains(ruleset, v6=True)]
+    assert got6 == [("inet", "site_fw", "inbound"), ("ip6", "v6", "inp")]

@@ -8,6 +8,8 @@ parse, and the changed-key fix ``ssh-keygen -R 198.18.0.2 -f FILE``, which remov
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -212,3 +214,88 @@ table ip later {{
         paste(line, cluster, "node03")
     rc, stdout, cells = run_ports(cluster, tmp_path)
     assert rc == 0, stdout
+
+
+# --- pip: the failing interpreter's own (issue 30) ------------------------------------------------------------
+
+FAKE_TORCH = '__version__ = "2.13.0+cpu"\n\n\nclass version:  # noqa: N801 (torch.version)\n    cuda = None\n    hip = None\n'
+
+
+def fake_torch_wheel(folder):
+    """A torch stand-in as a wheel (pip installs it offline with --no-index --find-links): torch.__version__ and
+    torch.version.cuda are what the python check reads."""
+    import zipfile
+    folder.mkdir()
+    dist = "torch-2.13.0+cpu.dist-info"
+    files = {"torch/__init__.py": FAKE_TORCH,
+             f"{dist}/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / "torch-2.13.0+cpu-py3-none-any.whl", "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+    return folder
+
+
+def run_python_check(python, tmp_path):
+    """preflight run --checks python on this machine (no hostfile) with --python ``python``: its cell."""
+    report = tmp_path / "python.json"
+    report.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "preflight", "run", "--python", str(python), "--checks", "python",
+            "--json", str(report)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    (cell,) = [r for r in json.loads(report.read_text())["results"] if r["check"] == "python"]
+    return proc.returncode, proc.stdout, cell
+
+
+def test_pip_fix_installs_into_the_failing_interpreter_not_the_first_pip_on_path(tmp_path):
+    """A venv without torch, and another `pip` first on PATH (a decoy that records being run, as the system's pip
+    would install into the system's Python): before issue 30 the fix said `pip install torch`, which ran the decoy
+    and left the venv without torch. The printed `<venv python> -m pip install torch`, pasted with that PATH
+    (pip offline, from a local wheel of a torch stand-in), makes the next run pass."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    wheels = fake_torch_wheel(tmp_path / "wheels")
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "pip").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'decoy.log'}\n")
+    (decoy / "pip").chmod(0o755)
+
+    rc, stdout, cell = run_python_check(python, tmp_path)
+    assert rc == 1 and cell["status"] == "fail" and "torch is not importable" in cell["message"], cell
+    (line,) = commands(cell["fix"])
+    assert line == f"{python} -m pip install torch", cell["fix"]
+    printed(line, stdout)
+    env = dict(os.environ, PATH=f"{decoy}:{os.environ['PATH']}", PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels),
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    # The old fix, as a user would paste it: the decoy ran, the venv still has no torch.
+    subprocess.run(["bash", "-c", "pip install torch"], env=env, check=True, timeout=60)
+    assert (tmp_path / "decoy.log").read_text() == "install torch\n"
+    assert run_python_check(python, tmp_path)[2]["status"] == "fail"
+    done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (line, done.stdout, done.stderr)
+    assert (tmp_path / "decoy.log").read_text() == "install torch\n"  # the decoy was not run again
+    rc, stdout, cell = run_python_check(python, tmp_path)
+    assert rc == 0 and cell["status"] == "pass" and "torch 2.13.0+cpu" in cell["message"], cell
+
+
+def test_pip_fix_quotes_an_odd_interpreter_path(tmp_path):
+    """A venv under a directory whose name a shell would split or run: the printed command is still one word for
+    it, and pasting it installs there."""
+    from preflight.checks import python as python_check
+    odd = tmp_path / "my envs;touch pwned"
+    fix = python_check.evaluate({"python": "3.11.2", "executable": str(odd / "bin" / "python"), "torch": None},
+                                {"python": {"min_version": "3.8", "require_torch": True}}).fix
+    (line,) = commands(fix)
+    assert shlex.split(line)[:4] == [str(odd / "bin" / "python"), "-m", "pip", "install"], line
+    subprocess.run([sys.executable, "-m", "venv", str(odd)], check=True, timeout=300)
+    wheels = fake_torch_wheel(tmp_path / "wheels")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, (line, done.stdout, done.stderr)
+    assert not (tmp_path / "pwned").exists()
+    check = subprocess.run([str(odd / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.stdout.strip() == "2.13.0+cpu", check

@@ -98,7 +98,9 @@ def _run(argv: List[str], timeout: float = 5.0) -> Dict[str, Any]:
     if tool is None:
         return {"rc": 127, "out": "", "err": f"{argv[0]}: not installed"}
     res = sh([tool] + argv[1:], timeout=timeout)
-    return {"rc": res.rc, "out": res.out[:1 << 20], "err": (res.err or "").strip()[:300]}
+    # What it said on failure: stderr, or stdout where a tool prints its error there.
+    said = (res.err or "").strip() or ((res.out or "").strip() if res.rc else "")
+    return {"rc": res.rc, "out": res.out[:1 << 20], "err": said[:300]}
 
 
 def read_firewall(addresses: Sequence[str] = ()) -> Dict[str, Any]:
