@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..hostside import validate
-from ..hostside.fixes import firewall_fix, read_firewall
+from ..hostside.fixes import FIREWALL_CALL, firewall_fix
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text, sh
@@ -380,12 +380,6 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
                         for r in results]}
 
 
-def firewall(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
-    """What filters inbound TCP on this host (firewalld, ufw, the nft chains on the input hook that drop, iptables):
-    read only on a host some probes could not reach, so that its fix names the tool and chain it really runs."""
-    return read_firewall([str(a) for a in params.get("addresses") or [] if validate.ip_address(a)])
-
-
 # --- coordinator -----------------------------------------------------------------------------
 
 def _parallel(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
@@ -515,7 +509,9 @@ def _read_firewalls(cluster: ClusterView, facts: Dict[str, Any], batches: int) -
     if not blocked:
         return
     names = sorted(blocked)
-    answers = _parallel(lambda h: cluster.call(h, NAME + ".firewall", {"addresses": sorted(blocked[h])}, 30.0),
+    # What filters inbound TCP there (firewalld, ufw, the nft chains on the input hook that drop, iptables): read
+    # only on a host some probes could not reach, so that its fix names the tool and chain it really runs.
+    answers = _parallel(lambda h: cluster.call(h, FIREWALL_CALL, {"addresses": sorted(blocked[h])}, 30.0),
                         names, cluster.parallel, 40.0 * batches + 10)
     facts["firewalls"] = {h: ans if isinstance(ans, dict) else {"error": str(ans) or type(ans).__name__}
                           for h, ans in zip(names, answers)}

@@ -85,6 +85,8 @@ def pip_install_torch(executable: Any, version: Any, *options: str) -> str:
 # nft/iptables names a fix may print bare: what nft accepts unquoted; anything else is left out of commands.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 VERDICTS = ("drop", "reject")
+# The agent's name of ``firewall`` below: cluster.call(host, FIREWALL_CALL, {"addresses": [...]}, timeout).
+FIREWALL_CALL = "hostside.fixes.firewall"
 
 
 def _search() -> str:
@@ -135,6 +137,12 @@ def read_firewall(addresses: Sequence[str] = ()) -> Dict[str, Any]:
         state["iptables"] = {"backend": backend, "rules": rules["out"] if rules["rc"] == 0 else None,
                              "error": None if rules["rc"] == 0 else rules["err"] or f"rc={rules['rc']}"}
     return state
+
+
+def firewall(params: Dict[str, Any], ctx: Any) -> Dict[str, Any]:
+    """Host function (``hostside.fixes.firewall``, any check may call it through the agent): ``read_firewall`` for
+    the addresses in params, the host's own addresses that the blocked connections went to."""
+    return read_firewall([str(a) for a in params.get("addresses") or [] if validate.ip_address(a)])
 
 
 def _firewalld_zone(addresses: Sequence[str]) -> Optional[str]:

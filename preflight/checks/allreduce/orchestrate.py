@@ -433,11 +433,18 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     chosen = iperf.get("chosen") or {}
     chosen_addr = chosen.get("addresses") or {}
     excluded = _leave_out_unreachable(cluster, cfg, hosts, chosen_addr)
+    # Each host's address on the run's network (the sources of a firewall fix), and the firewalls the ports check
+    # read on the hosts it found blocked: a left-out host's fix names the tool and chain it runs.
+    addresses = {h.name: chosen_addr.get(h.name) or cluster.address(h.name) for h in hosts}
+    ports_firewalls = ((cluster.facts.get("*") or {}).get("ports") or {}).get("firewalls") or {}
+    firewalls = {e["host"]: ports_firewalls[e["host"]] for e in excluded
+                 if isinstance(ports_firewalls.get(e["host"]), dict)}
     hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
     facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
                              "world_size": sum(h.slots for h in hosts), "master_port": port,
                              "min_busbw": cluster.options.min_busbw, "excluded": excluded,
-                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable]}
+                             "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable],
+                             "addresses": addresses, **({"firewalls": firewalls} if firewalls else {})}
 
     def done(status: str, **more: Any) -> Dict[str, Any]:
         facts.update(status=status, duration_s=round(time.monotonic() - t0, 3), **more)
@@ -499,11 +506,29 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
             # preflight's own machinery failed (the agent could not start the ranks): not a verdict on the cluster
             return done("error", reason=facts["failure"]["message"])
         facts["localization"] = _localize_failure(pairwise, errors, primary["kind"], iperf_suspects)
+        _read_firewalls(cluster, facts, addr_of)
         return done(facts.get("status") or "failed")
     if plan is not None:
         facts["stragglers"] = _straggler_facts(plan, ranks, hosts)
     facts["localization"] = _localize_slow(pairwise, facts, iperf_suspects)
     return done("ok")
+
+
+def _read_firewalls(cluster: ClusterView, facts: Dict[str, Any], addr_of: Dict[str, str]) -> None:
+    """facts["firewalls"]: the firewall of each host suspected of blocking connections (rendezvous, mesh), read
+    there (hostside/fixes.py), so that its fix names the tool and chain it runs; facts["addresses"]: each host's
+    address on the run's network (the fix's sources)."""
+    from ...hostside.fixes import FIREWALL_CALL
+    from ...hostside.proc import parallel_map
+    suspects = [s["host"] for s in (facts.get("localization") or {}).get("suspects") or []
+                if s.get("kind") in ("rendezvous", "mesh") and s.get("host") in addr_of]
+    facts["addresses"].update(addr_of)
+    if not suspects:
+        return
+    answers = parallel_map(lambda h: cluster.call(h, FIREWALL_CALL, {"addresses": [addr_of[h]]}, 30.0), suspects,
+                           cluster.parallel, 40.0)
+    facts.setdefault("firewalls", {}).update({h: a if isinstance(a, dict) else {"error": str(a) or type(a).__name__}
+                                              for h, a in zip(suspects, answers)})
 
 
 def _leave_out_unreachable(cluster: ClusterView, cfg: Dict[str, Any], hosts: List[Any],
@@ -529,7 +554,8 @@ def _probe(cluster: ClusterView, cfg: Dict[str, Any], hosts: List[Any], master_a
     if all(isinstance(v, dict) for v in seen.values()):  # the python check saw torch as a rank will
         cluster.progress.note(f"allreduce: choosing interfaces on {len(hosts)} hosts")
         ifaces = cluster.call_all("allreduce.supervisor.interface", where, float(cfg["start_timeout_s"]))
-        return {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface)
+        exe = {h.name: (cluster.facts.get(h.name) or {}).get("python", {}).get("executable") for h in hosts}
+        return {h: iface if isinstance(iface, BaseException) else dict(seen[h], interface=iface, executable=exe[h])
                 for h, iface in ifaces.items()}
     cluster.progress.note(f"allreduce: probing torch on {len(hosts)} hosts")
     return cluster.call_all("allreduce.supervisor.probe", where, float(cfg["start_timeout_s"]))

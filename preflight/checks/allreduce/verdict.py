@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...hostside.fixes import pip_install, python_word
+from ...hostside.fixes import firewall_fix, pip_install, python_word
 from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ...hostside.fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
@@ -102,8 +102,12 @@ _FIX = {
 def _host_fix(suspect: Dict[str, Any], facts: Dict[str, Any], default: str) -> str:
     host = suspect["host"]
     if suspect.get("kind") in ("rendezvous", "mesh"):
-        return (f"allow inbound TCP from the other hosts on {host}: port {facts.get('master_port')} and 1024-65535 "
-                "(gloo and NCCL connect on ephemeral ports); e.g. nft list ruleset / firewall-cmd --list-all there")
+        # Port master_port and 1024-65535 (gloo and NCCL connect on ephemeral ports): the range holds both. The
+        # commands are for the firewall the host runs, read there after the failure (hostside/fixes.py).
+        network = facts.get("network")
+        others = [a for h, a in (facts.get("addresses") or {}).items() if h != host]
+        return firewall_fix(host, (facts.get("firewalls") or {}).get(host), [network] if network else others,
+                            "1024-65535")
     if suspect.get("kind") == "slow":
         return (f"check {host}'s link: ethtool (speed), ip -s link (errors, drops), the cable and switch port; "
                 "compare with the iperf3 check")
