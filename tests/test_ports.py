@@ -565,3 +565,26 @@ def test_real_blocked_second_network_warns(netcluster_factory, tmp_path):
         assert second in cells[(name, "ports")].metrics["networks"]
     assert_nothing_left(cluster, {h.name: set(cells[(h.name, "ports")].metrics["listen_ports"]) | {29500}
                                   for h in cluster.hosts})
+
+
+def test_fix_is_for_the_firewall_the_host_runs_and_every_command_line_pastes():
+    """issue 30: the commands come from the firewall read on the host (firewalld here), and a host blocked on two
+    networks gets each fix's command lines on lines of their own (combine() used to join them with '; ', which
+    put the next fix's prose on the last command line), the NCCL alternative in the prose."""
+    f = facts("firewalled")
+    f["firewalls"]["node03"] = {"root": True, "firewalld": {"running": True, "zone": "trusted"}}
+    addrs = {"node01": "10.9.0.1", "node02": "10.9.0.2", "node03": "10.9.0.3"}
+    f["networks"].append({"name": "10.9.0.0/24", "cidr": "10.9.0.0/24", "addresses": addrs})
+    for src in ("node01", "node02"):
+        f["probes"].append({"dst": "node03", "address": "10.9.0.3", "port": 41486, "network": "10.9.0.0/24",
+                            "src": src, "result": "timeout", "ms": 3000.0, "error": ""})
+    bad = ports.evaluate(f, THRESHOLDS)["node03"]
+    assert bad.status == Status.FAIL
+    lines = bad.fix.splitlines()
+    commands = [ln[2:] for ln in lines if ln.startswith("  ")]
+    assert commands == ["firewall-cmd --zone=trusted --add-port=1024-65535/tcp",
+                        "firewall-cmd --zone=trusted --permanent --add-port=1024-65535/tcp"] * 2, bad.fix
+    prose = [ln for ln in lines if not ln.startswith("  ")]
+    assert len(prose) == 2 and all(p.endswith(":") for p in prose), bad.fix
+    assert [("NCCL_SOCKET_IFNAME" in p) for p in prose] == [True, False]  # the extra network's (sorted first)
+    assert not [c for c in commands if ";" in c or "NCCL" in c]
