@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from preflight.hostside.outcome import Status
 from tests.netcluster import NetCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,20 +222,24 @@ table ip later {{
 FAKE_TORCH = '__version__ = "2.13.0+cpu"\n\n\nclass version:  # noqa: N801 (torch.version)\n    cuda = None\n    hip = None\n'
 
 
-def fake_torch_wheel(folder):
-    """A torch stand-in as a wheel (pip installs it offline with --no-index --find-links): torch.__version__ and
-    torch.version.cuda are what the python check reads."""
+def fake_wheel(folder, name, version, module_text):
+    """A stand-in package as a wheel, which pip installs offline (PIP_NO_INDEX, PIP_FIND_LINKS)."""
     import zipfile
-    folder.mkdir()
-    dist = "torch-2.13.0+cpu.dist-info"
-    files = {"torch/__init__.py": FAKE_TORCH,
-             f"{dist}/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
+    folder.mkdir(exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": module_text,
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
              f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    files[f"{dist}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(folder / "torch-2.13.0+cpu-py3-none-any.whl", "w") as whl:
-        for name, text in files.items():
-            whl.writestr(name, text)
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
     return folder
+
+
+def fake_torch_wheel(folder):
+    """A torch stand-in: torch.__version__ and torch.version.cuda are what the python check reads."""
+    return fake_wheel(folder, "torch", "2.13.0+cpu", FAKE_TORCH)
 
 
 def run_python_check(python, tmp_path):
@@ -299,3 +304,98 @@ def test_pip_fix_quotes_an_odd_interpreter_path(tmp_path):
     check = subprocess.run([str(odd / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
                            capture_output=True, text=True, timeout=60)
     assert check.stdout.strip() == "2.13.0+cpu", check
+
+
+# Each check's pip fix, from facts naming the job's interpreter (a venv): pasted offline from local stand-in wheels,
+# every command line runs, and the package is then importable by that interpreter.
+def _pip_cases(python):
+    from tests.test_driver_cuda import healthy as driver_healthy
+    ds = {"deepspeed": None, "torch": "2.13.0+cpu", "ops": {}, "ninja": False, "ninja_module": False,
+          "ninja_binary": None, "shm_bytes": 8 * 1024 ** 3, "source": None, "installed": False,
+          "import_error": "ModuleNotFoundError: No module named 'deepspeed'", "python": python, "api_error": None,
+          "ds_report_error": "rc=127: ds_report: command not found", "tool_timeout": None, "required_ops": []}
+    gpu_host = dict(driver_healthy.__wrapped__(), python=python, torch="2.13.0+cpu", torch_cuda=None,
+                    cuda_available=False, torch_gpu_count=0, nccl=None)
+    return {
+        "python: torch fails to import": ("python", {"python": "3.11.2", "executable": python, "torch": None,
+                                                     "torch_error": "ImportError: libc10.so"}, "torch"),
+        "python: no torch": ("python", {"python": "3.11.2", "executable": python, "torch": None}, "torch"),
+        "ds_report: no deepspeed": ("ds_report", ds, "deepspeed"),
+        "ds_report: deepspeed fails to import": ("ds_report", dict(ds, installed=True), "deepspeed"),
+        "driver_cuda: CPU-only torch on a GPU host": ("driver_cuda", gpu_host, "torch"),
+    }
+
+
+@pytest.fixture(scope="module")
+def venv_and_wheels(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipfix")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
+    wheels = fake_torch_wheel(root / "wheels")
+    fake_wheel(wheels, "deepspeed", "0.19.8", '__version__ = "0.19.8"\n')
+    return root / "venv" / "bin" / "python", wheels
+
+
+def _paste_pip(fix, python, wheels):
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    lines = commands(fix) if "\n" in fix else [fix]  # a fix that is one command and nothing else
+    assert any(line.startswith(f"{python} -m pip install ") for line in lines), fix
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+
+
+def _uninstall(python, package):
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", package], capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["python: torch fails to import", "python: no torch", "ds_report: no deepspeed",
+                                  "ds_report: deepspeed fails to import", "driver_cuda: CPU-only torch on a GPU host"])
+def test_each_checks_pip_fix_pasted(case, venv_and_wheels):
+    from preflight import checks
+    from preflight.config import load_thresholds
+    python, wheels = venv_and_wheels
+    check, facts, package = _pip_cases(str(python))[case]
+    _uninstall(python, package)
+    if case == "ds_report: deepspeed fails to import":  # installed, broken: the fix reinstalls it, then imports it
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
+                        "deepspeed"], check=True, timeout=300)
+    out = checks.spec(check).evaluate(facts, load_thresholds())
+    assert out.status != Status.PASS and out.fix, out
+    _paste_pip(out.fix, python, wheels)
+    subprocess.run([str(python), "-c", f"import {package}"], check=True, timeout=60)
+
+
+def test_versions_pip_fix_installs_the_majoritys_build_with_each_hosts_interpreter(venv_and_wheels):
+    """torch 2.13.0+cpu on two hosts, another on the third: `<its python> -m pip install torch==2.13.0+cpu
+    --index-url https://download.pytorch.org/whl/cpu`, pasted (offline: the index is replaced by the local
+    wheels), leaves that interpreter with the majority's build; deepspeed likewise."""
+    from preflight.checks import versions
+    from preflight.config import load_thresholds
+    python, wheels = venv_and_wheels
+    hosts = {h: {"torch": "2.13.0+cpu", "deepspeed": "0.19.8", "python": "3.11"} for h in ("n1", "n2", "n3")}
+    hosts["n3"].update(torch="2.12.0+cpu", deepspeed=None)
+    facts = {"hosts": hosts, "executables": {"n1": "/usr/bin/python3", "n2": "/usr/bin/python3", "n3": str(python)}}
+    out = versions.evaluate(facts, load_thresholds())["*"]
+    assert out.status == Status.FAIL
+    lines = commands(out.fix)
+    assert lines == [f"{python} -m pip install torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu",
+                     f"{python} -m pip install deepspeed==0.19.8"], out.fix
+    _uninstall(python, "torch")
+    _uninstall(python, "deepspeed")
+    _paste_pip(out.fix, python, wheels)
+    got = subprocess.run([str(python), "-c", "import torch, deepspeed; print(torch.__version__, deepspeed.__version__)"],
+                         capture_output=True, text=True, timeout=60)
+    assert got.stdout.split() == ["2.13.0+cpu", "0.19.8"], got
+
+
+def test_allreduce_no_torch_fix_names_each_hosts_interpreter(venv_and_wheels):
+    from preflight.checks import allreduce
+    from preflight.config import load_thresholds
+    python, wheels = venv_and_wheels
+    facts = {"status": "no_torch", "hosts_without_torch": ["n2"], "reason": "No module named 'torch'",
+             "executables": {"n2": str(python)}, "hosts": ["n1", "n2"], "slots": {"n1": 1, "n2": 1}}
+    out = allreduce.evaluate(facts, load_thresholds())["*"]
+    assert out.status == Status.FAIL and commands(out.fix) == [f"{python} -m pip install torch"], out.fix
+    _uninstall(python, "torch")
+    _paste_pip(out.fix, python, wheels)
+    subprocess.run([str(python), "-c", "import torch"], check=True, timeout=60)
