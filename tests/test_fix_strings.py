@@ -208,3 +208,25 @@ def test_nft_chains_that_drop_from_the_real_ruleset_shape():
     assert got == [("inet", "site_fw", "inbound"), ("ip", "filter", "INPUT")]
     got6 = [(c["family"], c["table"], c["chain"]) for c in dropping_input_chains(ruleset, v6=True)]
     assert got6 == [("inet", "site_fw", "inbound"), ("ip6", "v6", "inp")]
+
+
+def test_a_non_root_agent_reads_the_ruleset_through_sudo_n_and_the_lines_say_sudo(tmp_path, monkeypatch):
+    """nft needs root to list the ruleset: a non-root agent asks `sudo -n` (never a password prompt); the fix's
+    lines then start with sudo."""
+    from preflight.hostside import fixes
+    ruleset = (Path(__file__).parent / "fixtures" / "nft-ruleset.json").read_text()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nft").write_text("#!/bin/bash\nif [ \"$PF_AS_ROOT\" != 1 ]; then echo 'Error: Operation not "
+                                 f"permitted' >&2; exit 1; fi\nprintf %s {shlex.quote(ruleset)}\n")
+    (bin_dir / "sudo").write_text("#!/bin/bash\n[ \"$1\" = -n ] || exit 9\nshift\nPF_AS_ROOT=1 exec \"$@\"\n")
+    for tool in ("nft", "sudo"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    state = fixes.read_firewall()
+    assert state["root"] is False and state["nft"]["read"], state
+    fix = fixes.firewall_fix("node03", state, ["10.0.0.0/24"], "1024-65535")
+    assert [ln for ln in fix.splitlines() if ln.startswith("  ")] == [
+        "  sudo nft insert rule inet site_fw inbound ip saddr 10.0.0.0/24 tcp dport 1024-65535 accept",
+        "  sudo nft insert rule ip filter INPUT ip saddr 10.0.0.0/24 tcp dport 1024-65535 accept"], fix

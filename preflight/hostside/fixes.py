@@ -105,21 +105,33 @@ def _run(argv: List[str], timeout: float = 5.0) -> Dict[str, Any]:
     return {"rc": res.rc, "out": res.out[:1 << 20], "err": said[:300]}
 
 
+def _run_root(argv: List[str], root: bool) -> Dict[str, Any]:
+    """argv, and again through `sudo -n` (never a password prompt) when it failed for a non-root agent: nft, ufw
+    and iptables read the ruleset only as root."""
+    res = _run(argv)
+    if res["rc"] not in (0, 127) and not root:
+        again = _run(["sudo", "-n"] + argv)
+        if again["rc"] == 0:
+            return again
+    return res
+
+
 def read_firewall(addresses: Sequence[str] = ()) -> Dict[str, Any]:
     """What manages this host's inbound filtering, read the way each tool reports it: {"firewalld": {"running",
     "zone"}, "ufw": {"active"}, "nft": {"ruleset": parsed JSON or None, "error"}, "iptables": {"rules": `iptables
     -S INPUT`, "backend": "nf_tables" | "legacy", "error"}, "root": bool}. addresses: this host's addresses the
     blocked probes went to (firewalld's zone is the zone of the interface holding one)."""
-    state: Dict[str, Any] = {"root": os.geteuid() == 0}
+    root = os.geteuid() == 0
+    state: Dict[str, Any] = {"root": root}
     fw = _run(["firewall-cmd", "--state"])
     running = fw["rc"] == 0 and fw["out"].strip() == "running"
     state["firewalld"] = {"running": running, "error": None if fw["rc"] in (0, 127, 252) else fw["err"]}
     if running:
         state["firewalld"]["zone"] = _firewalld_zone(addresses)
-    ufw = _run(["ufw", "status"])
+    ufw = _run_root(["ufw", "status"], root)
     state["ufw"] = {"active": ufw["rc"] == 0 and "Status: active" in ufw["out"],
                     "error": None if ufw["rc"] in (0, 127) else ufw["err"] or ufw["out"].strip()[:300]}
-    nft = _run(["nft", "-j", "list", "ruleset"])
+    nft = _run_root(["nft", "-j", "list", "ruleset"], root)
     ruleset = None
     if nft["rc"] == 0:
         try:
@@ -133,7 +145,7 @@ def read_firewall(addresses: Sequence[str] = ()) -> Dict[str, Any]:
     version = _run(["iptables", "--version"])
     if version["rc"] == 0:
         backend = "nf_tables" if "nf_tables" in version["out"] else "legacy"
-        rules = _run(["iptables", "-S", "INPUT"])
+        rules = _run_root(["iptables", "-S", "INPUT"], root)
         state["iptables"] = {"backend": backend, "rules": rules["out"] if rules["rc"] == 0 else None,
                              "error": None if rules["rc"] == 0 else rules["err"] or f"rc={rules['rc']}"}
     return state
