@@ -314,8 +314,9 @@ def firewall_fix(host: str, state: Optional[Dict[str, Any]], sources: Sequence[A
             return f"{where} allow TCP {ports} from the cluster in iptables' INPUT chain:\n  {ipt_line}"
         return (f"{where} iptables' INPUT chain does not drop this traffic (iptables -S INPUT): the block is outside "
                 "the host (a security group, a switch ACL)")
-    why = (f"its ruleset could not be read: {validate.quote(nft.get('error') or ipt.get('error'), 120)}"
-           if nft.get("error") or ipt.get("error") else "preflight did not read its ruleset")
+    said = nft.get("error") or ipt.get("error") or (state or {}).get("error")
+    why = (f"its ruleset could not be read: {validate.quote(said, 120)}" if said else
+           "preflight did not read its ruleset")
     return (f"{where} allow TCP {ports} from the cluster in the firewall ({why}); as root, `nft -a list ruleset` "
             "shows the chain that drops it, then, with "
             "the tool that manages the firewall, one of:\n"
