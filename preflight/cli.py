@@ -524,7 +524,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = paths[output.name]
         if path:
             try:
-                output.to_path(result, path)
+                for change in output.to_path(result, path):  # what a merge changed (--env-file)
+                    err.print(Text(rep.plain(f"preflight: {output.flag} {path}: {change}")), soft_wrap=True)
             except BrokenPipeError:
                 _drop_stdout()
             except OSError as exc:

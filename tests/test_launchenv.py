@@ -198,3 +198,19 @@ def test_the_torch_names_appear_in_the_installed_torch():
                     text = fh.read()
                 wanted = {w for w in wanted if w not in text}
     assert wanted == set(), wanted
+
+
+def test_a_comment_in_deepspeed_env_stops_the_launch_and_fails(tmp_path):
+    """DeepSpeed's own export builder on a .deepspeed_env with a '#' line: the shell command every host runs loses
+    everything after the '#' (no rank would start); the check FAILs naming the file and line."""
+    import subprocess
+    from tests.hostile import deepspeed_exports
+    env_file = tmp_path / ".deepspeed_env"
+    env_file.write_text("A=1\n# the debug level=x\nB=2\n")
+    script = deepspeed_exports(env_file) + " echo RAN"
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert "RAN" not in ran.stdout  # the command after the exports never ran
+    ds_env = launchenv.read_deepspeed_env(str(tmp_path), str(tmp_path / "home"), {})
+    (f,) = [f for f in launchenv.check(launchenv.snapshot({}, ds_env), NET) if f.status == Status.FAIL]
+    assert f.message.startswith(f"{env_file}:2: # the debug level=x: its name is not a variable name")
+    assert "no rank starts" in f.message and f.fix.startswith("remove the line")

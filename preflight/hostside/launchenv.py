@@ -115,7 +115,7 @@ def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
     name = env.get("DS_ENV_FILE", ".deepspeed_env")
     # "unterminated": the files whose last line has no newline, where `echo K=V >> file` would glue onto it.
     out: Dict[str, Any] = {"files": [], "vars": {}, "sources": {}, "bad_lines": [], "name": name,
-                           "unterminated": [],
+                           "unterminated": [], "bad_names": [],
                            "cwd_file": os.path.abspath(os.path.join(cwd if cwd is not None else ".", name))}
     for folder in (home if home is not None else os.path.expanduser("~"), cwd if cwd is not None else "."):
         path = os.path.join(folder, name)
@@ -135,6 +135,8 @@ def read_deepspeed_env(cwd: Optional[str] = None, home: Optional[str] = None,
             if not sep:
                 out["bad_lines"].append(f"{path}:{n}: {line[:200]}")
                 continue
+            if not _NAME.fullmatch(key.strip()):
+                out["bad_names"].append(f"{path}:{n}: {line[:200]}")
             out["vars"][key.strip()] = value.strip()
             out["sources"][key.strip()] = os.path.abspath(path)
     return out
@@ -288,6 +290,12 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]],
         found.append(EnvFinding(Status.FAIL, f"{line} has no '=': DeepSpeed's launcher raises ValueError "
                                 "(\"not enough values to unpack\", runner.py:610) before any rank starts",
                                 "make every line KEY=VALUE, with no empty lines"))
+    for line in ds_env.get("bad_names") or []:
+        # Checked with DeepSpeed's own export builder in tests/test_launchenv.py: `export # x=1; export B=2; cd ...`
+        found.append(EnvFinding(Status.FAIL, f"{line}: its name is not a variable name, and DeepSpeed's pdsh "
+                                "launcher puts it into `export NAME=VALUE;` in the command every host runs "
+                                "(multinode_runner.py:103-105): a '#' there comments out the rest of the command, "
+                                "so no rank starts", "remove the line (.deepspeed_env has no comments)"))
     seen = dict(exported)
     for k, v in shell.items():
         seen.setdefault(k, [v, "the launch shell"])
