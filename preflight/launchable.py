@@ -177,6 +177,15 @@ def needed(min_hosts: str, total: int) -> int:
     return max(1, math.ceil(float(min_hosts) * total - 1e-9))
 
 
+def short_of_min_hosts(min_hosts: str, total: int) -> str:
+    """``NOT READY: --min-hosts 10, and the hosts are 3``: the one line of a run that cannot pass, whatever its
+    hosts say (more hosts asked for than there are); "" when --min-hosts can be met."""
+    if not min_hosts or needed(min_hosts, total) <= total:
+        return ""
+    return (f"NOT READY: --min-hosts {min_hosts} asks for {needed(min_hosts, total)} healthy hosts, and the run has "
+            f"{total} host{'s' if total != 1 else ''}; nothing was checked")
+
+
 def subset_passes(report: Report, min_hosts: str) -> bool:
     """--min-hosts: the gate failed, but enough hosts are healthy (a host with excluded GPUs counts) and nothing
     failed cluster-wide."""
