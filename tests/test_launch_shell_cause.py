@@ -19,9 +19,9 @@ def verdict_line(stdout: str) -> str:
 
 
 def cause_lines(stdout: str):
-    """The lines above the matrix that start a cause (``host-or-cluster::check STATUS - ...``)."""
+    """The lines above the matrix that start a cause (``hosts::check STATUS - ...``, ``launch shell::check ...``)."""
     head = stdout.split("preflight matrix", 1)[0]
-    return [line for line in head.splitlines() if re.match(r"^\S+::\w+ (FAILED|ERROR|WARNED|SKIPPED)", line)]
+    return [line for line in head.splitlines() if re.match(r"^[^:]+::\w+ (FAILED|ERROR|WARNED|SKIPPED) - ", line)]
 
 
 def test_an_inherited_bogus_socket_ifname_is_one_cause_in_the_launch_shell(netcluster_factory, tmp_path):
@@ -35,6 +35,7 @@ def test_an_inherited_bogus_socket_ifname_is_one_cause_in_the_launch_shell(netcl
         assert (cell.get("blocked_by"), cell.get("blocked_host")) == ("launcher_ssh", "*"), cell
     bad = [line for line in cause_lines(proc.stdout) if " FAILED" in line or " ERROR" in line]
     assert len(bad) == 1 and "NCCL_SOCKET_IFNAME=bogus0" in bad[0], bad
+    assert bad[0].startswith("launch shell::launcher_ssh FAILED"), bad[0]
     verdict = verdict_line(proc.stdout)
     assert verdict.startswith("NOT READY") and "in the launch shell" in verdict, verdict
     assert not any(host in verdict for host in NAMES), verdict
