@@ -33,6 +33,9 @@ def test_the_slow_host_alone_is_named_with_its_figures():
     assert finding.status == Status.WARN and figures["rtt_ms_typical"] == 40.2
     assert finding.message.startswith("TCP round trip between n3 and its peers 40.20 ms (n2 40.60 ms, n1 40.20 ms;")
     assert "above 5 ms" in finding.message and "tc qdisc show" in finding.fix
+    assert "ip route get $(getent hosts n2 | cut -d' ' -f1) (the path to n2" in finding.fix
+    with_address = latency.judge("n3", pairs, 5.0, {"n2": "10.1.0.2"})[0]
+    assert "ip route get 10.1.0.2 (the path to n2" in with_address.fix
     # Two hosts: one pair, both ends named.
     two = latency.pair_rtt([probe("a", "b", 12.0)])
     assert latency.judge("a", two, 5.0)[0] and latency.judge("b", two, 5.0)[0]
@@ -80,6 +83,7 @@ def test_real_hosts_one_behind_a_full_queue_is_named_alone(netcluster_factory, t
     assert cells["node03"]["status"] == "warn", cells["node03"]
     assert cells["node03"]["metrics"]["rtt_ms_typical"] > 5.0, cells["node03"]["metrics"]
     assert "TCP round trip between node03 and its peers" in cells["node03"]["message"]
+    assert "ip route get 198." in cells["node03"]["fix"], cells["node03"]["fix"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for h in ("node01", "node02"):
         assert cells[h]["status"] == "pass", cells[h]

@@ -584,7 +584,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     # Each host pair's round trip from the same handshakes (hostside/latency.py), a WARN above rtt_warn_ms.
     rtt, warn_ms = latency.pair_rtt(facts.get("probes", []), PRIMARY), float(limits(thresholds, NAME)["rtt_warn_ms"])
     for h in hosts:
-        out[h] = latency.annotate(out[h], *latency.judge(h, rtt, warn_ms))
+        out[h] = latency.annotate(out[h], *latency.judge(h, rtt, warn_ms, facts.get("addresses")))
     return out
 
 

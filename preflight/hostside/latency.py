@@ -15,8 +15,10 @@ link, or a host too loaded to answer (docs/checks.md, [ports] rtt_warn_ms).
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import validate
 from .outcome import Finding, Outcome, Status, combine
 
 Pair = Tuple[str, str]  # (host, host), sorted
@@ -43,9 +45,11 @@ def peers_of(host: str, pairs: Dict[Pair, Dict[str, Any]]) -> Dict[str, float]:
     return {(b if a == host else a): round(v["ms"], 3) for (a, b), v in pairs.items() if host in (a, b)}
 
 
-def judge(host: str, pairs: Dict[Pair, Dict[str, Any]], warn_ms: float) -> Tuple[Optional[Finding], Dict[str, Any]]:
+def judge(host: str, pairs: Dict[Pair, Dict[str, Any]], warn_ms: float,
+          addresses: Optional[Dict[str, str]] = None) -> Tuple[Optional[Finding], Dict[str, Any]]:
     """(a WARN when the host's typical round trip is above ``warn_ms``, its figures). Typical: the lower median of
-    its pairs, so one slow host is named alone (its peers' other pairs are fast); with one peer both ends are."""
+    its pairs, so one slow host is named alone (its peers' other pairs are fast); with one peer both ends are.
+    addresses: {host: the address it was probed at}, for the fix's `ip route get`."""
     peers = peers_of(host, pairs)
     if not peers:
         return None, {}
@@ -55,13 +59,17 @@ def judge(host: str, pairs: Dict[Pair, Dict[str, Any]], warn_ms: float) -> Tuple
     if typical <= warn_ms:
         return None, figures
     slow = sorted(peers.items(), key=lambda kv: -kv[1])
+    peer = slow[0][0]
+    address = str((addresses or {}).get(peer) or peer)
+    route = (f"ip route get {shlex.quote(address)}" if validate.ip_address(address) else
+             f"ip route get $(getent hosts {shlex.quote(peer)} | cut -d' ' -f1)")
     listed = ", ".join(f"{p} {ms:.2f} ms" for p, ms in slow[:4]) + (", ..." if len(slow) > 4 else "")
     return (Finding(Status.WARN, f"TCP round trip between {host} and its peers {typical:.2f} ms ({listed}; the fastest "
                     f"handshake of each pair), above {warn_ms:g} ms: every small message of the job (NCCL's LL "
                     f"protocol, small all-reduce buckets, ZeRO-3 gathers, barriers) waits about that long; on one LAN "
                     f"it is well under 1 ms",
-                    f"on {host}: tc qdisc show (a netem delay left on a link), ip route get <a peer's address> (the "
-                    f"path: a VPN, an overlay, another site), uptime (a host too loaded to answer); or leave {host} "
+                    f"on {host}: tc qdisc show (a netem delay or a full shaper left on a link), {route} (the path to "
+                    f"{peer}: a VPN, an overlay, another site), uptime (a host too loaded to answer); or leave {host} "
                     f"out of the hostfile"), figures)
 
 
