@@ -123,7 +123,8 @@ def test_a_host_that_sets_the_variable_itself_is_not_named():
 
 
 def test_host_environment_is_parsed_as_data():
-    text = "PATH=/bin\nTORCH_DISTRIBUTED_DEBUG=INFO\nNCCL_DEBUG=" + "x" * 999 + "\n$(evil)=1\nnot a line\n"
+    text = ("PATH=/bin\nTORCH_DISTRIBUTED_DEBUG=INFO\nNCCL_DEBUG=" + "x" * 999 + "\n$(evil)=1\nnot a line\n"
+            "MLFLOW_TRACKING_PASSWORD=secret\nPYTHONSTARTUP=/x\n")  # not read by a rank: not kept
     env = launchenv.parse_host_env(text)
     assert env == {"TORCH_DISTRIBUTED_DEBUG": "INFO", "NCCL_DEBUG": "x" * launchenv.VALUE_KEEP}
 

@@ -167,12 +167,13 @@ VALUE_KEEP = 256  # characters of a host's value kept: enough to compare, small 
 
 
 def parse_host_env(text: str) -> Dict[str, str]:
-    """The watched variables of ``env`` output (a host's, so data: names must be NAME-shaped, values are kept
+    """The variables a rank reads from ``env`` output (a host's, so data: names must be NAME-shaped, values are kept
     short and never executed), e.g. ``TORCH_DISTRIBUTED_DEBUG=INFO`` -> {"TORCH_DISTRIBUTED_DEBUG": "INFO"}."""
     out: Dict[str, str] = {}
     for line in (text or "").splitlines():
         name, sep, value = line.partition("=")
-        if sep and _NAME.fullmatch(name) and name.startswith(WATCHED_PREFIXES + EXPORTED_PREFIXES):
+        # Only names a rank reads: nothing else of a host's environment (tokens, passwords) is kept.
+        if sep and _NAME.fullmatch(name) and (name in KNOWN_NAMES or _rank_reads(name)):
             out[name] = value[:VALUE_KEEP]
     return out
 
