@@ -147,13 +147,36 @@ def test_a_misspelt_name_gets_a_did_you_mean():
     (f,) = launchenv.check(snap({"DS_ACCELERATORATOR": "cuda"}), NET)
     assert f.status == Status.WARN and "did you mean DS_ACCELERATOR?" in f.message
     assert f.message.startswith("DS_ACCELERATORATOR=cuda (the launch shell) is not a variable")
-    assert f.fix == "rename it DS_ACCELERATOR=cuda (in the launch shell)"
+    assert f.fix.startswith("unset DS_ACCELERATORATOR; echo DS_ACCELERATOR=cuda >> .deepspeed_env (in the directory")
     for typo, meant in (("TORCH_DISTRIBUTED_DEBG", "TORCH_DISTRIBUTED_DEBUG"), ("NCCL_SOCKET_IFNAM", "NCCL_SOCKET_IFNAME"),
                         ("NCCL_SOCKET_IFANME", "NCCL_SOCKET_IFNAME"), ("DS_SKIP_CUDA_CHEK", "DS_SKIP_CUDA_CHECK")):
         assert launchenv.did_you_mean(typo) == meant, typo
     # In a .deepspeed_env too, naming the file.
     (g,) = launchenv.check(snap(ds_vars={"NCCL_IB_HCAA": "mlx5_0"}), NET)
     assert "did you mean NCCL_IB_HCA?" in g.message and "(/job/.deepspeed_env)" in g.message
+    assert g.fix == "sed -i 's/^NCCL_IB_HCAA=/NCCL_IB_HCA=/' /job/.deepspeed_env"
+    (h,) = launchenv.check(snap({"NCCL_SOCKET_IFNAM": "eth0"}), NET)
+    assert h.fix == "unset NCCL_SOCKET_IFNAM; export NCCL_SOCKET_IFNAME=eth0"  # NCCL*: passed from the shell
+
+
+def test_the_rename_fixes_work_when_pasted(tmp_path):
+    """Each did-you-mean fix, run: the .deepspeed_env's line renamed in place; the launch shell's name moved into
+    the .deepspeed_env the ranks get; afterwards nothing is left to say."""
+    import subprocess
+    (tmp_path / ".deepspeed_env").write_text("WANDB_PROJECT=x\nDS_SKIP_CUDA_CHEK=1\n")
+    ds_env = launchenv.read_deepspeed_env(str(tmp_path), str(tmp_path / "home"), {})
+    shell = {"DS_ACCELERATORATOR": "cpu"}
+    found = launchenv.check(launchenv.snapshot(shell, ds_env), {})
+    assert sorted(f.message.split(" ")[0] for f in found) == ["DS_ACCELERATORATOR=cpu", "DS_SKIP_CUDA_CHEK=1"]
+    script = "; ".join(f.fix.split(" (in the directory")[0] for f in found) + "; env"
+    out = subprocess.run(["sh", "-c", script], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **shell},
+                         capture_output=True, text=True, check=True).stdout
+    after_shell = {k: v for k, v in (line.split("=", 1) for line in out.splitlines() if "=" in line)
+                   if k in shell or k.startswith("DS_")}
+    after = launchenv.check(launchenv.snapshot(after_shell, launchenv.read_deepspeed_env(
+        str(tmp_path), str(tmp_path / "home"), {})), {})
+    assert after == [], after
+    assert (tmp_path / ".deepspeed_env").read_text() == "WANDB_PROJECT=x\nDS_SKIP_CUDA_CHECK=1\nDS_ACCELERATOR=cpu\n"
 
 
 def test_no_did_you_mean_for_the_variables_of_a_usual_container():

@@ -308,7 +308,7 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]],
         elif name in LEGACY:
             found.append(EnvFinding(Status.WARN, f"{name} ({source}) is the legacy name of {LEGACY[name]}",
                                     f"rename it {LEGACY[name]}={value}"))
-    found.extend(_name_findings(seen))
+    found.extend(_name_findings(seen, str(ds_env.get("name") or ".deepspeed_env")))
     accel = seen.get("DS_ACCELERATOR")
     if accel and accel[0] not in ACCELERATORS:
         found.append(EnvFinding(Status.FAIL, f"DS_ACCELERATOR={accel[0]} ({accel[1]}) is not an accelerator "
@@ -323,7 +323,20 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]],
     return found
 
 
-def _name_findings(seen: Dict[str, List[str]]) -> List[EnvFinding]:
+def _rename_fix(name: str, meant: str, value: str, source: str, env_file: str) -> str:
+    """The command that renames a misspelt variable where it was set, so that the ranks get the right one."""
+    from .validate import env_value
+    if source != "the launch shell":  # a .deepspeed_env line: rename it in place (names are [A-Za-z0-9_])
+        return f"sed -i 's/^{name}=/{meant}=/' {shlex.quote(source)}"
+    if meant.startswith(EXPORTED_PREFIXES):  # the launcher passes the shell's value of the right name
+        return f"unset {name}; export {meant}={shlex.quote(value)}"
+    if env_value(value):  # the shell's value would not reach the ranks: the .deepspeed_env line instead
+        return (f"unset {name}; echo {shlex.quote(f'{meant}={value}')} >> {shlex.quote(env_file)} (in the directory "
+                f"you run deepspeed from: the launcher does not pass the shell's {meant} to the ranks)")
+    return f"unset {name}, and put {meant} with its value in {env_file}"
+
+
+def _name_findings(seen: Dict[str, List[str]], env_file: str = ".deepspeed_env") -> List[EnvFinding]:
     """A name close to one DeepSpeed, torch, CUDA or NCCL reads: WARN with the did-you-mean (nothing reads the
     misspelt one, so the setting is silently lost). A DeepSpeed-looking name DeepSpeed does not read: a note.
     DS_BUILD_* is pip install's (setup.py reads DS_BUILD_OPS and the like), not judged here."""
@@ -336,7 +349,7 @@ def _name_findings(seen: Dict[str, List[str]]) -> List[EnvFinding]:
         if meant is not None:
             found.append(EnvFinding(Status.WARN, f"{name}={value} ({source}) is not a variable DeepSpeed, torch or "
                                     f"NCCL reads: did you mean {meant}? Nothing reads {name}, so the setting is lost",
-                                    f"rename it {meant}={value} (in {source})"))
+                                    _rename_fix(name, meant, value, source, env_file)))
         elif name.startswith(DEEPSPEED_LOOKING):
             found.append(EnvFinding(Status.PASS, f"{name} ({source}) is not a variable DeepSpeed 0.19.8 reads (none "
                                     "of its DS_/DEEPSPEED_ names is close): it has no effect", ""))
