@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..hostside import latency, validate
+from ..hostside import validate
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text, sh
@@ -582,6 +582,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for h in hosts:
         out[h] = _host_outcome(h, facts, thresholds, egress)
     # Each host pair's round trip from the same handshakes (hostside/latency.py), a WARN above rtt_warn_ms.
+    from ..hostside import latency
     rtt, warn_ms = latency.pair_rtt(facts.get("probes", []), PRIMARY), float(limits(thresholds, NAME)["rtt_warn_ms"])
     for h in hosts:
         out[h] = latency.annotate(out[h], *latency.judge(h, rtt, warn_ms, facts.get("addresses")))
