@@ -64,11 +64,15 @@ def test_real_hosts_one_behind_a_full_queue_is_named_alone(netcluster_factory, t
                            stderr=subprocess.DEVNULL)
     flood = None
     try:
-        time.sleep(1.0)
         cluster.shape("node03", 2)
-        flood = cluster.popen("node03", ["iperf3", "-c", node01, "-p", "5399", "-t", "300"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(3.0)  # the queue fills
+        for _ in range(10):  # until the client is connected and sending (the server may start late under load)
+            time.sleep(1.0)
+            flood = cluster.popen("node03", ["iperf3", "-c", node01, "-p", "5399", "-t", "300"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(3.0)  # the queue fills
+            if flood.poll() is None:
+                break
+        assert flood is not None and flood.poll() is None, "the iperf3 flow from node03 did not start"
         report = tmp_path / "report.json"
         proc = preflight(cluster, "--hostfile", cluster.hostfile(tmp_path / "hostfile"), "--checks", "ports",
                          "--json", report, timeout=300)
