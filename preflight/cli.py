@@ -22,8 +22,8 @@ from preflight import __version__
 from preflight import render
 from preflight.config import ConfigError, default_page, load_thresholds
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError, read_text_limited
-from preflight.hostfile import (HostfileError, apply_filters, expanded_text, load_hostfile, local_cluster,
-                                split_csv, with_slots)
+from preflight.hostfile import (HostfileError, apply_filters, expanded_text, first_nodes, load_hostfile,
+                                local_cluster, split_csv, with_slots)
 from preflight.hostside.seams import CheckOptions
 from preflight.results import CLUSTER_NAME
 from preflight import transport as transports
@@ -141,6 +141,8 @@ def build_parser() -> _Parser:
     g.add_argument("--slots", "--num_gpus", type=_positive_int, metavar="N",
                    help="GPUs (ranks) per host: overrides the hostfile's slots and, without a hostfile, the visible "
                         "GPUs of this machine (--num_gpus: DeepSpeed's spelling of the same option)")
+    g.add_argument("--num_nodes", "--num-nodes", type=_positive_int, metavar="N",
+                   help="check the first N hosts of the hostfile, the ones DeepSpeed's --num_nodes N runs on")
     g.add_argument("-i", "--include", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("-e", "--exclude", default="", metavar="SPEC", help="DeepSpeed syntax: 'host1:0,1@host2'")
     g.add_argument("--python", default="python3", metavar="PATH",
@@ -395,9 +397,16 @@ def build_options(args: argparse.Namespace):
     if args.slots is not None and (args.include or args.exclude):
         # DeepSpeed: "Cannot specify num_nodes/gpus with include/exclude"
         raise UsageError("--slots cannot be combined with --include/--exclude (as DeepSpeed's --num_gpus)")
+    num_nodes = getattr(args, "num_nodes", None)
+    if num_nodes is not None and (args.include or args.exclude):
+        # DeepSpeed runner.py:462-464 raises the same for --num_nodes.
+        raise UsageError("--num_nodes cannot be combined with --include/--exclude (DeepSpeed: \"Cannot specify "
+                         "num_nodes/gpus with include/exclude\")")
     slurm_hosts, transport, host_source = _slurm_selection(args)
     if args.hostfile:
         hosts = apply_filters(load_hostfile(args.hostfile, notes), args.include, args.exclude)
+        if num_nodes is not None:
+            hosts = first_nodes(hosts, num_nodes, notes)
         if args.slots is not None:
             hosts = with_slots(hosts, args.slots)
         local = False
@@ -406,9 +415,15 @@ def build_options(args: argparse.Namespace):
                              "cluster-wide results in the reports; use another name for it (e.g. its address)")
     elif slurm_hosts is not None:
         hosts, local = apply_filters(slurm_hosts, args.include, args.exclude), False
+        if num_nodes is not None:
+            hosts = first_nodes(hosts, num_nodes, notes)
     else:
         if args.include or args.exclude:
             raise UsageError("--include/--exclude need --hostfile")
+        if num_nodes is not None and num_nodes > 1:
+            # runner.py:476-477: "Num nodes is >1 but no extra nodes available via hostfile".
+            raise UsageError(f"--num_nodes {num_nodes} needs a --hostfile: without one the cluster is this machine "
+                             "(DeepSpeed: \"Num nodes is >1 but no extra nodes available via hostfile\")")
         hosts, local = local_cluster(args.slots, info), True
         if not shutil.which(args.python):
             raise UsageError(f"--python {args.python}: not found on this machine (without --hostfile the checks run "
@@ -466,11 +481,17 @@ def cmd_config_defaults(out, err) -> int:
 
 def cmd_list(out) -> int:
     width = max(len(n) for n in registry.ORDER)
+    lines = []
     for name in registry.ORDER:
         module = registry.load(name)
         scope = {"host": "per host", "cluster": "cluster", "connection": "per host"}[module.SPEC.scope]
         default = "" if module.SPEC.default else "  (opt-in)"
-        print(f"{name:<{width}}  [{scope}]  {module.SPEC.description}{default}", file=out)
+        lines.append(f"{name:<{width}}  [{scope}]  {module.SPEC.description}{default}\n")
+    try:
+        out.write("".join(lines))
+        out.flush()
+    except BrokenPipeError:  # `preflight list | head -1`: the reader has what it wanted
+        _drop_stdout()
     return EXIT_OK
 
 
@@ -487,6 +508,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(Text(rep.plain(f"preflight: error: {exc}")), soft_wrap=True)
         return EXIT_USAGE
+    short = launchable.short_of_min_hosts(args.min_hosts or "", len(options.hosts))
+    if short:  # no run can pass: said before any host is contacted, as the verdict (stdout) and its exit code
+        try:
+            print(short, flush=True)
+        except BrokenPipeError:
+            _drop_stdout()
+        return EXIT_FAILED
     if options.host_source and not args.quiet:
         err.print(f"preflight: {options.host_source}", soft_wrap=True, highlight=False, markup=False)
     for note in options.info_notes:
@@ -509,7 +537,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = paths[output.name]
         if path:
             try:
-                output.to_path(result, path)
+                for change in output.to_path(result, path):  # what a merge changed (--env-file)
+                    err.print(Text(rep.plain(f"preflight: {output.flag} {path}: {change}")), soft_wrap=True)
             except BrokenPipeError:
                 _drop_stdout()
             except OSError as exc:

@@ -326,5 +326,15 @@ def with_slots(hosts: List[HostSpec], slots: int) -> List[HostSpec]:
     return [dataclasses.replace(h, slots=slots, gpus=list(range(slots))) for h in hosts]
 
 
+def first_nodes(hosts: List[HostSpec], num_nodes: int, notes: Optional[List[str]] = None) -> List[HostSpec]:
+    """``--num_nodes N``: the first N hosts in hostfile order, as DeepSpeed's launcher takes them
+    (deepspeed/launcher/runner.py:385-398, apply_num_nodes_and_gpus: "the top num_nodes hosts", after the hostfile
+    is read, :521). More than the hostfile has is not an error there: every host is used, and a note says so."""
+    if notes is not None and num_nodes > len(hosts):
+        notes.append(f"--num_nodes {num_nodes}, but there are {len(hosts)} hosts: DeepSpeed's launcher uses all "
+                     f"{len(hosts)}, as preflight does")
+    return hosts[:num_nodes]
+
+
 def split_csv(value: str) -> Tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())

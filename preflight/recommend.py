@@ -281,6 +281,7 @@ def add_to_inherited_row(results: List[Any], findings: Sequence[Finding]) -> Non
                    for f in old.metrics.get("findings") or [] if isinstance(f, dict) and "status" in f]
         mine = (earlier or [Finding(old.status, old.message, old.fix)]) + mine
     outcome = combine(mine, "", metrics)
+    outcome.where = "launch shell"  # an inherited value: fixed where deepspeed is launched, on no host
     result = Result.from_outcome(CLUSTER, check, outcome)
     if row is None:
         results.append(result)

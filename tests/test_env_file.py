@@ -89,3 +89,65 @@ def test_interface_name_with_a_newline_from_a_lying_host(netcluster_factory, tmp
     assert "LD_PRELOAD" not in env.read_text()
     files, shell_env = run_exports(cluster, "node02", deepspeed_exports(env))
     assert files == [] and "LD_PRELOAD" not in shell_env
+
+
+# --- merging into the user's own file (issue 31) ----------------------------------------------------------------
+
+USER_FILE = ("WANDB_PROJECT=llm-pretrain\n"
+             "NCCL_SOCKET_IFNAME=eth0\n"
+             "TORCH_EXTENSIONS_DIR=/local/torch_ext\n"
+             "\n"
+             "NCCL_DEBUG=WARN\n"
+             "NCCL_SOCKET_IFNAME=eth9\n"
+             "# the cluster's notes\n")
+
+
+def test_merge_keeps_the_users_lines_and_says_what_changed():
+    from preflight.render.env_file import merge_text
+    text, said = merge_text(USER_FILE, {"NCCL_SOCKET_IFNAME": "=eth1", "NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1"})
+    assert text.splitlines() == ["WANDB_PROJECT=llm-pretrain", "NCCL_SOCKET_IFNAME==eth1",
+                                 "TORCH_EXTENSIONS_DIR=/local/torch_ext", "NCCL_DEBUG=WARN",
+                                 "# the cluster's notes", "NCCL_IB_DISABLE=1"]
+    assert "replaced 'NCCL_SOCKET_IFNAME=eth0' with NCCL_SOCKET_IFNAME==eth1 (line 2)" in said
+    assert "removed line 6 ('NCCL_SOCKET_IFNAME=eth9'): a second NCCL_SOCKET_IFNAME, which would win over line 2" \
+        in said
+    assert "added NCCL_IB_DISABLE=1" in said and not any("NCCL_DEBUG" in s for s in said)  # unchanged: not said
+    assert any(s.startswith("kept line 7 (\"# the cluster's notes\"), but DeepSpeed's launcher cannot read it")
+               for s in said), said
+    assert "dropped 1 empty line (the launcher raises ValueError on one, runner.py:610)" in said
+    assert said[-1] == "kept 3 other lines of yours"
+    # No file yet: the recommendation alone.
+    text, said = merge_text(None, {"NCCL_DEBUG": "WARN"})
+    assert text == "NCCL_DEBUG=WARN\n" and said == ["wrote 1 variable: NCCL_DEBUG"]
+
+
+def test_the_merged_file_is_what_deepspeed_exports(tmp_path):
+    """The merged file through DeepSpeed's own pdsh export builder, run in a shell: the user's variables and
+    preflight's, each with the merged value."""
+    from preflight.render.env_file import merge_text
+    mine = "".join(line + "\n" for line in USER_FILE.splitlines() if line and not line.startswith("#"))
+    text, _ = merge_text(mine, {"NCCL_SOCKET_IFNAME": "=eth1", "NCCL_IB_DISABLE": "1"})
+    (tmp_path / ".deepspeed_env").write_text(text)
+    out = subprocess.run(["sh", "-c", deepspeed_exports(tmp_path / ".deepspeed_env") + " env"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=30, env={"PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    for line in ("WANDB_PROJECT=llm-pretrain", "TORCH_EXTENSIONS_DIR=/local/torch_ext", "NCCL_SOCKET_IFNAME==eth1",
+                 "NCCL_IB_DISABLE=1", "NCCL_DEBUG=WARN"):
+        assert line in out, (line, out)
+
+
+def test_env_file_over_a_users_file_keeps_their_lines(netcluster_factory, tmp_path):
+    """`preflight run --env-file .deepspeed_env` on real hosts, over a file with the user's own lines: they stay,
+    only preflight's variables change, and stderr says what changed."""
+    cluster = netcluster_factory(2)
+    env = tmp_path / ".deepspeed_env"
+    env.write_text("WANDB_PROJECT=llm-pretrain\nNCCL_DEBUG=INFO\nTORCH_EXTENSIONS_DIR=/local/torch_ext\n")
+    proc = preflight(cluster, "--hostfile", cluster.hostfile(tmp_path / "hostfile"), "--checks", "interfaces",
+                     "--env-file", env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = env.read_text().splitlines()
+    assert lines[0] == "WANDB_PROJECT=llm-pretrain" and lines[2] == "TORCH_EXTENSIONS_DIR=/local/torch_ext", lines
+    assert lines[1] == "NCCL_DEBUG=WARN", lines
+    assert f"preflight: --env-file {env}: replaced 'NCCL_DEBUG=INFO' with NCCL_DEBUG=WARN (line 2)" in proc.stderr
+    assert f"preflight: --env-file {env}: kept 2 other lines of yours" in proc.stderr
+    for line in lines[3:]:
+        assert f"export {line}" in proc.stdout.splitlines() or line.split("=")[0] in proc.stdout, line

@@ -128,10 +128,11 @@ def test_evaluate_healthy_single_host_missing_and_agent_failures():
 
 
 def test_ssh_argv_takes_the_launchers_port_before_the_host():
+    env = ["&&", "echo", "@@preflight-env@@", "&&", "env"]  # then the host's own environment for an SSH command
     assert ls.ssh_argv("node02", 5) == ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
-                                        "-o", "ConnectTimeout=5", "-x", "--", "node02", "hostname"]
+                                        "-o", "ConnectTimeout=5", "-x", "--", "node02", "hostname"] + env
     argv = ls.ssh_argv("node02", 5, 2222)
-    assert argv[argv.index("-p"):] == ["-p", "2222", "--", "node02", "hostname"]
+    assert argv[argv.index("-p"):] == ["-p", "2222", "--", "node02", "hostname"] + env
 
 
 def test_explain_names_the_port_the_launcher_uses():
@@ -178,7 +179,7 @@ if [ "$1" = "-V" ]; then echo "OpenSSH_fake" >&2; exit 0; fi
 for a; do [ "$a" = "hostname" ] && break; host=$a; done
 echo "$@" >> "$FAKE_SSH_LOG"
 case "$host" in
-  good*) echo "$host" ;;
+  good*) echo "$host"; echo "@@preflight-env@@"; env ;;
   denied*) echo "root@$host: Permission denied (publickey)." >&2; exit 255 ;;
   slow*) sleep 30 ;;
 esac
@@ -210,7 +211,8 @@ def test_probe_runs_concurrently_bounded_and_kills_slow_ssh(fake_ssh):
     assert res["denied1"]["rc"] == 255 and "Permission denied" in res["denied1"]["stderr"]
     assert res["slow1"]["rc"] == 124 and ls.classify(124, res["slow1"]["stderr"]) == "timeout"
     calls = fake_ssh.read_text().splitlines()
-    assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -- good0 hostname" in calls
+    assert "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -- good0 hostname && echo " \
+        "@@preflight-env@@ && env" in calls
 
 
 def test_probe_passes_the_port_to_ssh(fake_ssh):
@@ -218,7 +220,8 @@ def test_probe_passes_the_port_to_ssh(fake_ssh):
     out = ls.probe({"hosts": ["good1"], "connect_timeout": 3, "port": 2222}, ctx)
     assert out["results"]["good1"]["rc"] == 0
     assert fake_ssh.read_text().splitlines() == [
-        "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -p 2222 -- good1 hostname"]
+        "-o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout=3 -x -p 2222 -- good1 hostname && echo "
+        "@@preflight-env@@ && env"]
 
 
 def test_probe_respects_the_overall_deadline(fake_ssh):
@@ -452,7 +455,7 @@ def test_inherited_environment_findings():
     # Set in the shell but not passed to the ranks: WARN with the .deepspeed_env fix; CUDA_HOME is each host's own.
     unpassed = one("TORCH_NCCL_BLOCKING_WAIT=1", Status.WARN)
     assert "does not pass it to the ranks" in unpassed.message
-    assert "put TORCH_NCCL_BLOCKING_WAIT=1 in .deepspeed_env" in unpassed.fix
+    assert "echo TORCH_NCCL_BLOCKING_WAIT=1 >> .deepspeed_env" in unpassed.fix
     assert not any(f.message.startswith("CUDA_HOME") for f in found)
 
     # Names each host must have: NCCL's filter semantics (prefix, '=' exact, '^' exclude).
@@ -514,5 +517,80 @@ def test_real_inherited_environment_is_named(netcluster_factory, tmp_path):
     assert "NCCL_SOCKET_IFNAME=bogus0 (the launch shell) matches no interface on node01, node02, node03" in star
     assert f"NCCL_TIMEOUT=1800 ({work / '.deepspeed_env'}) has no effect" in star, star
     assert "TORCH_NCCL_BLOCKING_WAIT=1 is set in the launch shell" in star
+    assert cells["*"]["where"] == "launch shell"
     for h in ("node01", "node02", "node03"):
         assert cells[h]["status"] == "fail" and "NCCL_SOCKET_IFNAME=bogus0" in cells[h]["message"], cells[h]
+        assert (cells[h]["blocked_by"], cells[h]["blocked_host"]) == ("launcher_ssh", "*"), cells[h]
+
+
+def test_real_variable_left_in_the_launch_shell_is_one_warn_and_its_fix_works(netcluster_factory, tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL in the launch shell, no .deepspeed_env line: one WARN naming it, with the
+    line to add; the fix pasted in the directory deepspeed runs from, the next run has no WARN."""
+    cluster = netcluster_factory(3)
+    work = tmp_path / "work"
+    work.mkdir()
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    env.pop("DS_ENV_FILE", None)
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hostfile")),
+            "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--checks", "interfaces,launcher_ssh", "--json", str(report)]
+
+    def run():
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=180,
+                              stdin=subprocess.DEVNULL)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # a WARN: the job starts
+        return proc, {r["host"]: r for r in json.loads(report.read_text())["results"] if r["check"] == "launcher_ssh"}
+
+    proc, cells = run()
+    star = cells["*"]
+    (finding,) = [f for f in star["metrics"]["findings"] if f["status"] != "pass"]
+    assert star["status"] == "warn" and star["where"] == "launch shell", star
+    assert finding["message"].startswith("TORCH_DISTRIBUTED_DEBUG=DETAIL is set in the launch shell, but DeepSpeed's "
+                                         "pdsh launcher does not pass it to the ranks"), finding
+    assert "echo TORCH_DISTRIBUTED_DEBUG=DETAIL >> .deepspeed_env" in finding["fix"]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in proc.stdout
+    for h in ("node01", "node02", "node03"):
+        assert cells[h]["status"] == "pass", cells[h]
+    subprocess.run(["sh", "-c", finding["fix"].split(": ", 1)[1].split(" (or ", 1)[0]], cwd=work, check=True)
+    _, cells = run()
+    assert "*" not in cells, cells["*"]
+
+
+def test_an_inherited_value_is_one_cause_in_the_launch_shell_and_the_hosts_its_victims():
+    """NCCL_SOCKET_IFNAME=bogus0 from the launch shell: the cluster row is the cause (where "launch shell"); each
+    host's row shows it and is blocked by that row; a host whose own SSH also failed stays a cause of its own."""
+    from preflight.hostside.outcome import BlockedBy
+    facts = json.loads(json.dumps(RECORDED))
+    facts["pdsh"] = "/usr/bin/pdsh"
+    for h in ("node01", "node02", "node03"):
+        facts["results"][h] = {"rc": 0, "hostname": h, "stderr": "", "duration_s": 0.2}
+    facts["launch_env"] = _snap({"NCCL_SOCKET_IFNAME": "bogus0"})
+    facts["host_net"] = NET
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert out["*"].status == Status.FAIL and out["*"].where == "launch shell" and out["*"].blocked_by is None
+    for h in ("node01", "node02", "node03"):
+        assert out[h].status == Status.FAIL and out[h].blocked_by == BlockedBy("*", "launcher_ssh"), out[h]
+        assert out[h].where is None
+    facts["results"]["node02"] = {"rc": 255, "hostname": "", "stderr": "Permission denied (publickey).",
+                                  "duration_s": 0.1}
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert out["node02"].blocked_by is None and "key was refused" in out["node02"].message
+    # A note alone (nothing wrong): no cluster row, the note on the first host's row.
+    facts["results"]["node02"] = facts["results"]["node01"]
+    facts["launch_env"] = _snap({"DEEPSPEED_DEBUG": "1"})
+    out = ls.evaluate(facts, THRESHOLDS)
+    assert "*" not in out and out["node01"].status == Status.PASS
+    assert "note: DEEPSPEED_DEBUG (the launch shell) is not a variable DeepSpeed 0.19.8 reads" in out["node01"].message
+
+
+def test_the_probe_reads_each_hosts_own_environment(fake_ssh, monkeypatch):
+    """The ssh command prints the host's environment after its name: the probe keeps the watched names, and a
+    host whose own SSH environment sets the value is not named."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # the fake ssh's `env` (this process's) has it
+    ctx = HostContext(params={}, deadline=time.monotonic() + 30)
+    out = ls.probe({"hosts": ["good1"], "connect_timeout": 3}, ctx)
+    assert out["results"]["good1"]["hostname"] == "good1"
+    assert out["results"]["good1"]["env"].get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+    assert "PATH" not in out["results"]["good1"]["env"]

@@ -93,6 +93,7 @@ def test_contradictions_join_the_inherited_environments_row():
                Result("node01", "iperf3", Status.PASS, "ok")]
     add_to_inherited_row(results, [warn])
     assert (results[-1].host, results[-1].check, results[-1].status) == ("*", "launcher_ssh", Status.WARN)
+    assert results[-1].where == "launch shell"  # an inherited value: fixed where deepspeed runs, on no host
     # A FAIL row already there: it stays a FAIL, and lists both findings.
     fail = {"status": "fail", "message": "NCCL_SOCKET_IFNAME=bogus0 matches no interface", "fix": "set it"}
     results = [Result("*", "launcher_ssh", Status.FAIL, fail["message"], "set it",
@@ -102,6 +103,7 @@ def test_contradictions_join_the_inherited_environments_row():
     assert row.status == Status.FAIL and row.message == fail["message"] + "; " + warn.message
     assert row.fix == "set it; sed ..." and row.duration_s == 1.5 and row.metrics["launch_env"]
     assert [f["status"] for f in row.metrics["findings"]] == ["fail", "warn"]
+    assert row.where == "launch shell"
     # No check looked at the inherited environment (not run, one host, srun): nowhere to put it.
     results = [Result("node01", "iperf3", Status.PASS, "ok")]
     add_to_inherited_row(results, [warn])

@@ -31,10 +31,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside import launchenv
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
-from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.proc import sh
 
 NAME = "launcher_ssh"
+CLUSTER = "*"  # the cluster row's host (results.CLUSTER; a check never imports the coordinator)
 
 STDERR_KEEP = 600  # characters of ssh's stderr kept per host: enough for the message, small in the report
 
@@ -51,9 +52,12 @@ def ssh_argv(host: str, connect_timeout: int, port: Optional[int] = None) -> Lis
     # plus BatchMode so that nothing can prompt, and the user's own ~/.ssh/config and known_hosts as pdsh would use
     # them. Without a port, ssh's own choice (the config's Port, else 22), as DeepSpeed without --ssh_port.
     # `--`: a host name can never become an ssh option (a hostfile name '-Eadvlog' would be ssh's -E log file).
+    # After `hostname`, the host's own environment for an SSH command (what pdsh's ssh gets there, before the
+    # launcher's exports): launchenv.parse_host_env reads it. ssh joins the words into one remote command line.
     return ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no",
             "-o", f"ConnectTimeout={max(1, int(connect_timeout))}", "-x"] + \
-        (["-p", str(int(port))] if port else []) + ["--", host, "hostname"]
+        (["-p", str(int(port))] if port else []) + ["--", host, "hostname", "&&", "echo", launchenv.ENV_MARK, "&&",
+                                                    "env"]
 
 
 # --- pure classification ---------------------------------------------------------------------
@@ -201,9 +205,12 @@ def probe(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
             if left < 1.0:
                 continue  # out of time: reported as not probed
             res = sh(ssh_argv(host, connect, port), timeout=min(per_host, left))
-            lines = [ln.strip() for ln in res.out.splitlines() if ln.strip()]
+            head, mark, env_text = res.out.partition(launchenv.ENV_MARK)
+            lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
             results[host] = {"rc": res.rc, "hostname": lines[-1] if lines else "",
                              "stderr": res.err.strip()[-STDERR_KEEP:], "duration_s": round(res.duration, 3)}
+            if mark:
+                results[host]["env"] = launchenv.parse_host_env(env_text)
 
     threads = [threading.Thread(target=worker, daemon=True)
                for _ in range(max(1, min(int(params.get("parallel", 64)), len(hosts))))]
@@ -320,18 +327,44 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     return out
 
 
+def _host_envs(facts: Dict[str, Any], targets: List[str]) -> Dict[str, Optional[Dict[str, str]]]:
+    """{host: its own environment for an SSH command from the first host, None where not read} (host data: only
+    NAME=short value pairs of watched names are kept, launchenv.parse_host_env)."""
+    out: Dict[str, Optional[Dict[str, str]]] = {}
+    for h in targets:
+        r = (facts.get("results") or {}).get(h)
+        env = r.get("env") if isinstance(r, dict) else None
+        out[h] = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else None
+    return out if any(v is not None for v in out.values()) else {}
+
+
 def _add_env_findings(out: Dict[str, Outcome], facts: Dict[str, Any], targets: List[str]) -> None:
-    """The inherited environment's findings: all of them on the cluster row ("*"), and each one that names hosts
-    on those hosts' rows too; without findings, what the ranks inherit is in the first host's metrics."""
-    found = launchenv.check(facts["launch_env"], facts.get("host_net") or {})
+    """The inherited environment's findings, on the cluster row ("*"): a cause fixed in the launch shell (or its
+    .deepspeed_env), where="launch shell", never on a host. A host row that the finding names is that cause's
+    victim: it shows the finding and is blocked by the cluster row (one cause, not one per host), unless its own
+    SSH failed too (then that is its own cause). Notes (a DeepSpeed-looking name nothing reads) go into the
+    message of the cluster row, or of the first host's when nothing is wrong; what the ranks inherit is in the
+    metrics."""
+    found = launchenv.check(facts["launch_env"], facts.get("host_net") or {}, _host_envs(facts, targets))
+    notes = [f.message for f in found if f.status == Status.PASS]
+    found = [f for f in found if f.status != Status.PASS]
     env = {"exported": sorted((facts["launch_env"].get("exported") or {})),
            "deepspeed_env": (facts["launch_env"].get("deepspeed_env") or {}).get("files", [])}
+    if notes:
+        env["notes"] = notes
     master = facts.get("master")
     if not found:
         if master in out:
             out[master].metrics["launch_env"] = env
+            if notes:
+                out[master].message += "; " + "; ".join(f"note: {n}" for n in notes)
         return
-    out["*"] = combine([Finding(f.status, f.message, f.fix) for f in found], "", {"launch_env": env})
+    star = combine([Finding(f.status, f.message, f.fix) for f in found], "", {"launch_env": env})
+    if notes:
+        star.message += "; " + "; ".join(f"note: {n}" for n in notes)
+    star.where = "launch shell"
+    out["*"] = star
+    own_ok = {h: out[h].status == Status.PASS for h in targets if h in out}  # before any finding is merged in
     for f in found:
         for h in f.hosts:
             if h in out and h in targets:
@@ -341,6 +374,9 @@ def _add_env_findings(out: Dict[str, Outcome], facts: Dict[str, Any], targets: L
                 merged = combine(findings, "", mine.metrics)
                 if mine.status == Status.PASS:
                     merged.message += f"; {mine.message}"
+                # Its own SSH passed: only the inherited value fails here (a victim). Its SSH failed too: that is
+                # a cause of its own, and the row stays one.
+                merged.blocked_by = BlockedBy(CLUSTER, NAME) if own_ok.get(h) else None
                 out[h] = merged
 
 

@@ -584,6 +584,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         out[h] = error("not run: the host is unreachable (see its ssh result)")
     for h in hosts:
         out[h] = _host_outcome(h, facts, thresholds, egress)
+    # Each host pair's round trip from the same handshakes (hostside/latency.py), a WARN above rtt_warn_ms.
+    from ..hostside import latency
+    rtt, warn_ms = latency.pair_rtt(facts.get("probes", []), PRIMARY), float(limits(thresholds, NAME)["rtt_warn_ms"])
+    for h in hosts:
+        out[h] = latency.annotate(out[h], *latency.judge(h, rtt, warn_ms, facts.get("addresses")))
     return out
 
 

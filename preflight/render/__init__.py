@@ -18,7 +18,7 @@ import stat
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, TextIO, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TextIO, Tuple, Union
 
 if TYPE_CHECKING:
     from preflight.results import Report
@@ -58,6 +58,10 @@ class Renderer:
     pytest_help: Optional[str] = None
     metavar: str = "FILE"
     atomic: bool = False  # replace the file by a rename (write_atomic): its reader must never see half of it
+    # For a file the user edits too (.deepspeed_env): ``merge(report, the file's text or None) -> (new text, what
+    # changed)``, or ``"module:function"``. The file is then replaced atomically with the merged text, and
+    # ``to_path`` returns what changed, for the caller to say.
+    merge: Union[str, Callable[["Report", Optional[str]], Tuple[str, List[str]]], None] = None
 
     @property
     def dest(self) -> str:
@@ -72,19 +76,33 @@ class Renderer:
         return found
 
     def to_path(self, report: "Report", path: str, settings: Optional[Settings] = None,
-                stdout: Optional[TextIO] = None) -> None:
-        """Write to a file, or to stdout for ``-``. A lone surrogate from a host is written escaped, never a crash."""
+                stdout: Optional[TextIO] = None) -> List[str]:
+        """Write to a file, or to stdout for ``-``. A lone surrogate from a host is written escaped, never a crash.
+        Returns what a merge changed in the file (``merge``); [] otherwise."""
+        if self.merge is not None and path != STDOUT:
+            merge = self.merge
+            if isinstance(merge, str):
+                module, _, function = merge.partition(":")
+                merge = getattr(importlib.import_module(module), function)
+            old: Optional[str] = None
+            if os.path.isfile(path):  # a regular file only: reading /dev/stdout or a FIFO would block
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    old = fh.read()
+            text, changed = merge(report, old)
+            write_atomic(path, lambda fh: fh.write(text))
+            return list(changed)
         write, settings = self.load(), settings or Settings()
         if path == STDOUT:
             stream = stdout or sys.stdout
             write(report, stream, settings)
             stream.flush()
-            return
+            return []
         if self.atomic:
             write_atomic(path, lambda fh: write(report, fh, settings))
-            return
+            return []
         with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
             write(report, fh, settings)
+        return []
 
 
 def _umask() -> int:
@@ -140,9 +158,10 @@ RENDERERS: List[Renderer] = [
              "terminal report goes to stderr", "preflight.render.json:write",
              pytest_help="also write preflight's JSON report (contract: docs/json-contract.md)"),
     Renderer("junit", "--junit-xml", "write JUnit XML: one testcase per (host, check)", "preflight.render.junit:write"),
-    Renderer("env_file", "--env-file", "write the recommended environment as .deepspeed_env lines",
+    Renderer("env_file", "--env-file", "write the recommended environment as .deepspeed_env lines; an existing file "
+             "keeps its other lines, only the variables preflight sets are replaced, and what changed is said",
              "preflight.render.env_file:write", pytest_help="write the recommended environment as .deepspeed_env "
-             "lines"),
+             "lines (merged into an existing file)", merge="preflight.render.env_file:merge"),
     Renderer("html", "--html", "write a self-contained HTML report: matrix, details, environment and the checks' "
              "own sections, such as plots (no external assets)", "preflight.render.html:write",
              pytest_help="write preflight's self-contained HTML report (matrix, details, the checks' plots)"),

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from ...hostside.seams import HostContext
 from ...hostside.proc import read_text
+from .ckpt_version import saved_version
 
 
 def _meminfo_bytes(text: str, field: str) -> Optional[int]:
@@ -168,6 +169,9 @@ def read_checkpoint(directory: str, latest_name: str = "latest") -> Dict[str, An
         out["error"] = f"{latest} names tag {out['latest']!r}, but {tag_dir} cannot be listed: {exc.strerror or exc}"
         return out
     out["layout"] = checkpoint_layout(names)
+    # The DeepSpeed version it was saved with, from its first model states file (ckpt_version.py; never unpickled).
+    model = next((n for n in names if n.endswith("model_states.pt")), None)
+    out["ds_version"] = saved_version(os.path.join(tag_dir, model)) if model else None
     return out
 
 

@@ -11,6 +11,7 @@ import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...hostside.outcome import Status
+from .ckpt_version import mismatch
 from .findings import Report, hosts_text
 from .parse import zero_stage
 
@@ -121,6 +122,9 @@ def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) 
                                 "(*model_states.pt): load_checkpoint finds nothing to load",
                    "point latest at a complete checkpoint tag, or remove it to start from scratch")
         return "resume: no checkpoint files"
+    version = mismatch(first.get("ds_version"), {n: (probes[n] or {}).get("deepspeed") for n in names}, where)
+    if version is not None:  # saved with another DeepSpeed minor version (ckpt_version.py)
+        report.add(Status.WARN, *version)
     stage = zero_stage(config)
     if _stage_mismatch(stage_found, stage):
         wanted = "3" if stage is not None and stage >= 3 else "1 or 2" if stage else "0"
