@@ -29,9 +29,15 @@ def test_error_handling_that_keeps_a_failed_rank_alive_warns():
     # 1 and 3 end the job: nothing to say. The legacy name at 0 is both legacy and hanging.
     for value in ("1", "3"):
         assert launchenv.check(snap(ds_vars={"TORCH_NCCL_ASYNC_ERROR_HANDLING": value}), NET) == []
-    legacy = launchenv.check(snap({"NCCL_ASYNC_ERROR_HANDLING": "0"}), NET)
-    assert [f.status for f in legacy] == [Status.WARN, Status.WARN]
-    assert "legacy name" in legacy[0].message and "no handling" in legacy[1].message
+    # The legacy name at 0 hangs: one WARN, whose fix is to unset it (renaming it would keep the hang).
+    (legacy,) = launchenv.check(snap({"NCCL_ASYNC_ERROR_HANDLING": "0"}), NET)
+    assert legacy.status == Status.WARN and "no handling" in legacy.message
+    assert legacy.fix.startswith("unset NCCL_ASYNC_ERROR_HANDLING")
+    # At 1 it is legacy and only restates torch's default: unset it, never "rename it TORCH_NCCL_...=1", which
+    # would set what the recommendation says is not needed (issue 30: notes never contradict the recommendation).
+    (legacy,) = launchenv.check(snap({"NCCL_ASYNC_ERROR_HANDLING": "1"}), NET)
+    assert "legacy name" in legacy.message and legacy.fix.startswith("unset NCCL_ASYNC_ERROR_HANDLING")
+    assert "rename" not in legacy.fix
 
 
 def test_ib_disabled_on_a_cluster_with_active_ib_everywhere_warns():

@@ -97,6 +97,8 @@ LEGACY = {
     "NCCL_MIN_NRINGS": "NCCL_MIN_NCHANNELS",
     "NCCL_MAX_NRINGS": "NCCL_MAX_NCHANNELS",
 }
+# Legacy names whose variable is best left unset: torch's default is what preflight recommends.
+DEFAULT_IS_RIGHT = frozenset({"NCCL_ASYNC_ERROR_HANDLING"})
 # deepspeed/accelerator/real_accelerator.py:23 SUPPORTED_ACCELERATOR_LIST; another DS_ACCELERATOR raises
 # ValueError in get_accelerator() (:111-113), in the launcher and in every rank.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -305,6 +307,13 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]],
         if name in NO_SUCH:
             found.append(EnvFinding(Status.WARN, f"{name}={value} ({source}) has no effect: {NO_SUCH[name]}",
                                     f"unset {name}; set the timeout where it is read"))
+        elif name in DEFAULT_IS_RIGHT:
+            # Renaming it would keep a setting preflight does not recommend (recommend.NOT_NEEDED): the value
+            # 0 or 2 is _error_handling_findings' WARN, any other value only restates torch's default.
+            if value.strip() not in ("0", "2"):
+                found.append(EnvFinding(Status.WARN, f"{name}={value} ({source}) is the legacy name of "
+                                        f"{LEGACY[name]}, and torch's default (3) already ends a job whose "
+                                        "collective fails", f"unset {name} (remove its line from {source})"))
         elif name in LEGACY:
             found.append(EnvFinding(Status.WARN, f"{name} ({source}) is the legacy name of {LEGACY[name]}",
                                     f"rename it {LEGACY[name]}={value}"))
