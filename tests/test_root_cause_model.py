@@ -212,3 +212,14 @@ def test_a_where_cause_beside_a_hosts_cause_and_a_warning():
                                "from the launch shell) ...); 1 host needs fixing (node02 libaio)")
     report.strict = True
     assert verdict(report).endswith("; and 1 warning, which --strict fails on")
+
+
+def test_the_html_page_lists_the_one_cause_and_shows_its_victims_as_blocked():
+    from preflight.render.html import to_html
+    page = to_html(config_missing_on_node02())
+    assert "1 cause to fix" in page and page.count('<li class="cause') == 1
+    assert "node02::rehearse FAILED - cannot open the DeepSpeed config /job/ds.json (blocks rehearse on " \
+           "node[01,03])" in page
+    row = page[page.index('data-host="node01"'):page.index('data-host="node02"')]
+    assert '<td class="blocked" data-check="rehearse"' in row
+    assert '<details class="group" data-status="blocked">' in page
