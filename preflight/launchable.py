@@ -131,9 +131,12 @@ def _kept_name(report: Report, cause: Cause) -> str:
 def _failed_gpus(report: Report, host: str, bad: set, slots: int) -> List[int]:
     """The GPU indices every bad result of ``host`` names, when each names some and a slot stays usable; else []."""
     found: set = set()
-    for r in report.results:
+    victims = report.victims()
+    for i, r in enumerate(report.results):
         if r.host != host or r.status not in bad:
             continue
+        if i in victims and report.results[victims[i]].host != host:
+            continue  # another host's fault, left out with that host: no GPU of this one is to blame
         gpus = r.metrics.get(GPU_METRIC) if isinstance(r.metrics, dict) else None
         if r.blocked or not isinstance(gpus, list) or not gpus:
             return []

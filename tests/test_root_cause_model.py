@@ -223,3 +223,14 @@ def test_the_html_page_lists_the_one_cause_and_shows_its_victims_as_blocked():
     row = page[page.index('data-host="node01"'):page.index('data-host="node02"')]
     assert '<td class="blocked" data-check="rehearse"' in row
     assert '<details class="group" data-status="blocked">' in page
+
+
+def test_a_victim_on_a_host_with_a_failed_gpu_still_leaves_only_that_gpu_out():
+    """node05's GPU 3 failed, and its rank waited for node02's: node02 out, node05 without GPU 3."""
+    report = cluster_report(6, extra=[
+        Result("node05", "gpu", Status.FAIL, "GPU 3: Xid 79", "drain the host", {"failed_gpus": [3]}),
+        Result("node02", "libaio", Status.FAIL, "libaio.so.1 not found", "apt-get install libaio1"),
+        Result.from_outcome("node05", "allreduce", Outcome(Status.FAIL, "rank 40 waited for node02",
+                                                           blocked_by=BlockedBy("node02", "libaio")))])
+    launch = launchable.launchable(report)
+    assert launch.exclude_spec() == "node02@node05:3", launch
