@@ -234,3 +234,11 @@ def test_a_victim_on_a_host_with_a_failed_gpu_still_leaves_only_that_gpu_out():
                                                            blocked_by=BlockedBy("node02", "libaio")))])
     launch = launchable.launchable(report)
     assert launch.exclude_spec() == "node02@node05:3", launch
+
+
+def test_prometheus_counts_causes_and_marks_victims():
+    from preflight.render import prometheus
+    text = prometheus.render(config_missing_on_node02(), now=0.0)
+    assert 'preflight_causes{command="run"} 1' in text
+    assert 'preflight_check_blocked{host="node01",check="rehearse"} 1' in text
+    assert 'preflight_check_blocked{host="node02"' not in text
