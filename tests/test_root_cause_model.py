@@ -242,3 +242,10 @@ def test_prometheus_counts_causes_and_marks_victims():
     assert 'preflight_causes{command="run"} 1' in text
     assert 'preflight_check_blocked{host="node01",check="rehearse"} 1' in text
     assert 'preflight_check_blocked{host="node02"' not in text
+
+
+def test_the_written_hostfile_says_a_where_cause_is_no_hosts():
+    out = io.StringIO()
+    launchable.write(inherited_ifname(), out)
+    assert out.getvalue().splitlines()[0] == ("# preflight left out: nothing; to fix in no host, whichever hosts run: "
+                                              "launcher_ssh (launch shell)")
