@@ -7,8 +7,7 @@ hello costs the interpreter's start and little more. The frame it writes (agent.
 
     @@PF 0 h 118\n{"hostname": "node01", "pid": 4242, "python": "3.11.7", "machine": {"boot_id": "ddb4...", ...}}
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: one more module to import; the annotations are strings instead.
 import os
 import sys
 
