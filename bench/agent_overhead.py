@@ -20,8 +20,9 @@ each it measures, against one namespace host over real SSH (tests/netcluster.py)
 --startup measures only what a host pays before the agent can take a request: from the agent's command being
 started (`ssh exec`, or a local process) to its hello, against `python3 -c pass` started the same way on the same
 host (to its exit), interleaved, the median of --reps (at least 20) of each; locally (Agent over LocalTransport)
-and on one namespace host over SSH (the channel and the login shell are in both). --against COMMIT adds that
-commit's agent, started the same way in the same rounds. Written to bench/results/agent-startup.json with the
+and on one namespace host over SSH (the channel and the login shell are in both); and, locally, the CPU of each
+(an agent to its exit, its imports after the hello included). --against COMMIT adds that commit's agent,
+started the same way in the same rounds. Written to bench/results/agent-startup.json with the
 commit it measured:
 
     python3 bench/agent_overhead.py --startup --reps 30 --against 74db874
@@ -37,6 +38,7 @@ import argparse
 import itertools
 import json
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -163,6 +165,37 @@ def _hello_s(transport: Transport, argv: List[str], stdin: bytes) -> float:
     return took
 
 
+def _cpu_ms(argv: List[str], stdin: Optional[bytes]) -> float:
+    """CPU (user + system) of one local process: python -c pass to its exit, or an agent from its start through its
+    hello to its exit when its stdin closes (its imports after the hello included: what the host pays in all)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    if stdin is not None:
+        proc.stdin.write(stdin)
+        proc.stdin.flush()
+        if not proc.stdout.readline().startswith(b"@@PF 0 h "):
+            sys.exit(f"no hello from {argv[0]}")
+    proc.stdin.close()
+    proc.wait(60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
+
+
+def startup_cpu(python: str, reps: int, old: Optional[tuple]) -> Dict[str, Any]:
+    """The hosts' CPU per start, locally, interleaved as startup() is: what a shared-core bench's wall time follows."""
+    tokens = (f"preflight-startup-cpu-{n}" for n in itertools.count())
+    kinds = {"cpu_python_pass": lambda: _cpu_ms([python, "-c", "pass"], None),
+             "cpu_agent": lambda: _cpu_ms([python, "-c", BOOTSTRAP, next(tokens)], serve_input())}
+    if old is not None:
+        kinds["cpu_old_agent"] = lambda: _cpu_ms([python, "-c", old[0], next(tokens)], old[1])
+    samples: Dict[str, List[float]] = {k: [] for k in kinds}
+    for _ in range(reps):
+        for name, run in kinds.items():
+            samples[name].append(run())
+    return {f"{k}_ms": round(median(v), 1) for k, v in samples.items()}
+
+
 def startup(transport: Transport, python: str, reps: int, old: Optional[tuple]) -> Dict[str, Any]:
     """Interleaved rounds: python -c pass, this agent's hello[, the older commit's hello], order rotated."""
     # A token per agent: a closing agent reaps the processes with its token whose environment is its own, and two
@@ -196,6 +229,7 @@ def main_startup(args: argparse.Namespace) -> int:
         old = _old_agent(args.against, Path(tmp)) if args.against else None
         local = LocalTransport()
         rows.append(dict(where="local process", **startup(local, sys.executable, args.reps, old)))
+        rows[-1].update(startup_cpu(sys.executable, args.reps, old))
         with NetCluster(1) as cluster:
             host = cluster.hosts[0].name
             transport = SSHTransport(host, SSHOptions(key=str(cluster.user_key), config_path=str(cluster.ssh_config),
@@ -210,6 +244,8 @@ def main_startup(args: argparse.Namespace) -> int:
     if old is not None:
         cols += ["old_agent_hello_ms", "old_hello_vs_pass"]
     print(table(["where", *cols], [[r["where"], *(r[c] for c in cols)] for r in rows]))
+    cpu = [k for k in rows[0] if k.startswith("cpu_")]
+    print("\nlocal, CPU ms per start (user + system, to exit): " + ", ".join(f"{k[4:-3]} {rows[0][k]}" for k in cpu))
     load = Path("/proc/loadavg").read_text().split()[:3]
     write_json("agent-startup", {"commit": _commit(), "against": args.against, "reps": args.reps,
                                  "python": sys.executable, "load_after": load, "rows": rows}, args.out)
