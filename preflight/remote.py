@@ -39,10 +39,12 @@ class AgentError(Exception):
 
 
 _AGENT_CODE_LOCK = threading.Lock()
-# What every agent imports before its first request; bytecode of the others (checks that run or not) would
-# make the upload three times bigger for every host.
+# What every agent imports before its first request (hello.py before its hello), and the checks package that every
+# host checks request imports; bytecode of the others (checks that run or not) would make the upload three times
+# bigger for every host.
 _PRECOMPILED = {"preflight/hostside/__init__.py", "preflight/hostside/agent.py", "preflight/hostside/proc.py",
-                "preflight/hostside/seams.py", "preflight/hostside/outcome.py", "preflight/hostside/tempfiles.py"}
+                "preflight/hostside/seams.py", "preflight/hostside/outcome.py", "preflight/hostside/tempfiles.py",
+                "preflight/hostside/hello.py", "preflight/checks/__init__.py"}
 
 
 def agent_code() -> bytes:

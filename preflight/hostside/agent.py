@@ -35,18 +35,18 @@ import base64
 import importlib
 import json
 import os
-import platform
 import signal
-import socket
 import sys
 import threading
 import time
 import traceback
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
+from . import hello as hellos
 from . import proc as procs
 from . import seams
 from . import tempfiles
+from .hello import MACHINE_ADDRESSES_MAX, machine_identity  # noqa: F401  (part of this module's interface)
 
 RUN_ENV = "PREFLIGHT_RUN"
 # This agent's own mark, in the environment of every command it (or a worker) starts: when its lifeline closes it
@@ -70,8 +70,12 @@ class Abort(BaseException):
 # Kept small and Python 3.9-compatible: it is passed as `python -c` on every host. It reads fd 0 itself, exactly
 # what it needs and not a byte more: a buffered reader would swallow the requests that follow in the pipe, and
 # serve() reads fd 0 directly (a shared srun step's requests arrive while the agent is still starting).
+# What a host pays before the hello is the interpreter's start and this: it reads the zip's directory with
+# int.from_bytes and inflates a file with zlib only when it is imported (zipfile, importlib.abc and importlib.util
+# cost a bare interpreter's start again), runs the coordinator's bytecode of the hello-path modules when its magic
+# number is this Python's (else compiles the source), and says hello (hostside/hello.py) before importing the agent.
 BOOTSTRAP = r"""
-import sys, io, os, zipfile, marshal, importlib.abc, importlib.util
+import sys, os, marshal, zlib
 def line():
     b = b""
     while not b.endswith(b"\n"):
@@ -89,26 +93,43 @@ while got < n:
     parts.append(c)
     got += len(c)
 code = b"".join(parts)
-z = zipfile.ZipFile(io.BytesIO(code))
-names = set(z.namelist())
-pyc = "pyc/" + importlib.util.MAGIC_NUMBER.hex() + "/"
-class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+def u(o, k):
+    return int.from_bytes(code[o:o + k], "little")
+e = code.rfind(b"PK\5\6")
+names, o = {}, u(e + 16, 4)
+for _ in range(u(e + 10, 2)):
+    k = u(o + 28, 2)
+    names[code[o + 46:o + 46 + k].decode()] = (u(o + 42, 4), u(o + 10, 2), u(o + 20, 4))
+    o += 46 + k + u(o + 30, 2) + u(o + 32, 2)
+def read(fn):
+    o, how, size = names[fn]
+    o += 30 + u(o + 26, 2) + u(o + 28, 2)
+    return zlib.decompress(code[o:o + size], -15) if how == 8 else code[o:o + size]
+try:
+    import _frozen_importlib_external
+    pyc = "pyc/" + _frozen_importlib_external.MAGIC_NUMBER.hex() + "/"
+except (ImportError, AttributeError):
+    pyc = "?"
+Spec = type(sys.__spec__)
+class Finder:
     def find_spec(self, name, path, target=None):
         p = name.replace(".", "/")
         for fn, pkg in ((p + "/__init__.py", True), (p + ".py", False)):
             if fn in names:
-                spec = importlib.util.spec_from_loader(name, self, origin="preflight:" + fn, is_package=pkg)
-                return spec
+                return Spec(name, self, origin="preflight:" + fn, is_package=pkg)
         return None
     def create_module(self, spec):
         return None
     def exec_module(self, module):
         fn = module.__spec__.origin.split(":", 1)[1]
-        c = marshal.loads(z.read(pyc + fn)) if pyc + fn in names else compile(z.read(fn), fn, "exec")
+        c = marshal.loads(read(pyc + fn)) if pyc + fn in names else compile(read(fn), fn, "exec")
         exec(c, module.__dict__)
 sys.meta_path.insert(0, Finder())
+first = line()
+import preflight.hostside.hello
+preflight.hostside.hello.early(first)
 import preflight.hostside.agent
-rc = preflight.hostside.agent.main(sys.argv[1:], code, line())
+rc = preflight.hostside.agent.main(sys.argv[1:], code, first)
 sys.stdout.flush()
 # Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
 os._exit(rc)
@@ -166,69 +187,8 @@ def _lifeline(stdin: IO[bytes]) -> None:
 
 
 def _host_facts() -> Dict[str, Any]:
-    return {"hostname": socket.gethostname(), "python": platform.python_version(),
+    return {"hostname": hellos.hostname(), "python": hellos.python_version(),
             "executable": sys.executable, "pid": os.getpid()}
-
-
-MACHINE_ADDRESSES_MAX = 16  # addresses in the hello: enough to tell network namespaces apart, and a small hello
-
-
-def _first_line(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(256).decode("ascii", "replace").strip().splitlines()[0][:64]
-    except (OSError, IndexError):
-        return ""
-
-
-def _local_addresses() -> List[str]:
-    """This network namespace's own addresses, loopback and link-local left out: IPv4 from the kernel's routing
-    trie (``|-- 198.18.0.1`` then ``/32 host LOCAL``), IPv6 global ones from /proc/net/if_inet6."""
-    found = set()
-    try:
-        with open("/proc/net/fib_trie", "rb") as fh:
-            last = ""
-            for raw in fh:
-                line = raw.decode("ascii", "replace").strip()
-                if line.startswith("|-- "):
-                    last = line[4:]
-                elif line == "/32 host LOCAL" and last and not last.startswith("127."):
-                    found.add(last)
-    except OSError:
-        pass
-    try:
-        with open("/proc/net/if_inet6", "rb") as fh:
-            for raw in fh:
-                fields = raw.decode("ascii", "replace").split()
-                if len(fields) >= 4 and fields[3] == "00" and len(fields[0]) == 32:  # scope 00: global
-                    found.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
-    except (OSError, ValueError):
-        pass
-    return sorted(found)[:MACHINE_ADDRESSES_MAX]
-
-
-def machine_identity() -> Dict[str, Any]:
-    """Which machine this is, beyond its name, for the hello: the coordinator tells two hostfile names of one
-    machine (DeepSpeed would start both names' ranks on it) from two machines. machine_id (systemd's, else
-    D-Bus's), the kernel's boot_id (shared by containers on one kernel), the namespace's addresses (which tell
-    containers and network namespaces apart) and the NVIDIA GPUs the driver lists. A few /proc reads, no
-    process, so the hello stays as quick as it was, e.g.::
-
-        {"machine_id": "3d1219c7...", "boot_id": "ddb49c75-0e4a-...", "addresses": ["198.18.0.1"], "gpus": 8}
-    """
-    out: Dict[str, Any] = {}
-    machine_id = _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id")
-    if machine_id:
-        out["machine_id"] = machine_id
-    boot_id = _first_line("/proc/sys/kernel/random/boot_id")
-    if boot_id:
-        out["boot_id"] = boot_id
-    out["addresses"] = _local_addresses()
-    try:
-        out["gpus"] = len(os.listdir("/proc/driver/nvidia/gpus"))  # one directory per GPU, by PCI bus id
-    except OSError:
-        pass  # no NVIDIA driver loaded: no GPUs for CUDA
-    return out
 
 
 def _collect(names: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
@@ -632,11 +592,9 @@ class _Server:
     def run(self) -> None:
         """Say hello, then serve until stdin ends or says exit (_Shutdown), or a write to the coordinator fails
         (OSError)."""
-        hello = {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version()}
-        hello["machine"] = machine_identity()
-        if self.route:
-            hello["node"] = self.route[1:-1].decode()
-        _frame(0, b"h", json.dumps(hello).encode())
+        if not hellos.SENT[0]:  # the BOOTSTRAP said it before importing this module (hello.early), or not
+            _frame(0, b"h", hellos.hello_payload(self.route[1:-1].decode() if self.route else None))
+            hellos.SENT[0] = True
         while self.stdin_open or self.workers:
             timeout = 1.0 if self.workers else None  # idle: sleep until the coordinator says something
             for key, _ in self.sel.select(timeout):
