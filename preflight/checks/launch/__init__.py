@@ -98,6 +98,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         launcher_ssh_port=o.launcher_ssh_port, deepspeed=f"{shlex.quote(python)} -m deepspeed.launcher.runner",
         python=python, steps=int(lim["steps"]), model_params=float(lim["model_params"]),
         init_timeout=float(lim["init_timeout_s"]), timeout=float(lim["timeout_s"]), env_file=env.get("path"),
+        build_budget=float(lim["jit_build_budget_s"]),
         parallel=max(1, cluster.parallel))
     run = LaunchRun(plan, {h.name: cluster.shell(h.name) for h in hosts}, cluster.progress)
     rows = run.rehearse(env.get("text"), hostfile_text(hosts))
