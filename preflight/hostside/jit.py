@@ -253,10 +253,22 @@ def build_dirs(root: str, limit: int = MAX_EXT_DIRS) -> List[str]:
     return found[:limit]
 
 
-def _proc_links(proc_root: str = "/proc") -> Tuple[List[Tuple[int, str, str, str]], int]:
-    """([(pid, comm, "cwd" or "fd", target)], processes whose links could not be read): every process's working
-    directory and open files, read once per scan."""
-    links: List[Tuple[int, str, str, str]] = []
+FileId = Tuple[int, int]  # (st_dev, st_ino): a file itself, whatever path or mount namespace names it
+
+
+def _file_id(path: str) -> Optional[FileId]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _proc_links(proc_root: str = "/proc") -> Tuple[List[Tuple[int, str, str, FileId]], int]:
+    """([(pid, comm, "cwd" or "fd", the file it is)], processes whose links could not be read): every process's
+    working directory and open files, read once per scan. By identity (stat through the /proc link), not by path: a
+    process in another mount namespace (a container) names other files by the same path."""
+    links: List[Tuple[int, str, str, FileId]] = []
     unreadable = 0
     try:
         pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
@@ -273,31 +285,31 @@ def _proc_links(proc_root: str = "/proc") -> Tuple[List[Tuple[int, str, str, str
         except OSError:
             continue
         try:
-            links.append((pid, comm, "cwd", os.readlink(os.path.join(base, "cwd"))))
+            os.readlink(os.path.join(base, "cwd"))
             fds = os.listdir(os.path.join(base, "fd"))
         except PermissionError:  # another user's process, without root: it may hold the lock unseen
             unreadable += 1
             continue
         except OSError:  # gone meanwhile, or a kernel thread
             continue
+        cwd = _file_id(os.path.join(base, "cwd"))
+        if cwd is not None:
+            links.append((pid, comm, "cwd", cwd))
         for fd in fds:
-            try:
-                target = os.readlink(os.path.join(base, "fd", fd))
-            except OSError:
-                continue
-            if target.startswith("/"):
+            target = _file_id(os.path.join(base, "fd", fd))
+            if target is not None:
                 links.append((pid, comm, "fd", target))
     return links, unreadable
 
 
-def holders(directory: str, links: List[Tuple[int, str, str, str]]) -> List[Dict[str, Any]]:
-    """The processes that hold a build directory: one with its lock (or any file there) open, the torch process
-    that took the lock keeps its descriptor open until release; or one working in it, ninja and the compilers it
-    starts run with the build directory as their working directory."""
-    inside = directory.rstrip("/") + "/"
+def holders(directory: str, links: List[Tuple[int, str, str, FileId]]) -> List[Dict[str, Any]]:
+    """The processes that hold a build directory: one with its lock (or the directory) open, the torch process that
+    took the lock keeps its descriptor open until release; or one working in it, ninja and the compilers it starts
+    run with the build directory as their working directory."""
+    ids = {i for i in (_file_id(directory), _file_id(os.path.join(directory, LOCK_NAME))) if i is not None}
     out: Dict[int, Dict[str, Any]] = {}
     for pid, comm, kind, target in links:
-        if target == directory.rstrip("/") or target.startswith(inside):
+        if target in ids:
             entry = out.setdefault(pid, {"pid": pid, "comm": comm[:32], "how": []})
             if kind not in entry["how"]:
                 entry["how"].append(kind)
@@ -313,7 +325,7 @@ def scan_extensions(root: str, now: Optional[float] = None, proc_root: str = "/p
     if not out["exists"]:
         return out
     dirs = build_dirs(root)
-    links: List[Tuple[int, str, str, str]] = []
+    links: List[Tuple[int, str, str, FileId]] = []
     if dirs:
         links, out["unreadable_procs"] = _proc_links(proc_root)
     for directory in dirs:

@@ -184,13 +184,15 @@ STALE_MARGIN_S = 60.0  # a waited-on lock older than this rank's start by this m
 STALE_CHECKS = 3  # looks, 1 s apart, that find no process holding it, before it counts as stale
 # The clean-up's shell lines for one launch directory $d (the coordinator's and the supervisor's): for each lock a
 # rank of the run recorded (and still held when it died), kill what still builds in its directory (ninja and the
-# compilers outlive a killed rank: their working directory is the build directory), then remove the lock. Nobody
+# compilers outlive a killed rank: their working directory is the build directory, matched by identity, stat's
+# device:inode, as a container's process names another directory by the same path), then remove the lock. Nobody
 # else's lock is touched: only the paths our ranks wrote, each the lock torch's FileBaton made for them.
 RELEASE_LOCKS = ('ls "$d/' + LOCKS_DIR + '" 2>/dev/null | while read -r n; do r="$d/' + LOCKS_DIR + '/$n"; '
                  '[ -f "$r" ] || continue; l=$(cat "$r"); b=${l%/lock}; [ "$b/lock" = "$l" ] || continue; '
+                 'id=$(stat -c %d:%i "$b" 2>/dev/null) || continue; '
                  'for i in 1 2; do for p in /proc/[0-9]*; do '
-                 'if [ "$(readlink "$p/cwd" 2>/dev/null)" = "$b" ]; then kill -9 "${p#/proc/}" 2>/dev/null; fi; '
-                 'done; done; rm -f -- "$l"; done')
+                 'if [ "$(stat -L -c %d:%i "$p/cwd" 2>/dev/null)" = "$id" ]; then kill -9 "${p#/proc/}" 2>/dev/null; '
+                 'fi; done; done; rm -f -- "$l"; done')
 
 
 class StaleLock(RuntimeError):
@@ -204,8 +206,15 @@ class StaleLock(RuntimeError):
 
 def lock_holders(path: str, proc_root: str = "/proc") -> List[int]:
     """The processes on this host that hold a torch extension lock: one with it open (torch's FileBaton keeps its
-    descriptor until release) or working in its directory (ninja and the compilers)."""
-    directory = os.path.dirname(path)
+    descriptor until release) or working in its directory (ninja and the compilers). By identity (stat through the
+    /proc links): a process of another mount namespace (a container) means another file by the same path."""
+    def ident(p: str) -> Optional[Tuple[int, int]]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+    wanted = {i for i in (ident(path), ident(os.path.dirname(path))) if i is not None}
     found: List[int] = []
     try:
         pids = [p for p in os.listdir(proc_root) if p.isdigit()]
@@ -215,20 +224,15 @@ def lock_holders(path: str, proc_root: str = "/proc") -> List[int]:
         if int(pid) == os.getpid():
             continue
         base = os.path.join(proc_root, pid)
+        if ident(os.path.join(base, "cwd")) in wanted:
+            found.append(int(pid))
+            continue
         try:
-            cwd = os.readlink(os.path.join(base, "cwd"))
-            if cwd == directory or cwd.startswith(directory + "/"):
-                found.append(int(pid))
-                continue
-            for fd in os.listdir(os.path.join(base, "fd")):
-                try:
-                    if os.readlink(os.path.join(base, "fd", fd)) == path:
-                        found.append(int(pid))
-                        break
-                except OSError:
-                    continue
+            fds = os.listdir(os.path.join(base, "fd"))
         except OSError:
             continue
+        if any(ident(os.path.join(base, "fd", fd)) in wanted for fd in fds):
+            found.append(int(pid))
     return found
 
 
