@@ -402,6 +402,10 @@ def rank_main(argv: Sequence[str]) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchinductor"))
     here = os.path.dirname(os.path.abspath(__file__))  # the launch directory on this host
+    # A JIT build's compiler writes its temporary files (cc*.s) to TMPDIR, and one killed with the rank leaves them:
+    # into the launch directory too, which the clean-up removes.
+    os.makedirs(os.path.join(here, "tmp"), exist_ok=True)
+    os.environ["TMPDIR"] = os.path.join(here, "tmp")
     phase, ops = "import", OpLog(rep, os.path.join(here, LOCKS_DIR))
     torch: Any = None
     accelerator: Any = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...hostside import rehearsal as host_side
+from ...hostside.jit import age_text
 from ...hostside.outcome import BlockedBy, Outcome, Status
 
 CLUSTER = "*"  # the host of the cluster row
@@ -291,7 +292,7 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
     if isinstance(stale, dict) and stale.get("path"):
         path = str(stale["path"])
         return ("stale lock", f"{rank} waits forever on a stale torch extensions lock {path} (op {stale.get('op')}, "
-                f"{secs(stale.get('age_s'))} old): no process on {host} holds it, a JIT build killed before it "
+                f"{age_text(stale.get('age_s'))} old): no process on {host} holds it, a JIT build killed before it "
                 "removed its lock (torch/utils/file_baton.py FileBaton.wait; pytorch issue 189245); not a build in "
                 "progress", f"rm -f {shlex.quote(path)}")
     if err.get("op"):
