@@ -401,3 +401,17 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
     assert "fake deepspeed" not in proc.stdout + proc.stderr and "not --python" not in whole["message"]
     _nothing_of_the_run_left(cluster)
     print(f"\ncold rehearsal: exit 0 in {elapsed:.1f} s; {OP} build per host: {times}; {whole['message']}")
+
+
+def test_the_launch_check_of_preflight_run_keeps_who_blocked_whom():
+    """The `launch` check carries the judge's blocked_by through its facts (a victim stays a victim in `preflight
+    run`), and a rank stuck on a stale lock that ext_locks named on the same host is blocked by that result."""
+    from preflight.checks import launch
+    from preflight.checks.launch import _row, _stale_lock_seen
+    from preflight.hostside.outcome import BlockedBy, Outcome
+    row = _row(Outcome(Status.FAIL, "rank 0 hung", "", {}, blocked_by=BlockedBy("node02", "launch")))
+    out = launch.evaluate({"rows": {"node01": json.loads(json.dumps(row))}}, {})
+    assert out["node01"].blocked_by == BlockedBy("node02", "launch")
+    assert _stale_lock_seen({"dirs": [{"lock": {"path": "/x/lock"}, "holders": []}]})
+    assert not _stale_lock_seen({"dirs": [{"lock": {"path": "/x/lock"}, "holders": [{"pid": 1}]}]})
+    assert not _stale_lock_seen(None)
