@@ -770,7 +770,7 @@ class Outcomes:
         path, python = event.get("launcher_path"), event.get("launcher_python")
         ours = event.get("python") or self.o.python
         where = {"beside": f"beside {ours}", "path": "first on the launch host's PATH",
-                 "given": "as --deepspeed gave it"}.get(str(event.get("launcher_from")), "")
+                 "given": "as given"}.get(str(event.get("launcher_from")), "")
         text = f"launcher {path or self.o.deepspeed}" + (f" ({where})" if where else "")
         text += f", interpreter {python}" if python else ", interpreter unknown (not a Python script)"
         if path and python and event.get("same_python") is False:
