@@ -56,8 +56,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             Status.WARN,
             f"partial build of {d['op']} in {d['dir']} ({d['objects']} object file(s), no library): a build that "
             "was stopped; the next job that loads it rebuilds it at its start",
-            f"nothing is stuck: the next job start builds it; pre-build it (DS_BUILD_{d['op'].upper()}=1 pip install "
-            f"deepspeed) or start clean with rm -rf {shlex.quote(d['dir'])}"))
+            f"nothing is stuck: the next job start builds it; pre-build DeepSpeed's ops (DS_BUILD_OPS=1 pip install "
+            f"deepspeed, in the job's environment) or start clean with rm -rf {shlex.quote(d['dir'])}"))
     building = [d for d in facts.get("dirs") or [] if d.get("holders")]
     held = ""
     if building:

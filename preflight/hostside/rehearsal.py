@@ -270,7 +270,7 @@ class OpLog:
                                      "build_var": getattr(builder, "BUILD_VAR", None)}
             log.ops.append(entry)
             log.current, started = name, time.monotonic()
-            log.rep.emit("op_begin", op=name)
+            log.rep.emit("op_begin", op=name, build_var=entry["build_var"])
             try:
                 return load(builder, *a, **kw)
             finally:

@@ -451,9 +451,10 @@ def _still_building(view: RankView, ctx: Context) -> Tuple[Status, str, str, str
     tail = compiler_lines(ctx.output.get(view.slot.host, []))
     compiler = f"; the build's last lines: {' | '.join(tail)}" if tail else ""
     what = "JIT-building" if view.op_cold else "loading (a JIT load: building, or waiting for the build lock)"
-    fix = (f"pre-build the op into DeepSpeed on every host (DS_BUILD_OPS=1, or the op's DS_BUILD_<OP>=1, pip install "
-           f"deepspeed), or warm a host-local TORCH_EXTENSIONS_DIR; a longer budget: [launch] jit_build_budget_s "
-           f"(now {budget:g} s), `preflight rehearse --jit-build-budget S`")
+    build_var = str((view.seen.get("op_begin") or {}).get("build_var") or "DS_BUILD_OPS")
+    fix = (f"pre-build the op into DeepSpeed on every host ({build_var}=1 pip install deepspeed, in the job's "
+           f"environment), or warm a host-local TORCH_EXTENSIONS_DIR; or give the build more time: [launch] "
+           f"jit_build_budget_s (now {budget:g} s), `preflight rehearse --jit-build-budget` with more seconds")
     if "jit_build_budget_s" in ctx.stop_reason:
         return (Status.FAIL, f"{_rank_name(view)} was still {what} DeepSpeed op {op} after {spent}: the JIT build "
                 f"budget ran out{compiler}", fix, "op build")
@@ -656,7 +657,7 @@ class Outcomes:
             spent = ", ".join(f"{secs(b.get('s'))} building {n}" for n, b in here.items())
             parts.append(f"the first job start spends {spent} on {host} (a JIT build: the torch extensions cache "
                          f"{_cache_of(here)} had no library of it)")
-            pre = " ".join(f"{b.get('build_var') or 'DS_BUILD_' + n.upper()}=1" for n, b in here.items())
+            pre = " ".join(dict.fromkeys(f"{b.get('build_var') or 'DS_BUILD_OPS'}=1" for b in here.values()))
             fixes.append(f"pre-build it into DeepSpeed on every host ({pre} pip install deepspeed, in the job's "
                          "environment), or keep a warm, host-local TORCH_EXTENSIONS_DIR that every job start reuses")
         if elsewhere:
