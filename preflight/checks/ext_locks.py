@@ -47,9 +47,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                   if facts.get("unreadable_procs") else "")
         findings.append(Finding(
             Status(lim["stale_lock"]),
-            f"stale torch extensions lock {lock['path']} (op {d['op']}, {jit.age_text(age)} old): no process holds "
-            f"it and no build runs in {d['dir']}{unsure}; every job that loads {d['op']} here waits on it forever, "
-            "at 0% CPU and without a word (torch/utils/file_baton.py FileBaton.wait; pytorch issue 189245)",
+            f"stale torch extensions lock {lock['path']} (op {d['op']}, {jit.age_text(age)} old): no process on this "
+            f"host holds it and no build runs in {d['dir']}{unsure}; every job that loads {d['op']} here waits on it "
+            "forever, at 0% CPU and without a word (torch/utils/file_baton.py FileBaton.wait; pytorch issue 189245)",
             f"rm -f {shlex.quote(lock['path'])}"))
     for d in jit.partial_builds(facts):
         findings.append(Finding(
