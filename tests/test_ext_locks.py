@@ -14,6 +14,7 @@ from pathlib import Path
 from preflight.checks import ds_report, ext_locks
 from preflight.hostside import jit
 from preflight.hostside.outcome import Status
+from tests.placeholders import assert_no_placeholder
 
 ROOT = Path(__file__).resolve().parent.parent
 OP = "deepspeed_shm_comm"
@@ -136,6 +137,7 @@ def test_a_stale_lock_on_one_host_fails_that_host_alone_and_the_pasted_fix_clear
         assert "TORCH_EXTENSIONS_DIR in .deepspeed_env" in json.dumps(cell["metrics"])
         for host in ("node01", "node03"):
             assert cells[(host, "ext_locks")]["status"] == "pass", cells[(host, "ext_locks")]
+        assert_no_placeholder(proc.stdout)
         verdict = next(line for line in proc.stdout.splitlines() if line.startswith("NOT READY"))
         assert "node02" in verdict and "node01" not in verdict and "node03" not in verdict, verdict
         report = cells[("node02", "ds_report")]

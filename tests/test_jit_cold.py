@@ -22,6 +22,7 @@ from preflight.hostfile import HostSpec
 from preflight.hostside import rehearsal as host_side
 from preflight.hostside.outcome import Status
 from preflight.rehearse import EventLog, Outcomes, RehearseOptions
+from tests.placeholders import assert_no_placeholder
 
 OP = "deepspeed_shm_comm"
 HOSTS3 = ["node01", "node02", "node03"]
@@ -311,6 +312,7 @@ def test_a_stale_lock_is_named_in_the_rehearsal_and_the_other_hosts_locks_go(col
         in proc.stdout, proc.stdout
     _nothing_of_the_run_left(cluster, keep=(LOCK,))
     assert _locks(cluster) == {"node02": [LOCK]}  # someone else's lock: left alone
+    assert_no_placeholder(proc.stdout)
     cluster.exec("node02", row["fix"], check=True)
     assert _locks(cluster) == {}
     print(f"\nstale lock named in {elapsed:.1f} s: {row['message']}")
@@ -399,6 +401,7 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
     assert whole["status"] == "warn" and f"building {OP} on every host" in whole["message"], whole["message"]
     assert f"launcher {beside} (beside {sys.executable}), interpreter" in whole["message"], whole["message"]
     assert "fake deepspeed" not in proc.stdout + proc.stderr and "not --python" not in whole["message"]
+    assert_no_placeholder(proc.stdout)
     _nothing_of_the_run_left(cluster)
     print(f"\ncold rehearsal: exit 0 in {elapsed:.1f} s; {OP} build per host: {times}; {whole['message']}")
 
