@@ -251,6 +251,7 @@ class OpLog:
         self.current: Optional[str] = None
         self.record_dir = record_dir
         self.records: Dict[str, str] = {}
+        self.taken = 0  # locks taken so far: each one's record file has its own number
         self.started_wall = time.time()
 
     def _entry(self) -> Dict[str, Any]:
@@ -331,7 +332,8 @@ class OpLog:
         if self.record_dir:
             try:
                 os.makedirs(self.record_dir, exist_ok=True)
-                record = os.path.join(self.record_dir, f"{os.getpid()}-{len(self.records) + len(self.ops)}")
+                self.taken += 1
+                record = os.path.join(self.record_dir, f"{os.getpid()}-{self.taken}")
                 with open(record + ".new", "w") as fh:
                     fh.write(path)
                 os.rename(record + ".new", record)
