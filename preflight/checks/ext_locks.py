@@ -43,7 +43,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         age = float(lock.get("age_s") or 0.0)
         if age < min_age:  # a build that is just starting (the lock is made before ninja runs): not yet stale
             continue
-        unsure = (f"; {facts['unreadable_procs']} process(es) could not be looked at (another user's)"
+        unsure = (f"; {facts['unreadable_procs']} process(es) could not be looked at (permission denied: another user's, or another namespace's)"
                   if facts.get("unreadable_procs") else "")
         findings.append(Finding(
             Status(lim["stale_lock"]),

@@ -287,7 +287,7 @@ def _proc_links(proc_root: str = "/proc") -> Tuple[List[Tuple[int, str, str, Fil
         try:
             os.readlink(os.path.join(base, "cwd"))
             fds = os.listdir(os.path.join(base, "fd"))
-        except PermissionError:  # another user's process, without root: it may hold the lock unseen
+        except PermissionError:  # another user's process (or another namespace's): it may hold the lock unseen
             unreadable += 1
             continue
         except OSError:  # gone meanwhile, or a kernel thread
