@@ -43,8 +43,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         age = float(lock.get("age_s") or 0.0)
         if age < min_age:  # a build that is just starting (the lock is made before ninja runs): not yet stale
             continue
-        unsure = (f"; {facts['unreadable_procs']} process(es) could not be looked at (permission denied: another user's, or another namespace's)"
-                  if facts.get("unreadable_procs") else "")
+        unsure = (f"; {facts['unreadable_procs']} process(es) could not be looked at (permission denied: another "
+                  "user's, or another namespace's)" if facts.get("unreadable_procs") else "")
         findings.append(Finding(
             Status(lim["stale_lock"]),
             f"stale torch extensions lock {lock['path']} (op {d['op']}, {jit.age_text(age)} old): no process on this "
