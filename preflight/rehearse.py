@@ -153,10 +153,12 @@ def add_arguments(parser: argparse.ArgumentParser, outputs: Sequence[Any], posit
     g.add_argument("--launch-from", default="first", metavar="WHERE",
                    help="where `deepspeed` runs: first (the first host of the hostfile, default), local (this "
                         "machine, with its own ~/.ssh for pdsh) or a host of the hostfile")
-    g.add_argument("--deepspeed", default="deepspeed", metavar="CMD",
-                   help="the launcher command on the launch host (default: deepspeed on its PATH)")
+    g.add_argument("--deepspeed", default=None, metavar="CMD",
+                   help="the launcher command on the launch host (default: the deepspeed beside --python there, "
+                        "else deepspeed on its PATH; the report names the one used and its interpreter)")
     g.add_argument("--python", default="python3", metavar="PATH",
-                   help="an interpreter on the launch host for the rehearsal's supervisor (default: python3)")
+                   help="the job's interpreter on the launch host: it runs the rehearsal's supervisor, and its "
+                        "deepspeed is the launcher (default: python3)")
     g.add_argument("--rehearse-steps", type=positive_int, default=2, metavar="N",
                    help="optimizer steps each rank takes (default 2)")
     g.add_argument("--rehearse-model-params", type=count, default=1e6, metavar="N",
@@ -164,7 +166,11 @@ def add_arguments(parser: argparse.ArgumentParser, outputs: Sequence[Any], posit
     g.add_argument("--init-timeout", type=seconds, default=60.0, metavar="S",
                    help="each rank's init_process_group timeout (default 60)")
     g.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
-                   help="deadline of the whole launch (default 300); every rank is killed at the end")
+                   help="deadline of the whole launch (default 300), moved on by the time ranks spend JIT-building "
+                        "ops; every rank is killed at the end")
+    g.add_argument("--jit-build-budget", type=seconds, default=900.0, metavar="S",
+                   help="how long a rank may JIT-build DeepSpeed's ops (default 900): a cold build is reported with "
+                        "its time (WARN); only a failing build or one past this budget FAILs")
     g.add_argument("--workdir", default="/tmp", metavar="DIR",
                    help="where the launch directory is made on every host (default /tmp); removed at the end")
     g = parser.add_argument_group("SSH (preflight's own, to write the script and clean up)")
@@ -224,7 +230,7 @@ def build_options(args: argparse.Namespace) -> Tuple[RehearseOptions, Optional[s
         first_names = ", ".join(names[:5])
         raise UsageError(f"--launch-from {args.launch_from}: not 'first', 'local' or a host of {args.hostfile} "
                          f"({first_names})")
-    if not shlex.split(args.deepspeed or ""):
+    if args.deepspeed is not None and not shlex.split(args.deepspeed):
         raise UsageError("--deepspeed is empty; give the launcher command, e.g. deepspeed")
     if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
@@ -242,7 +248,8 @@ def build_options(args: argparse.Namespace) -> Tuple[RehearseOptions, Optional[s
     options = RehearseOptions(
         hostfile=args.hostfile, hosts=hosts, deepspeed_config=os.path.abspath(args.deepspeed_config),
         include=args.include, exclude=args.exclude, master_addr=args.master_addr, master_port=args.master_port,
-        launcher_ssh_port=args.launcher_ssh_port, launch_from=launch_from, deepspeed=args.deepspeed,
+        launcher_ssh_port=args.launcher_ssh_port, launch_from=launch_from, deepspeed=args.deepspeed or "deepspeed",
+        deepspeed_beside=args.deepspeed is None, build_budget=args.jit_build_budget,
         python=args.python, steps=args.rehearse_steps, model_params=args.rehearse_model_params,
         init_timeout=args.init_timeout, timeout=args.timeout, workdir=args.workdir,
         env_file=os.path.abspath(env_name) if env_text is not None else None, ssh=ssh, strict=args.strict)

@@ -149,6 +149,54 @@ def test_the_config_missing_on_one_host(netcluster_factory, tmp_path):
     assert_nothing_left(cluster)
 
 
+def test_the_config_missing_on_one_host_rehearsed_fails_that_host_and_blocks_the_two_that_waited(
+        netcluster_factory, tmp_path):
+    """`preflight rehearse` with the config missing on node02 (issue 30): node02's rank cannot open it and raises;
+    node01's and node03's ranks only waited for it (in init_process_group, or in their comm op's JIT build, cut short
+    when the launch stopped). Exactly 1 host FAILs as a cause; the other 2 are blocked by node02."""
+    cluster = netcluster_factory(3, names=NAMES)
+    work = Path(f"/tmp/pf-faults-r-{os.getpid()}")
+    config = work / "ds.json"
+    text = json.dumps(CONFIG)
+    report = tmp_path / "rehearse.json"
+    (tmp_path / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\n")
+    try:
+        work.mkdir()
+        config.write_text(text)
+        for host in ("node01", "node03"):
+            cluster.exec(host, ["sh", "-c", f"mkdir -p {work} && cat > {config}"], check=True, input=text)
+        argv = [sys.executable, "-m", "preflight", "rehearse", "--hostfile", str(cluster.hostfile(tmp_path / "hf")),
+                "--deepspeed-config", str(config), "--python", sys.executable, "--ssh-config", str(cluster.ssh_config),
+                "--ssh-key", str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--json", str(report)]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="240")
+        env.pop("DS_ENV_FILE", None)
+        started = time.monotonic()
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S + 120,
+                              stdin=subprocess.DEVNULL, env=env)
+        elapsed = time.monotonic() - started
+        print(f"\n{elapsed:.1f} s, exit {proc.returncode}\n{proc.stdout}")
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        exits_1_in_bound(proc, elapsed)
+        data = json.loads(report.read_text())
+        cells = {r["host"]: r for r in data["results"]}
+        cause = cells["node02"]
+        assert cause["check"] == "launch" and cause["status"] == "fail" and "blocked_by" not in cause, cause
+        assert f"cannot open the DeepSpeed config {config} on node02" in cause["message"], cause["message"]
+        for host in ("node01", "node03"):
+            assert cells[host]["blocked_by"] == "launch" and cells[host]["blocked_host"] == "node02", cells[host]
+        assert cells["*"]["blocked_host"] == "node02", cells["*"]
+        unblocked_failures = {r["host"] for r in data["results"] if r["status"] == "fail" and "blocked_by" not in r}
+        assert unblocked_failures == {"node02"}, unblocked_failures
+        bad = [c for c in data["causes"] if c["status"] in ("fail", "error")]
+        assert [c["hosts"] for c in bad] == [["node02"]], data["causes"]
+        assert data["summary"]["causes"] == 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        for host in ("node01", "node03"):
+            cluster.exec(host, ["rm", "-rf", str(work)])
+    assert_nothing_left(cluster)
+
+
 def test_a_bogus_nccl_socket_ifname_inherited_from_the_shell(netcluster_factory, tmp_path):
     """NCCL_SOCKET_IFNAME=bogus0 in the shell preflight (and later deepspeed) runs in: DeepSpeed's runner exports
     every NCCL* variable of the launch shell to every rank (runner.py:36, cuda_accelerator.py:411-412)."""

@@ -21,6 +21,7 @@ ORDER = [
     "driver_cuda",
     "gpu",
     "ds_report",
+    "ext_locks",
     "libaio",
     "nvme",
     "interfaces",

@@ -236,6 +236,10 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
     for key in ("cuda_home", "cuda_home_from", "nvcc", "nvcc_path", "nvcc_error", "cxx", "cxx_name",
                 "ds_skip_cuda_check"):
         facts[key] = tools.get(key)
+    # An op whose build directory holds a lock nobody holds cannot be loaded: every load waits on it forever.
+    scan = jit.extensions_facts(ctx.params)
+    facts["locked_ops"] = [{"op": d["op"], "path": d["lock"]["path"], "age_s": d["lock"]["age_s"]}
+                           for d in jit.stale_locks(scan)]
     return facts
 
 
@@ -276,19 +280,24 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
 
     # Usable: pre-built, or compatible and its JIT build can run here (a CUDA op needs nvcc, every op ninja and a
     # C++ compiler): ds_report's "compatible" alone counts CUDA ops on a host without a CUDA toolkit.
-    usable = [op for op in ops if jit.usable(op, facts)]
+    locked = {e["op"]: e for e in facts.get("locked_ops") or [] if float(e.get("age_s") or 0) >= jit.STALE_MIN_AGE_S}
+    usable = [op for op in ops if jit.usable(op, facts) and op not in locked]
     unbuildable = sorted(op for op, e in ops.items() if e.get("compatible") and not e.get("installed")
-                         and op not in usable)
+                         and op not in usable and op not in locked)
     why_not = ""
     if unbuildable:
         reasons = sorted({b.short for op in unbuildable for b in jit.blockers(op, facts) if b.status == Status.FAIL})
         why_not = f" ({len(unbuildable)} compatible but not buildable here: {'; '.join(reasons)})"
+    if locked:
+        why_not += (f" ({len(locked)} locked by a stale torch extensions lock, every load waits on it: "
+                    f"{', '.join(sorted(locked))}; see ext_locks)")
     required_usable = f", required {required} usable" if required else ""
     ok = (f"DeepSpeed {facts.get('deepspeed')} (torch {facts.get('torch')}, via {facts.get('source')}): "
           f"{len(usable)}/{len(ops)} ops usable{why_not}{required_usable}; ninja present; "
           f"/dev/shm {(shm or 0) // 1048576} MiB")
     metrics["ops_usable"] = len(usable)
     metrics["ops_unbuildable"] = unbuildable
+    metrics["ops_locked"] = sorted(locked)
     metrics["ops_total"] = len(ops)
     return combine(findings, ok, metrics)
 
@@ -389,4 +398,5 @@ SPEC = CheckSpec(
     evaluate=evaluate,
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
+    params_from_options=jit.launch_params,  # TORCH_EXTENSIONS_DIR as the launch's .deepspeed_env sets it
 )

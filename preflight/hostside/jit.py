@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .outcome import Status
 from .proc import sh
@@ -188,3 +188,203 @@ def usable(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str, 
         return True
     return bool(entry.get("compatible")) and not any(b.status == Status.FAIL
                                                      for b in blockers(op, facts, launch_env))
+
+
+# --- the torch extensions cache: where the JIT builds go, and the locks they leave ---------------------------
+#
+# torch.utils.cpp_extension (torch 2.13, _get_build_directory, cpp_extension.py:2789-2830): the build directory of
+# op NAME is $TORCH_EXTENSIONS_DIR/NAME when the variable is set, else <cache>/torch_extensions/<py>_<accelerator>/NAME
+# (<cache>: $XDG_CACHE_HOME or ~/.cache, torch._appdirs.user_cache_dir; <py>_<accelerator>: py311_cpu, py311_cu128,
+# py311_rocm63). Its load (cpp_extension.py:2345-2400) takes FileBaton(BUILD_DIR/lock) (torch/utils/file_baton.py): a
+# plain file made with os.open(O_CREAT | O_EXCL), its descriptor open until release() removes it. A builder killed
+# while it holds it never removes it, and every later load of that op waits in FileBaton.wait, polling
+# os.path.exists every 0.1 s, forever, with no message (pytorch issue 189245).
+
+LOCK_NAME = "lock"
+STALE_MIN_AGE_S = 30.0  # a lock younger than this may be a build that is only starting ([ext_locks] min_age_s)
+MAX_EXT_DIRS = 400  # op build directories looked at per host (a cache holds a few dozen)
+# Programs that run in a build directory while torch builds there (ninja as the driver, then the compilers and
+# the linker it starts): one of them with its working directory there means a build is in progress.
+BUILDERS = ("ninja", "c++", "g++", "gcc", "cc", "cc1plus", "cc1", "clang", "clang++", "nvcc", "cicc", "ptxas",
+            "ld", "collect2", "as", "hipcc", "icpx")
+
+
+def extensions_root(launch_value: Optional[str], environ: Mapping[str, str]) -> Tuple[str, str, bool]:
+    """(root, where the value comes from, whether the root is the default) of the torch extensions cache that a
+    rank on this host will use: TORCH_EXTENSIONS_DIR from the launch's .deepspeed_env (DeepSpeed's launcher exports
+    it to every rank), else from this host's own environment (a non-interactive ssh login's, what pdsh gives the
+    ranks), else torch's default <cache>/torch_extensions."""
+    if launch_value:
+        return os.path.expanduser(launch_value), "TORCH_EXTENSIONS_DIR in .deepspeed_env", False
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return environ["TORCH_EXTENSIONS_DIR"], "TORCH_EXTENSIONS_DIR in the host's environment", False
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "torch_extensions"), "torch's default (no TORCH_EXTENSIONS_DIR)", True
+
+
+def _is_build_dir(path: str, names: List[str]) -> bool:
+    return LOCK_NAME in names or "build.ninja" in names or any(n.endswith((".so", ".o")) for n in names)
+
+
+def build_dirs(root: str, limit: int = MAX_EXT_DIRS) -> List[str]:
+    """The op build directories under ``root``: ROOT/<op>/ (TORCH_EXTENSIONS_DIR set) and ROOT/<py>_<acc>/<op>/ (the
+    default layout), those holding a lock, a build.ninja, objects or a library."""
+    found: List[str] = []
+
+    def listing(path: str) -> List[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    for first in listing(root):
+        one = os.path.join(root, first)
+        if not os.path.isdir(one) or os.path.islink(one):
+            continue
+        names = listing(one)
+        if _is_build_dir(one, names):
+            found.append(one)
+        for second in names:
+            two = os.path.join(one, second)
+            if os.path.isdir(two) and not os.path.islink(two) and _is_build_dir(two, listing(two)):
+                found.append(two)
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+FileId = Tuple[int, int]  # (st_dev, st_ino): a file itself, whatever path or mount namespace names it
+
+
+def _file_id(path: str) -> Optional[FileId]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _proc_links(proc_root: str = "/proc") -> Tuple[List[Tuple[int, str, str, FileId]], int]:
+    """([(pid, comm, "cwd" or "fd", the file it is)], processes whose links could not be read): every process's
+    working directory and open files, read once per scan. By identity (stat through the /proc link), not by path: a
+    process in another mount namespace (a container) names other files by the same path."""
+    links: List[Tuple[int, str, str, FileId]] = []
+    unreadable = 0
+    try:
+        pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return links, 0
+    me = os.getpid()
+    for pid in pids:
+        if pid == me:
+            continue
+        base = os.path.join(proc_root, str(pid))
+        try:
+            with open(os.path.join(base, "comm")) as fh:
+                comm = fh.read().strip()
+        except OSError:
+            continue
+        try:
+            os.readlink(os.path.join(base, "cwd"))
+            fds = os.listdir(os.path.join(base, "fd"))
+        except PermissionError:  # another user's process (or another namespace's): it may hold the lock unseen
+            unreadable += 1
+            continue
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        cwd = _file_id(os.path.join(base, "cwd"))
+        if cwd is not None:
+            links.append((pid, comm, "cwd", cwd))
+        for fd in fds:
+            target = _file_id(os.path.join(base, "fd", fd))
+            if target is not None:
+                links.append((pid, comm, "fd", target))
+    return links, unreadable
+
+
+def holders(directory: str, links: List[Tuple[int, str, str, FileId]]) -> List[Dict[str, Any]]:
+    """The processes that hold a build directory: one with its lock (or the directory) open, the torch process that
+    took the lock keeps its descriptor open until release; or one working in it, ninja and the compilers it starts
+    run with the build directory as their working directory."""
+    ids = {i for i in (_file_id(directory), _file_id(os.path.join(directory, LOCK_NAME))) if i is not None}
+    out: Dict[int, Dict[str, Any]] = {}
+    for pid, comm, kind, target in links:
+        if target in ids:
+            entry = out.setdefault(pid, {"pid": pid, "comm": comm[:32], "how": []})
+            if kind not in entry["how"]:
+                entry["how"].append(kind)
+    return sorted(out.values(), key=lambda e: e["pid"])[:10]
+
+
+def scan_extensions(root: str, now: Optional[float] = None, proc_root: str = "/proc") -> Dict[str, Any]:
+    """The torch extensions cache under ``root``: {"root", "exists", "dirs": [{"dir", "op", "lock": {"path",
+    "age_s", "holders"} or None, "libraries", "objects", "holders"}], "unreadable_procs"}."""
+    import time
+    now = time.time() if now is None else now
+    out: Dict[str, Any] = {"root": root, "exists": os.path.isdir(root), "dirs": [], "unreadable_procs": 0}
+    if not out["exists"]:
+        return out
+    dirs = build_dirs(root)
+    links: List[Tuple[int, str, str, FileId]] = []
+    if dirs:
+        links, out["unreadable_procs"] = _proc_links(proc_root)
+    for directory in dirs:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        held = holders(directory, links)
+        entry: Dict[str, Any] = {"dir": directory, "op": os.path.basename(directory), "lock": None,
+                                 "libraries": sorted(n for n in names if n.endswith(".so"))[:5],
+                                 "objects": sum(1 for n in names if n.endswith(".o")), "holders": held}
+        lock = os.path.join(directory, LOCK_NAME)
+        try:
+            st = os.lstat(lock)
+        except OSError:
+            st = None
+        if st is not None:
+            entry["lock"] = {"path": lock, "age_s": round(max(0.0, now - st.st_mtime), 1), "holders": held}
+        out["dirs"].append(entry)
+    return out
+
+
+def stale_locks(scan: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The build directories whose lock no live process holds (no descriptor open on it, nobody working there)."""
+    return [d for d in scan.get("dirs") or [] if d.get("lock") and not d.get("holders")]
+
+
+def partial_builds(scan: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Build directories with objects but no library, and no build running: a build that was stopped."""
+    return [d for d in scan.get("dirs") or [] if d.get("objects") and not d.get("libraries")
+            and not d.get("holders") and not d.get("lock")]
+
+
+def age_text(seconds: Any) -> str:
+    """3725 -> '1 h 2 min'; 42 -> '42 s'."""
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return "?"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s // 3600:.0f} h {(s % 3600) / 60:.0f} min"
+    return f"{s / 86400:.0f} days"
+
+
+def launch_params(_options: Any = None) -> Dict[str, Any]:
+    """Per-host params (``CheckSpec.params_from_options``, run where preflight runs, taken as where ``deepspeed``
+    runs): TORCH_EXTENSIONS_DIR as the launch's .deepspeed_env gives it to every rank, if it sets it."""
+    from .launchenv import read_deepspeed_env
+    value = (read_deepspeed_env().get("vars") or {}).get("TORCH_EXTENSIONS_DIR")
+    return {"torch_extensions_dir": value} if value else {}
+
+
+def extensions_facts(params: Mapping[str, Any]) -> Dict[str, Any]:
+    """Host side: the cache the ranks will use, scanned (``scan_extensions``), with where its root comes from."""
+    root, source, default = extensions_root(params.get("torch_extensions_dir"), os.environ)
+    scan = scan_extensions(root)
+    scan.update(root_from=source, default_root=default)
+    return scan

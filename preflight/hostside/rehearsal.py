@@ -179,14 +179,83 @@ def layer_width(params: float, layers: int) -> int:
     return max(8, width)
 
 
+LOCKS_DIR = "locks"  # in a host's launch directory: one file per torch extension lock a rank of the run holds
+STALE_MARGIN_S = 60.0  # a waited-on lock older than this rank's start by this much is not this run's
+STALE_CHECKS = 3  # looks, 1 s apart, that find no process holding it, before it counts as stale
+# The clean-up's shell lines for one launch directory $d (the coordinator's and the supervisor's): for each lock a
+# rank of the run recorded (and still held when it died), kill what still builds in its directory (ninja and the
+# compilers outlive a killed rank: their working directory is the build directory, matched by identity, stat's
+# device:inode, as a container's process names another directory by the same path), then remove the lock. Nobody
+# else's lock is touched: only the paths our ranks wrote, each the lock torch's FileBaton made for them.
+RELEASE_LOCKS = ('ls "$d/' + LOCKS_DIR + '" 2>/dev/null | while read -r n; do r="$d/' + LOCKS_DIR + '/$n"; '
+                 '[ -f "$r" ] || continue; l=$(cat "$r"); b=${l%/lock}; [ "$b/lock" = "$l" ] || continue; '
+                 'id=$(stat -c %d:%i "$b" 2>/dev/null) || continue; '
+                 'for i in 1 2; do for p in /proc/[0-9]*; do '
+                 'if [ "$(stat -L -c %d:%i "$p/cwd" 2>/dev/null)" = "$id" ]; then kill -9 "${p#/proc/}" 2>/dev/null; '
+                 'fi; done; done; rm -f -- "$l"; done')
+
+
+class StaleLock(RuntimeError):
+    """The torch extension lock this rank waits on is held by no process on this host and predates the run."""
+
+    def __init__(self, op: Optional[str], path: str, age_s: float) -> None:
+        super().__init__(f"stale torch extensions lock {path} ({age_s:.0f} s old): no process holds it, and every "
+                         f"load of {op or 'the op'} waits on it forever (torch/utils/file_baton.py FileBaton.wait)")
+        self.op, self.path, self.age_s = op, path, age_s
+
+
+def lock_holders(path: str, proc_root: str = "/proc") -> List[int]:
+    """The processes on this host that hold a torch extension lock: one with it open (torch's FileBaton keeps its
+    descriptor until release) or working in its directory (ninja and the compilers). By identity (stat through the
+    /proc links): a process of another mount namespace (a container) means another file by the same path."""
+    def ident(p: str) -> Optional[Tuple[int, int]]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+    wanted = {i for i in (ident(path), ident(os.path.dirname(path))) if i is not None}
+    found: List[int] = []
+    try:
+        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if int(pid) == os.getpid():
+            continue
+        base = os.path.join(proc_root, pid)
+        if ident(os.path.join(base, "cwd")) in wanted:
+            found.append(int(pid))
+            continue
+        try:
+            fds = os.listdir(os.path.join(base, "fd"))
+        except OSError:
+            continue
+        if any(ident(os.path.join(base, "fd", fd)) in wanted for fd in fds):
+            found.append(int(pid))
+    return found
+
+
 class OpLog:
     """DeepSpeed's op loads seen by this rank (name, JIT or pre-built, seconds), each announced as it begins: a rank
-    stuck in a JIT build (minutes of compiling, a compiler waiting on a lock) is named with the op it builds."""
+    stuck in a JIT build (minutes of compiling, a compiler waiting on a lock) is named with the op it builds.
 
-    def __init__(self, rep: Reporter) -> None:
+    It also watches torch's build lock (torch/utils/file_baton.py): each lock this rank takes is recorded in the
+    launch directory (``locks/``) until it releases it, so that the clean-up removes a lock whose rank was killed
+    mid-build, and nobody else's; and a lock it waits on that no process holds and that predates the run is a
+    ``StaleLock`` error, not a wait forever."""
+
+    def __init__(self, rep: Reporter, record_dir: Optional[str] = None) -> None:
         self.rep = rep
         self.ops: List[Dict[str, Any]] = []
         self.current: Optional[str] = None
+        self.record_dir = record_dir
+        self.records: Dict[str, str] = {}
+        self.taken = 0  # locks taken so far: each one's record file has its own number
+        self.started_wall = time.time()
+
+    def _entry(self) -> Dict[str, Any]:
+        return self.ops[-1] if self.ops and self.ops[-1]["name"] == self.current else {}
 
     def install(self) -> None:
         try:
@@ -198,10 +267,11 @@ class OpLog:
 
         def timed_load(builder: Any, *a: Any, **kw: Any) -> Any:
             name = getattr(builder, "NAME", type(builder).__name__)
-            entry: Dict[str, Any] = {"name": name, "jit": False, "s": None}
+            entry: Dict[str, Any] = {"name": name, "jit": False, "s": None,
+                                     "build_var": getattr(builder, "BUILD_VAR", None)}
             log.ops.append(entry)
             log.current, started = name, time.monotonic()
-            log.rep.emit("op_begin", op=name)
+            log.rep.emit("op_begin", op=name, build_var=entry["build_var"])
             try:
                 return load(builder, *a, **kw)
             finally:
@@ -211,15 +281,97 @@ class OpLog:
 
         def timed_jit(builder: Any, *a: Any, **kw: Any) -> Any:
             # DeepSpeed loads a pre-built op by import and anything else through jit_load, which compiles it or
-            # finds it in the torch extensions cache (seconds tell which).
-            for entry in reversed(log.ops):
-                if entry["name"] == getattr(builder, "NAME", None):
-                    entry["jit"] = True
-                    break
+            # finds it in the torch extensions cache: cold when its build directory holds no library yet.
+            entry = log._entry()
+            entry["jit"] = True
+            try:
+                from torch.utils.cpp_extension import _get_build_directory
+                build_dir = _get_build_directory(str(getattr(builder, "name", None) or entry.get("name")), False)
+                entry["build_dir"] = build_dir
+                entry["cold"] = not any(n.endswith(".so") for n in os.listdir(build_dir))
+            except Exception:
+                pass
+            log.rep.emit("op_jit", op=entry.get("name"), build_dir=entry.get("build_dir"), cold=entry.get("cold"))
             return jit_load(builder, *a, **kw)
 
         OpBuilder.load = timed_load
         OpBuilder.jit_load = timed_jit
+        self._watch_locks()
+
+    def _watch_locks(self) -> None:
+        try:
+            from torch.utils.file_baton import FileBaton
+        except Exception:
+            return
+        log = self
+        try_acquire, release = FileBaton.try_acquire, FileBaton.release
+
+        def acquire(baton: Any) -> Any:
+            got = try_acquire(baton)
+            if got:
+                log._held(str(baton.lock_file_path))
+            return got
+
+        def let_go(baton: Any) -> None:
+            try:
+                release(baton)
+            finally:
+                log._released(str(baton.lock_file_path))
+
+        def wait(baton: Any) -> None:
+            log._wait(str(baton.lock_file_path), float(getattr(baton, "wait_seconds", 0.1) or 0.1))
+
+        baton_class: Any = FileBaton  # torch's stubs type these as FileBaton's own methods
+        baton_class.try_acquire = acquire
+        baton_class.release = let_go
+        baton_class.wait = wait
+
+    def _held(self, path: str) -> None:
+        entry = self._entry()
+        entry["acquired"] = True
+        if self.record_dir:
+            try:
+                os.makedirs(self.record_dir, exist_ok=True)
+                self.taken += 1
+                record = os.path.join(self.record_dir, f"{os.getpid()}-{self.taken}")
+                with open(record + ".new", "w") as fh:
+                    fh.write(path)
+                os.rename(record + ".new", record)
+                self.records[path] = record
+            except OSError:
+                pass
+        self.rep.emit("lock", op=self.current, path=path)
+
+    def _released(self, path: str) -> None:
+        record = self.records.pop(path, None)
+        if record:
+            try:
+                os.unlink(record)
+            except OSError:
+                pass
+
+    def _wait(self, path: str, step: float) -> None:
+        """torch's FileBaton.wait (poll until the lock is gone), which also looks, once a second, for a process
+        that holds the lock: none for STALE_CHECKS looks, on a lock from before this run, is a StaleLock."""
+        entry = self._entry()
+        entry["waited"] = True
+        self.rep.emit("lock_wait", op=self.current, path=path)
+        quiet, looked = 0, 0.0
+        while os.path.exists(path):
+            time.sleep(step)
+            if time.monotonic() - looked < 1.0:
+                continue
+            looked = time.monotonic()
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            if mtime < self.started_wall - STALE_MARGIN_S and not lock_holders(path):
+                quiet += 1
+            else:
+                quiet = 0
+            if quiet >= STALE_CHECKS:
+                raise StaleLock(self.current, path, time.time() - mtime)
 
 
 def _dtype(torch: Any, config: Dict[str, Any]) -> Any:
@@ -251,7 +403,12 @@ def rank_main(argv: Sequence[str]) -> int:
     # rehearsal removes: nothing of it stays on the host. The job's own environment is left as it is otherwise.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchinductor"))
-    phase, ops = "import", OpLog(rep)
+    here = os.path.dirname(os.path.abspath(__file__))  # the launch directory on this host
+    # A JIT build's compiler writes its temporary files (cc*.s) to TMPDIR, and one killed with the rank leaves them:
+    # into the launch directory too, which the clean-up removes.
+    os.makedirs(os.path.join(here, "tmp"), exist_ok=True)
+    os.environ["TMPDIR"] = os.path.join(here, "tmp")
+    phase, ops = "import", OpLog(rep, os.path.join(here, LOCKS_DIR))
     torch: Any = None
     accelerator: Any = None
     try:
@@ -268,7 +425,7 @@ def rank_main(argv: Sequence[str]) -> int:
         with open(args.deepspeed_config) as fh:
             config = json.load(fh)
         phase = "init"
-        _init_distributed(rep, torch, deepspeed, backend, env, args.init_timeout)
+        _init_distributed(rep, torch, deepspeed, backend, env, args.init_timeout, args.build_budget, ops)
         phase = "initialize"
         engine, width, micro, gas = _initialize(rep, torch, deepspeed, args, config)
         phase = "step"
@@ -296,6 +453,7 @@ def _rank_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--init-timeout", type=float, default=60.0)
     parser.add_argument("--lifetime", type=float, default=600.0)
+    parser.add_argument("--build-budget", type=float, default=0.0)
     args, _unknown = parser.parse_known_args(list(argv))
     return args
 
@@ -309,16 +467,23 @@ def _emit_start(rep: Reporter, env: Dict[str, str]) -> None:
 
 
 def _init_distributed(rep: Reporter, torch: Any, deepspeed: Any, backend: str, env: Dict[str, str],
-                      init_timeout: float) -> None:
+                      init_timeout: float, build_budget: float = 0.0, ops: Optional["OpLog"] = None) -> None:
     """deepspeed.init_distributed (init_process_group), timed; init_begin first says which address gloo will
-    advertise, so that a rank stuck in it still shows where it waits."""
+    advertise, so that a rank stuck in it still shows where it waits. torch's own timeout is the init timeout plus
+    the JIT build budget: DeepSpeed builds its comm op (deepspeed_shm_comm on CPUs) before init_process_group, so a
+    rank whose host builds slower waits for the others; the coordinator applies the init timeout itself, to the time
+    no rank was building."""
     advertised = gloo_address(env, socket.gethostname()) if backend == "gloo" else None
     rep.emit("init_begin", backend=backend, advertise=advertised, init_timeout=init_timeout)
     import datetime
+    loaded = len(ops.ops) if ops is not None else 0
     started = time.monotonic()
     deepspeed.init_distributed(dist_backend=backend,
-                               timeout=datetime.timedelta(seconds=init_timeout))
-    rep.emit("init", s=round(time.monotonic() - started, 3), backend=backend,
+                               timeout=datetime.timedelta(seconds=init_timeout + build_budget))
+    took = time.monotonic() - started
+    # The ops loaded inside it (the comm op, JIT-built on a cold cache) are reported apart: init_s is the rendezvous.
+    built = sum(float(e.get("s") or 0) for e in (ops.ops if ops is not None else [])[loaded:])
+    rep.emit("init", s=round(took - built, 3), build_s=round(built, 3) if built else None, backend=backend,
              world_size=torch.distributed.get_world_size())
 
 
@@ -366,6 +531,8 @@ def _error_detail(exc: BaseException, phase: str, ops: OpLog, torch: Any, accele
                               "traceback": traceback.format_exc()}
     if ops.current:
         detail["op"] = ops.current
+    if isinstance(exc, StaleLock):
+        detail["stale_lock"] = {"op": exc.op, "path": exc.path, "age_s": round(exc.age_s, 1)}
     if ops.ops:
         detail["ops"] = ops.ops
     if torch is not None:
@@ -423,10 +590,11 @@ def unmatched(path: str, token: str) -> str:
 
 def reap_everywhere(hosts: Sequence[str], token: str, directory: str, timeout: float) -> Dict[str, Any]:
     """Kill the run's processes and remove its launch directory on every host (pdsh, as the launcher reached them)
-    and here: pkill -KILL -f of the run's token, then rm -rf of the directory."""
+    and here: pkill -KILL -f of the run's token, the torch extension locks its ranks still held (RELEASE_LOCKS),
+    then rm -rf of the directory."""
     out: Dict[str, Any] = {}
     pattern = pattern_of(token)
-    line = f"pkill -KILL -f '{pattern}'; rm -rf -- {unmatched(directory, token)}"
+    line = f"pkill -KILL -f '{pattern}'; d={unmatched(directory, token)}; {RELEASE_LOCKS}; rm -rf -- \"$d\""
     if hosts and _which("pdsh"):
         try:
             proc = subprocess.run(["pdsh", "-S", "-w", ",".join(hosts), line], stdin=subprocess.DEVNULL,
@@ -443,6 +611,49 @@ def reap_everywhere(hosts: Sequence[str], token: str, directory: str, timeout: f
     return out
 
 
+def script_interpreter(path: str) -> Optional[str]:
+    """The Python a launcher script runs: its ``#!`` line (``#!/venv/bin/python3``, or ``#!/usr/bin/env python3``
+    looked up on PATH); None when it is not a Python script (a shell wrapper such as a pyenv shim)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        if words and "python" in os.path.basename(words[0]):
+            return _which(words[0])
+        return None
+    return words[0] if words and "python" in os.path.basename(words[0]) else None
+
+
+def resolve_launcher(argv: Sequence[str], beside: bool) -> Dict[str, Any]:
+    """Which launcher runs and with which Python: with ``beside``, the ``deepspeed`` next to this interpreter (the
+    job's --python) when there is one, else the one on PATH. {"launcher_path", "launcher_from": "beside", "path" or
+    "given", "launcher_python", "python": this interpreter, "same_python"}."""
+    python = sys.executable
+    out: Dict[str, Any] = {"python": python, "launcher_path": None, "launcher_from": "given", "launcher_python": None}
+    if not argv:
+        return out
+    first = argv[0]
+    candidate = os.path.join(os.path.dirname(python), "deepspeed")
+    if beside and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        out.update(launcher_path=candidate, launcher_from="beside")
+    else:
+        out.update(launcher_path=_which(first), launcher_from="path" if beside else "given")
+    path = out["launcher_path"]
+    if path and "python" in os.path.basename(path):  # `PYTHON -m deepspeed.launcher.runner`
+        out["launcher_python"] = path
+    elif path:
+        out["launcher_python"] = script_interpreter(path)
+    if out["launcher_python"]:
+        out["same_python"] = os.path.realpath(out["launcher_python"]) == os.path.realpath(python)
+    return out
+
+
 def supervise_main(argv: Sequence[str]) -> int:
     """Run the launcher of the launch directory's launch.json, as the job's own shell would; stdout carries its
     output and our events. When stdin closes (the coordinator is done, was interrupted or killed) or the lifetime
@@ -454,8 +665,10 @@ def supervise_main(argv: Sequence[str]) -> int:
     ident: Dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "role": "launcher"}
     rep = Reporter(token, ident)
     cwd = os.getcwd()
-    rep.emit("launcher", argv=launcher, cwd=cwd, env_files=env_files(cwd), pdsh=_which("pdsh"),
-             launcher_path=_which(launcher[0]) if launcher else None)
+    found = resolve_launcher(launcher, bool(spec.get("beside")))
+    if found.get("launcher_path") and found.get("launcher_from") == "beside":
+        launcher[0] = str(found["launcher_path"])
+    rep.emit("launcher", argv=launcher, cwd=cwd, env_files=env_files(cwd), pdsh=_which("pdsh"), **found)
     gone = threading.Event()
 
     def lifeline() -> None:

@@ -19,7 +19,7 @@ import os
 import shlex
 from typing import Any, Dict, List, Optional
 
-from ...hostside.outcome import Outcome, Status, limits
+from ...hostside.outcome import BlockedBy, Outcome, Status, limits
 from ...hostside.seams import CheckSpec, ClusterView, Thresholds
 from .drive import LaunchRun
 from .judge import CLUSTER, ENV_FILE_NAME, LaunchPlan
@@ -63,8 +63,16 @@ def _env_file() -> Dict[str, Any]:
 
 
 def _row(outcome: Outcome) -> Dict[str, Any]:
-    return {"status": outcome.status.value, "message": outcome.message, "fix": outcome.fix,
-            "metrics": outcome.metrics}
+    row: Dict[str, Any] = {"status": outcome.status.value, "message": outcome.message, "fix": outcome.fix,
+           "metrics": outcome.metrics}
+    if outcome.blocked_by is not None:  # a rank that only waited for another host's: that host's victim
+        row["blocked_by"] = [outcome.blocked_by.host, outcome.blocked_by.check]
+    return row
+
+
+def _stale_lock_seen(facts: Any) -> bool:
+    """The ext_locks facts of a host hold a lock nobody holds (its own check names it, with the rm -f)."""
+    return isinstance(facts, dict) and any(d.get("lock") and not d.get("holders") for d in facts.get("dirs") or [])
 
 
 def coordinate(cluster: ClusterView) -> Dict[str, Any]:
@@ -98,11 +106,17 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         launcher_ssh_port=o.launcher_ssh_port, deepspeed=f"{shlex.quote(python)} -m deepspeed.launcher.runner",
         python=python, steps=int(lim["steps"]), model_params=float(lim["model_params"]),
         init_timeout=float(lim["init_timeout_s"]), timeout=float(lim["timeout_s"]), env_file=env.get("path"),
+        build_budget=float(lim["jit_build_budget_s"]),
         parallel=max(1, cluster.parallel))
     run = LaunchRun(plan, {h.name: cluster.shell(h.name) for h in hosts}, cluster.progress)
     rows = run.rehearse(env.get("text"), hostfile_text(hosts))
     if run.interrupted:
         raise KeyboardInterrupt  # the launch is stopped and cleaned up: the run's own Ctrl-C handling goes on
+    for host, outcome in rows.items():
+        # A rank stuck on the stale lock that ext_locks already named on its host follows from that result.
+        seen = cluster.facts.get(host, {}).get("ext_locks")
+        if outcome.metrics.get("cause") == "stale lock" and _stale_lock_seen(seen):
+            outcome.blocked_by = BlockedBy(host, "ext_locks")
     return {"rows": {h: _row(outcome) for h, outcome in rows.items()}, "survivors": run.survivors(),
             "token": run.token}
 
@@ -115,7 +129,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Thresholds) -> Dict[str, Outcome
         return {CLUSTER: Outcome(status, str(facts["skipped"]), str(facts.get("fix", "")))}
     out: Dict[str, Outcome] = {}
     for host, row in (facts.get("rows") or {}).items():
-        out[host] = Outcome(Status(row["status"]), row["message"], row.get("fix", ""), dict(row.get("metrics") or {}))
+        blocked = row.get("blocked_by")
+        out[host] = Outcome(Status(row["status"]), row["message"], row.get("fix", ""), dict(row.get("metrics") or {}),
+                            blocked_by=BlockedBy(str(blocked[0]), str(blocked[1])) if blocked else None)
     token: Optional[str] = facts.get("token")
     for host, left in (facts.get("survivors") or {}).items():
         before = out.get(host)
@@ -135,4 +151,5 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     selected_by=("rehearse",),  # --rehearse runs it without --checks
+    reads=("ext_locks",),  # a rank stuck on a stale lock is blocked by that host's ext_locks result
 )

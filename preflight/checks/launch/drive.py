@@ -26,6 +26,17 @@ from .judge import (CLUSTER, ENV_FILE_NAME, GRACE_S, HOSTFILE, LOCAL, REAP_S, SC
                     EventLog, LaunchPlan, Outcomes, secs, expected_ranks, pattern_of, rank_views)
 
 
+def build_time(views: List[Any], now: float) -> float:
+    """The longest time one rank has spent in JIT loads of ops so far (finished ones and the one it is in), on the
+    events' clock: how far the launch's deadline moves on."""
+    def spent(view: Any) -> float:
+        done = sum(float(e.get("s") or 0) for e in view.loads if e.get("jit"))
+        if view.building and isinstance(view.op_arrived, (int, float)):
+            done += max(0.0, now - view.op_arrived)
+        return done
+    return max((spent(v) for v in views), default=0.0)
+
+
 def script_source() -> str:
     """The host-side script: rehearsal.py's own source, written to every host's launch directory."""
     return inspect.getsource(host_side)
@@ -65,12 +76,13 @@ class LaunchRun:
     def launch_spec(self) -> Dict[str, Any]:
         """launch.json: what the supervisor runs, and what it reaps when its lifeline closes."""
         return {"argv": self.launcher_argv(), "token": self.token, "hosts": [h.name for h in self.o.hosts],
-                "lifetime": self.lifetime + 60.0}
+                "lifetime": self.lifetime + 60.0, "beside": self.o.deepspeed_beside}
 
     @property
     def lifetime(self) -> float:
-        """How long a rank lives at most: past the coordinator's deadline, it ends itself."""
-        return max(30.0, self.o.timeout + 30.0)
+        """How long a rank lives at most: past the coordinator's deadline (--timeout, plus the JIT build time it
+        allows), it ends itself."""
+        return max(30.0, self.o.timeout + self.o.build_budget + 30.0)
 
     def launcher_argv(self) -> List[str]:
         """``deepspeed --hostfile H [-i/-e] [--master_addr/--master_port] --launcher pdsh SCRIPT --deepspeed_config
@@ -89,7 +101,7 @@ class LaunchRun:
         return argv + ["--launcher", "pdsh", SCRIPT, "--deepspeed_config", self.o.deepspeed_config,
                        "--preflight-run", self.token, "--steps", str(self.o.steps),
                        "--model-params", f"{self.o.model_params:g}", "--init-timeout", f"{self.o.init_timeout:g}",
-                       "--lifetime", f"{self.lifetime:g}"]
+                       "--lifetime", f"{self.lifetime:g}", "--build-budget", f"{self.o.build_budget:g}"]
 
     # -- phases
     def prepare(self, env_text: Optional[str], hostfile_text: str) -> None:
@@ -170,11 +182,26 @@ class LaunchRun:
                 if errors and now - log.arrived - min(errors) > GRACE_S:
                     reason = f"stopped {secs(GRACE_S)} after the first rank raised"
                     break
+                rel = now - log.arrived
+                # A JIT build is a measurement, not a hang: while a rank builds an op (DeepSpeed builds its comm op
+                # before init_process_group), the others wait for it, the init timeout does not run, and the
+                # deadline moves on by the build's time, up to the build budget.
+                building = [v for v in views if v.building]
+                over = [v for v in building
+                        if isinstance(v.op_arrived, (int, float)) and rel - v.op_arrived > self.o.build_budget]
+                if over:
+                    late = over[0]
+                    reason = (f"[launch] jit_build_budget_s {secs(self.o.build_budget)} passed while "
+                              f"{late.slot.host} was still building {late.op_running}")
+                    break
+                deadline = started + self.o.timeout + min(self.o.build_budget, build_time(views, rel))
                 # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
-                # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes).
+                # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes). It
+                # counts from the last build's end: a rank that waited for another's build was not hung.
                 in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
                            if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
-                if in_init and now - log.arrived - min(in_init) > self.o.init_timeout + GRACE_S:
+                built_at = max((float(e.get("arrived") or 0) for v in views for e in v.loads), default=0.0)
+                if in_init and not building and rel - max(min(in_init), built_at) > self.o.init_timeout + GRACE_S:
                     reason = f"init did not finish within --init-timeout {secs(self.o.init_timeout)}"
                     break
                 if now > deadline:
@@ -208,8 +235,9 @@ class LaunchRun:
             out["killed"] = kill.rc == 0
             transport.run(["pkill", "-KILL", "-f", pattern_of(self.mark)], REAP_S)
             # The token is never written out in the command, or pkill -f of another host's reap would match it.
-            transport.run(["sh", "-c", f'rm -rf -- "$1/{TOKEN_PREFIX}$2"', "sh", self.o.workdir,
-                           self.token[len(TOKEN_PREFIX):]], REAP_S)
+            # The torch extension locks its ranks held when they were killed go first (host_side.RELEASE_LOCKS).
+            transport.run(["sh", "-c", f'd="$1/{TOKEN_PREFIX}$2"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh",
+                           self.o.workdir, self.token[len(TOKEN_PREFIX):]], REAP_S)
             left = transport.run(["pgrep", "-a", "-f", self.pattern], REAP_S)
             if left.rc == 0 and left.stdout.strip():
                 time.sleep(1.0)

@@ -13,13 +13,15 @@ import collections
 import json
 import os
 import re
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...hostside import rehearsal as host_side
-from ...hostside.outcome import Outcome, Status
+from ...hostside.jit import age_text
+from ...hostside.outcome import BlockedBy, Outcome, Status
 
 CLUSTER = "*"  # the host of the cluster row
 CHECK = "launch"  # the check name of the rehearsal's results (one per host, and the cluster row)
@@ -51,11 +53,13 @@ class LaunchPlan:
     launcher_ssh_port: Optional[int] = None
     launch_from: str = "first"  # "first", "local" (this machine) or a host of the hostfile
     deepspeed: str = "deepspeed"  # the launcher command on the launch host
+    deepspeed_beside: bool = False  # run the `deepspeed` beside --python on the launch host when there is one
     python: str = "python3"  # the launch host's interpreter for the supervisor
     steps: int = 2
     model_params: float = 1e6
     init_timeout: float = 60.0
     timeout: float = 300.0
+    build_budget: float = 900.0  # how long a rank may JIT-build ops ([launch] jit_build_budget_s)
     workdir: str = "/tmp"  # the launch directory's parent on every host
     env_file: Optional[str] = None  # ./.deepspeed_env of the directory preflight runs in, if there is one
     parallel: int = 32
@@ -149,6 +153,9 @@ class RankView:
     steps: List[Dict[str, Any]] = field(default_factory=list)
     op_running: Optional[str] = None
     op_since: Optional[float] = None
+    op_arrived: Optional[float] = None  # when the op now loading began, on the events' clock
+    op_cold: bool = False  # the op now loading is JIT-built from nothing (its build directory has no library)
+    loads: List[Dict[str, Any]] = field(default_factory=list)  # each op_end: name, jit, s, cold, build_var, ...
 
     def add(self, event: Dict[str, Any]) -> None:
         kind = str(event.get("event"))
@@ -157,8 +164,21 @@ class RankView:
             self.steps.append(event)
         elif kind == "op_begin":
             self.op_running, self.op_since = str(event.get("op")), event.get("t")
+            self.op_arrived, self.op_cold = event.get("arrived"), False
+        elif kind == "op_jit":
+            self.op_cold = bool(event.get("cold"))
         elif kind == "op_end":
             self.op_running = None
+            self.loads.append(event)
+
+    def builds(self) -> List[Dict[str, Any]]:
+        """The ops this rank JIT-built from nothing (cold), each with its seconds."""
+        return [e for e in self.loads if e.get("jit") and e.get("cold")]
+
+    @property
+    def building(self) -> bool:
+        """In a JIT load of an op (compiling, or waiting for the lock of another rank's build)."""
+        return self.op_running is not None and not self.ended
 
     @property
     def started(self) -> bool:
@@ -256,6 +276,7 @@ class Context:
     loopback: List[RankView]  # ranks that advertised a loopback address to a multi-host gloo world
     first_error: Optional[RankView]
     views: List[RankView] = field(default_factory=list)
+    output: Dict[str, List[str]] = field(default_factory=dict)  # each host's last lines that are not events
 
 
 def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
@@ -267,8 +288,18 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
     text = f"{rank} raised {kind_name} in {phase}: {said[:400] or kind_name}"
     host = view.slot.host
     config = ctx.options.deepspeed_config
+    stale = err.get("stale_lock")
+    if isinstance(stale, dict) and stale.get("path"):
+        path = str(stale["path"])
+        return ("stale lock", f"{rank} waits forever on a stale torch extensions lock {path} (op {stale.get('op')}, "
+                f"{age_text(stale.get('age_s'))} old): no process on {host} holds it, a JIT build killed before it "
+                "removed its lock (torch/utils/file_baton.py FileBaton.wait; pytorch issue 189245); not a build in "
+                "progress", f"rm -f {shlex.quote(path)}")
     if err.get("op"):
-        return ("op build", f"{rank} raised while loading DeepSpeed op {err['op']}: {kind_name}: {said[:400]}",
+        tail = compiler_lines(ctx.output.get(host, []))
+        compiler = f"; the build's last lines: {' | '.join(tail)}" if tail else ""
+        return ("op build", f"{rank} raised while loading DeepSpeed op {err['op']}: {kind_name}: {said[:400]}"
+                f"{compiler}",
             f"the op is JIT-built at the first use: install its build tools on {host} (a C++ compiler, ninja; nvcc "
             "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 pip install "
             f"deepspeed); `ds_report` on {host} lists the ops")
@@ -387,10 +418,7 @@ def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
     since = max(arrivals) if arrivals else None  # when it began what it was still doing
     waited = secs(ctx.elapsed - since) if isinstance(since, (int, float)) else "a while"
     if view.op_running:
-        return (Status.FAIL, f"{_rank_name(view)} was still loading DeepSpeed op {view.op_running} (JIT build) when "
-                f"the rehearsal stopped ({ctx.stop_reason})",
-            "pre-build the op (DS_BUILD_OPS=1 pip install deepspeed), or warm the torch extensions cache "
-            "(~/.cache/torch_extensions) on every host; a cold JIT build delays every job start", "op build")
+        return _still_building(view, ctx)
     if where == "init":
         if view in ctx.loopback:
             _, message, fix = _loopback(view, ctx)
@@ -406,6 +434,33 @@ def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
     return (Status.FAIL, f"{_rank_name(view)} was still in {where} after {waited} when the rehearsal stopped "
             f"({ctx.stop_reason})",
         "a rank waits for the others in every collective: see the other hosts' results", "hung")
+
+
+def compiler_lines(lines: Sequence[str], n: int = 6) -> List[str]:
+    """The last lines a host's ranks printed that are not events (ninja's and the compiler's, through pdsh)."""
+    return [line.strip()[:300] for line in lines if line.strip()][-n:]
+
+
+def _still_building(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
+    """A rank that was still in a JIT load when the rehearsal stopped: out of the build budget (FAIL, with the
+    compiler's last lines), or stopped for another reason (the build was cut short)."""
+    op = view.op_running
+    since = view.op_arrived if isinstance(view.op_arrived, (int, float)) else None
+    spent = secs(ctx.elapsed - since) if since is not None else "a while"
+    budget = ctx.options.build_budget
+    tail = compiler_lines(ctx.output.get(view.slot.host, []))
+    compiler = f"; the build's last lines: {' | '.join(tail)}" if tail else ""
+    what = "JIT-building" if view.op_cold else "loading (a JIT load: building, or waiting for the build lock)"
+    build_var = str((view.seen.get("op_begin") or {}).get("build_var") or "DS_BUILD_OPS")
+    fix = (f"pre-build the op into DeepSpeed on every host ({build_var}=1 pip install deepspeed, in the job's "
+           f"environment), or warm a host-local TORCH_EXTENSIONS_DIR; or give the build more time: [launch] "
+           f"jit_build_budget_s (now {budget:g} s), `preflight rehearse --jit-build-budget` with more seconds")
+    if "jit_build_budget_s" in ctx.stop_reason:
+        return (Status.FAIL, f"{_rank_name(view)} was still {what} DeepSpeed op {op} after {spent}: the JIT build "
+                f"budget ran out{compiler}", fix, "op build")
+    # Stopped for another reason (another rank's failure, --timeout, Ctrl-C): the build was cut short, not failed.
+    return (Status.FAIL, f"{_rank_name(view)} was still {what} DeepSpeed op {op} ({spent} so far) when the rehearsal "
+            f"stopped ({ctx.stop_reason})", fix, "build cut short")
 
 
 # Why a host's ranks never started, from pdsh's lines for that host (first match wins).
@@ -454,6 +509,15 @@ def _match(table: List[Tuple[str, str, str]], lines: Sequence[str]) -> Optional[
     return None
 
 
+# The kinds of a rank's failure that only follow from another rank's: it waited at a rendezvous or a collective.
+VICTIM_KINDS = ("hung at init", "hung", "rendezvous", "deadline", "build cut short")
+
+
+def _cache_of(builds: Mapping[str, Mapping[str, Any]]) -> str:
+    dirs = sorted({os.path.dirname(str(b.get("build_dir"))) for b in builds.values() if b.get("build_dir")})
+    return ", ".join(dirs) or "(unknown)"
+
+
 class Outcomes:
     """The rehearsal's results: a ``launch`` row per host and the cluster row."""
 
@@ -484,7 +548,8 @@ class Outcomes:
                     and "init" not in v.seen and any("init" not in w.seen for w in self.views)]
         errors = sorted((v for v in self.views if "error" in v.seen), key=lambda v: v.seen["error"].get("arrived", 0))
         return Context(self.o, self.launch_host, self.stop_reason, self.elapsed, loopback,
-                       errors[0] if errors else None, self.views)
+                       errors[0] if errors else None, self.views,
+                       {h: list(lines) for h, lines in self.log.lines.items()})
 
     def launcher_failure(self) -> Optional[Tuple[str, str, str]]:
         """(kind, line, fix) when the launcher failed before any rank started, else None."""
@@ -533,13 +598,15 @@ class Outcomes:
                                               f"before any rank started ({kind}): {line}", fix,
                                               dict(metrics, cause=kind))
                 else:
+                    # Nothing of its own was tried: a victim of the launch host's failure.
                     rows[host.name] = Outcome(Status.FAIL, f"its {len(mine)} rank(s) never started: the launcher on "
                                               f"{self.launch_host} failed ({kind})", fix,
-                                              dict(metrics, cause=kind))
+                                              dict(metrics, cause=kind),
+                                              blocked_by=BlockedBy(self.launch_host, CHECK))
                 continue
             verdicts = [verdict_of(v, ctx) for v in mine]
             if all(v[0] == Status.PASS for v in verdicts):
-                rows[host.name] = Outcome(Status.PASS, "; ".join(v[1] for v in verdicts), metrics=metrics)
+                rows[host.name] = self._passed(host.name, mine, verdicts, metrics)
                 continue
             if any(kind == "never started" for _, _, _, kind in verdicts):
                 cause = _match(NEVER_STARTED, list(self.log.lines.get(host.name, [])))
@@ -562,7 +629,58 @@ class Outcomes:
             bad.sort(key=lambda v: order.get(v[3], 2))
             metrics["cause"] = bad[0][3]
             rows[host.name] = Outcome(Status.FAIL, "; ".join(v[1] for v in bad), bad[0][2], metrics)
+        self._blocked(rows)
         return rows
+
+    def _passed(self, host: str, mine: Sequence[RankView], verdicts: Sequence[Tuple[Status, str, str, str]],
+                metrics: Dict[str, Any]) -> Outcome:
+        """Every rank of the host took its steps: PASS, or a WARN when its start JIT-built ops from nothing (each
+        op's build time; a measurement of what the first job start costs, not a failure) or waited for another
+        host's build in a shared extensions directory."""
+        text = "; ".join(v[1] for v in verdicts)
+        built: Dict[str, Dict[str, Any]] = {}
+        for view in mine:
+            for load in view.builds():
+                name = str(load.get("name"))
+                if name not in built or float(load.get("s") or 0) > float(built[name].get("s") or 0):
+                    built[name] = load
+        if not built:
+            return Outcome(Status.PASS, text, metrics=metrics)
+        metrics["jit_builds"] = {n: {"s": b.get("s"), "build_dir": b.get("build_dir"), "build_var": b.get("build_var"),
+                                     "built_here": bool(b.get("acquired")), "waited": bool(b.get("waited"))}
+                                 for n, b in built.items()}
+        here = {n: b for n, b in built.items() if any(x.get("acquired") for v in mine for x in v.builds()
+                                                      if x.get("name") == n)}
+        elsewhere = {n: b for n, b in built.items() if n not in here}
+        parts, fixes = [], []
+        if here:
+            spent = ", ".join(f"{secs(b.get('s'))} building {n}" for n, b in here.items())
+            parts.append(f"the first job start spends {spent} on {host} (a JIT build: the torch extensions cache "
+                         f"{_cache_of(here)} had no library of it)")
+            pre = " ".join(dict.fromkeys(f"{b.get('build_var') or 'DS_BUILD_OPS'}=1" for b in here.values()))
+            fixes.append(f"pre-build it into DeepSpeed on every host ({pre} pip install deepspeed, in the job's "
+                         "environment), or keep a warm, host-local TORCH_EXTENSIONS_DIR that every job start reuses")
+        if elsewhere:
+            waited = ", ".join(f"{n} ({secs(b.get('s'))})" for n, b in elsewhere.items())
+            parts.append(f"its ranks waited for another host's build of {waited} in the shared torch extensions "
+                         f"directory {_cache_of(elsewhere)}: the hosts build into one directory and queue on one lock")
+            fixes.append("give every host its own cache: add the line TORCH_EXTENSIONS_DIR=/var/tmp/torch_extensions "
+                         "(a host-local path) to .deepspeed_env, which DeepSpeed's launcher exports to every rank")
+        metrics["cause"] = "jit build"
+        return Outcome(Status.WARN, "; ".join(parts) + f"; {text}", "; ".join(fixes), metrics)
+
+    def _blocked(self, rows: Dict[str, Outcome]) -> None:
+        """A host whose ranks only waited (hung in init_process_group, or raised there when a peer went away) for a
+        rank that raised or never started on another host is that host's victim: blocked_by (that host, launch)."""
+        causes = [h for h, o in rows.items() if o.status == Status.FAIL and o.blocked_by is None
+                  and o.metrics.get("cause") not in VICTIM_KINDS]
+        if not causes:
+            return
+        first = self.context().first_error
+        blocker = first.slot.host if first is not None and first.slot.host in causes else causes[0]
+        for host, outcome in rows.items():
+            if outcome.status == Status.FAIL and outcome.blocked_by is None and host not in causes:
+                outcome.blocked_by = BlockedBy(blocker, CHECK)
 
     def env_text(self, files: Sequence[Dict[str, Any]]) -> str:
         """The .deepspeed_env files the launcher read, with their keys; the launch directory's copy under the name
@@ -610,34 +728,90 @@ class Outcomes:
                      f"{t.get('gradient_accumulation')} accumulation x {len(self.slots)} ranks = "
                      f"{t.get('train_batch')}; ")
         env = self.env_text(metrics["env_files"])
-        if len(done) == len(self.slots) and all(o.status == Status.PASS for o in rows.values()):
+        launcher, other_python = self.launcher_text()
+        metrics["launcher"] = {k: self._launcher_event("launcher").get(k)
+                               for k in ("launcher_path", "launcher_python", "python", "launcher_from")}
+        if len(done) == len(self.slots) and all(o.status in (Status.PASS, Status.WARN) for o in rows.values()):
             def slowest(key: str) -> str:
                 values = [(v.timings().get(key) or 0, v.slot.rank) for v in self.views]
                 value, rank = max(values)
                 return f"{secs(value)} (rank {rank})"
             step, to_last = secs(metrics.get("max_step_s")), secs(metrics.get("launch_to_last_step_s"))
             message = (f"{len(self.slots)} ranks on {len(self.o.hosts)} hosts started by `deepspeed --launcher pdsh` "
-                       f"from {self.launch_host} ({env}; master {metrics.get('master', '?')}): {shape}slowest init "
-                       f"{slowest('init_s')}, initialize {slowest('initialize_s')}, step {step}; {to_last} from "
-                       "launch to the last step")
+                       f"from {self.launch_host} ({launcher}; {env}; master {metrics.get('master', '?')}): {shape}"
+                       f"slowest init {slowest('init_s')}, initialize {slowest('initialize_s')}, step {step}; "
+                       f"{to_last} from launch to the last step")
+            warnings, fixes = [], []
+            built = self.build_summary(rows)
+            if built:
+                metrics["jit_builds"] = built
+                warnings.append("the first job start spends " + "; ".join(
+                    f"{secs(b['max_s'])} building {op} on {b['where']}" for op, b in built.items()))
+                fixes.append(next(o.fix for o in rows.values() if o.status == Status.WARN and o.fix))
+            if other_python:
+                warnings.append(other_python)
+                fixes.append(f"pass --deepspeed with the launcher of the job's environment (e.g. the deepspeed beside "
+                             f"{self.o.python}), or put that environment first on the launch host's PATH")
+            if warnings:
+                return Outcome(Status.WARN, "; ".join(warnings) + f"; {message}", "; ".join(fixes), metrics)
             return Outcome(Status.PASS, message, metrics=metrics)
-        failing = {h: o for h, o in rows.items() if o.status != Status.PASS}
+        failing = {h: o for h, o in rows.items() if o.status == Status.FAIL}
         root = self._root_cause(ctx, failing)
-        message = f"the launch failed ({self.stop_reason}; {env}): {root[0]}"
-        return Outcome(Status.FAIL, message, root[1], dict(metrics, cause=root[2]))
+        message = f"the launch failed ({self.stop_reason}; {launcher}; {env}): {root[0]}"
+        if other_python:
+            message += f"; {other_python}"
+        blocker = root[3]
+        return Outcome(Status.FAIL, message, root[1], dict(metrics, cause=root[2]),
+                       blocked_by=BlockedBy(blocker, CHECK) if blocker else None)
 
-    def _root_cause(self, ctx: Context, failing: Dict[str, Outcome]) -> Tuple[str, str, str]:
+    def launcher_text(self) -> Tuple[str, str]:
+        """(which launcher and interpreter the launch used, as the launch host's supervisor found them; a warning
+        when that interpreter is not --python's, or "")."""
+        event = self._launcher_event("launcher")
+        path, python = event.get("launcher_path"), event.get("launcher_python")
+        ours = event.get("python") or self.o.python
+        where = {"beside": f"beside {ours}", "path": "first on the launch host's PATH",
+                 "given": "as given"}.get(str(event.get("launcher_from")), "")
+        text = f"launcher {path or self.o.deepspeed}" + (f" ({where})" if where else "")
+        text += f", interpreter {python}" if python else ", interpreter unknown (not a Python script)"
+        if path and python and event.get("same_python") is False:
+            return text, (f"the launcher {path} runs {python}, not --python {ours}: DeepSpeed starts every rank with "
+                          f"its launcher's interpreter (sys.executable, multinode_runner.py:109), so the ranks ran "
+                          f"under an interpreter the checks did not look at")
+        return text, ""
+
+    def build_summary(self, rows: Dict[str, Outcome]) -> Dict[str, Dict[str, Any]]:
+        """{op: {"hosts": {host: seconds}, "max_s", "where"}}: the ops the hosts' starts JIT-built from nothing."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for host, outcome in rows.items():
+            for op, b in (outcome.metrics.get("jit_builds") or {}).items():
+                if b.get("built_here"):
+                    out.setdefault(op, {"hosts": {}})["hosts"][host] = b.get("s")
+        names = [h.name for h in self.o.hosts]
+        for b in out.values():
+            b["max_s"] = max(float(v or 0) for v in b["hosts"].values())
+            each = ", ".join(f"{h} {secs(v)}" for h, v in b["hosts"].items())
+            b["where"] = (f"every host ({each})" if set(b["hosts"]) == set(names) and len(names) > 1
+                          else each)
+        return out
+
+    def _root_cause(self, ctx: Context, failing: Dict[str, Outcome]) -> Tuple[str, str, str, Optional[str]]:
         if ctx.loopback:
             names = ", ".join(f"{_rank_name(v)} on {v.slot.host} ({_advertised(v)})" for v in ctx.loopback)
             return (f"gloo ranks advertised a loopback address: {names}",
-                    IFNAME_FIX.format(hostfile=self.o.hostfile, host=ctx.loopback[0].slot.host), "loopback")
-        order = ["config missing", "no pdsh", "no supervisor", "env file", "never started", "python", "ssh",
-                 "op build", "OOM", "config", "rendezvous", "hung at init"]
+                    IFNAME_FIX.format(hostfile=self.o.hostfile, host=ctx.loopback[0].slot.host), "loopback",
+                    ctx.loopback[0].slot.host)
+        order = ["config missing", "stale lock", "no pdsh", "no supervisor", "env file", "never started", "python",
+                 "ssh", "op build", "OOM", "config", "rendezvous", "hung at init"]
         def rank_of(item: Tuple[str, Outcome]) -> int:
             cause = str(item[1].metrics.get("cause", ""))
             return order.index(cause) if cause in order else len(order)
         ranked = sorted(failing.items(), key=rank_of)
         if not ranked:
-            return "not every rank finished", "", "incomplete"
+            return "not every rank finished", "", "incomplete", None
         host, outcome = ranked[0]
-        return f"{host}: {outcome.message}", outcome.fix, str(outcome.metrics.get("cause", ""))
+        # The cluster row restates that host's cause: it is blocked by it (unless that host is itself a victim).
+        blocker: Optional[str] = outcome.blocked_by.host if outcome.blocked_by is not None else host
+        if str(outcome.metrics.get("cause", "")) in VICTIM_KINDS and outcome.blocked_by is None:
+            blocker = None
+        return f"{host}: {outcome.message}", outcome.fix, str(outcome.metrics.get("cause", "")), blocker
