@@ -95,7 +95,8 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
         return f"batch {tb_text} = {mb_text} x {ga_text} x {num(dp)} ({dp_note})"
     if values is None:
         report.add(Status.FAIL, f"no batch size given: {err} (DeepSpeed asserts at start)",
-                   "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
+                   "set train_micro_batch_size_per_gpu = 1 (the batch per GPU; DeepSpeed derives train_batch_size "
+                   "from it), or a train_batch_size")
         return ""
     _batch_mismatch(vals, dp, dp_note, str(err), slots, model_parallel, report)
     return ""
@@ -132,15 +133,20 @@ def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], 
     FAIL: preflight cannot see which the launched script uses; ``[ds_config] integration = "hf"`` says so."""
     m = int(mb) if mb is not None else 1
     g = int(ga) if ga is not None else 1
+    # Numbers that hold together: keep a fixed train_batch_size where the keys left "auto" can make it.
+    if tb is not None and mb is None and tb % (g * dp) == 0 and tb // (g * dp) > 0:
+        m = int(tb // (g * dp))
+    elif tb is not None and ga is None and tb % (m * dp) == 0 and tb // (m * dp) > 0:
+        g = int(tb // (m * dp))
     example = ", ".join(f'"{k}": {num(v)}' for k, v in (
         ("train_micro_batch_size_per_gpu", m), ("gradient_accumulation_steps", g),
-        ("train_batch_size", tb if tb is not None else m * g * dp)))
+        ("train_batch_size", m * g * dp)))
     report.add(Status.WARN, f"{', '.join(auto)} = \"auto\": only the Hugging Face integration (transformers' "
                             f"Trainer, Accelerate) fills \"auto\"; under plain DeepSpeed the batch math runs on the "
                             f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)",
                f"put numbers in the config (e.g. {example}, train_batch_size = micro x accumulation x "
                f"{num(dp)}), or, if the script runs through the Trainer or Accelerate, say so: a --config file "
-               f"with [ds_config] integration = \"hf\"")
+               f"with [ds_config] integration = \"hf\" (the default)")
 
 
 def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float, dp_note: str,
@@ -159,10 +165,11 @@ def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], d
             unit_text = f"{factors} = {num(unit)}"
         else:
             unit_text = f"the world size {num(dp)}"
+        near = " or ".join(num(v) for v in near_multiples(tb, unit))
         report.add(Status.FAIL,
                    f"train_batch_size {num(tb)} is not a multiple of {unit_text}: no value of {' / '.join(auto)} can "
                    f"make train_batch_size == micro_batch * grad_accum * world_size ({dp_note})",
-                   f'set train_batch_size to "auto", or to a multiple of {num(unit)}')
+                   f'set train_batch_size to "auto", or to {near} (a multiple of {num(unit)})')
         return ""
     factors = " x ".join([num(v) if v is not None else "auto" for v in (mb, ga)])
     return f"batch {num(tb)} = {factors} x {num(dp)}"
@@ -192,8 +199,16 @@ def _batch_mismatch(vals: Dict[str, Optional[float]], dp: float, dp_note: str, e
     report.add(Status.FAIL, f"batch math fails with {given} ({dp_note}): {err}", fixes)
 
 
+def near_multiples(value: float, unit: float) -> List[float]:
+    """The multiples of ``unit`` nearest ``value``: the one below (when above 0) and the one above."""
+    below = (value // unit) * unit
+    return [v for v in (below, below + unit) if v > 0 and v != value]
+
+
 def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
-    """Corrected values: keep the micro batch and accumulation (new train_batch_size), or keep train_batch_size."""
+    """Corrected values, each of which passes DeepSpeed's batch assertion when pasted into the config (the other
+    keys as they are): keep the micro batch and accumulation (a new train_batch_size), or keep train_batch_size (a
+    new accumulation or micro batch), or, where DeepSpeed derives a key, a train_batch_size it divides evenly."""
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     out = []
     m, g = mb or 1, ga or 1
@@ -204,6 +219,11 @@ def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
             out.append(f"gradient_accumulation_steps = {num(tb // (mb * dp))} (keeping train_batch_size {num(tb)})")
         if tb % (g * dp) == 0 and tb // (g * dp) > 0:
             out.append(f"train_micro_batch_size_per_gpu = {num(tb // (g * dp))} (keeping train_batch_size {num(tb)})")
-        if tb % dp != 0:
-            out.append(f"a train_batch_size that is a multiple of {num(dp)}")
+        if mb is None or ga is None:
+            # DeepSpeed derives the missing key by integer division (train_batch // micro // world): the
+            # product holds only for a train_batch_size that is a multiple of the keys given times the world.
+            unit = m * g * dp
+            for v in near_multiples(tb, unit):
+                if v != m * g * dp or not (mb is not None or ga is not None):
+                    out.append(f"train_batch_size = {num(v)} (a multiple of {num(unit)} near {num(tb)})")
     return "set " + ", or ".join(out) if out else "set train_micro_batch_size_per_gpu and gradient_accumulation_steps"

@@ -299,3 +299,24 @@ def check_installed(facts: Dict[str, Any], report: Report) -> None:
                                 f"{hosts_text(missing)}: the config cannot be used there",
                    "pip install deepspeed into that interpreter, or pass the job's interpreter with --python",
                    {h: "DeepSpeed is not installed in the job's interpreter (--python)" for h in missing})
+
+
+def check_validated(facts: Dict[str, Any], config: Dict[str, Any], report: Report) -> None:
+    """WARN where DeepSpeed's own validation ran nowhere (coordinate tried this machine, then the first host with
+    DeepSpeed): the keys were checked against preflight's tables only, and what only DeepSpeed's code can judge
+    was not checked. Silent on facts without the attempt recorded (``deepspeed_validation``)."""
+    tried = facts.get("deepspeed_validation")
+    if not isinstance(tried, dict) or facts.get("deepspeed_models") is not None:
+        return
+    missed = ["the sections DeepSpeed validates with its own models (values and keys)"]
+    opt, sched = config.get("optimizer"), config.get("scheduler")
+    if isinstance(opt, dict) and isinstance(opt.get("params"), dict):
+        missed.insert(0, "optimizer.params against the optimizer's constructor (a wrong key is a TypeError at "
+                         "deepspeed.initialize)")
+    if isinstance(sched, dict) and isinstance(sched.get("params"), dict):
+        missed.insert(1, "scheduler.params against the scheduler's constructor")
+    why = "; ".join(str(t) for t in tried.get("tried") or []) or "DeepSpeed is not importable"
+    report.add(Status.WARN, f"DeepSpeed's own validation of the config ran nowhere ({why}), so these were not "
+                            f"checked: {'; '.join(missed)} (keys were checked against preflight's tables only)",
+               "install DeepSpeed in the job's interpreter on the hosts (--python PATH), or on this machine: "
+               "python3 -m pip install deepspeed")
