@@ -290,7 +290,16 @@ def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, 
 
 
 def check_installed(facts: Dict[str, Any], report: Report) -> None:
-    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config)."""
+    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config);
+    ERROR where the probe itself could not run (the config file, DeepSpeed and the paths are unknown there)."""
+    failed = {h: str(p.get("error"))[:300] for h, p in sorted((facts.get("host_probe") or {}).items())
+              if isinstance(p, dict) and p.get("error") and "deepspeed_found" not in p}
+    if failed:
+        first = next(iter(failed.values()))
+        report.add(Status.ERROR, f"ds_config's probe could not run in the job's interpreter (--python) on "
+                                 f"{hosts_text(sorted(failed))}: {first}; the config file, DeepSpeed and the offload "
+                                 "paths there are unchecked",
+                   "check that --python names the job's interpreter on those hosts", failed)
     missing = sorted(h for h, p in (facts.get("host_probe") or {}).items()
                      if isinstance(p, dict) and "deepspeed_found" in p and not p.get("deepspeed")
                      and not p.get("deepspeed_found"))
