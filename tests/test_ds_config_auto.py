@@ -165,3 +165,19 @@ def test_a_config_with_auto_values_runs_in_the_rehearsals_rank(tmp_path):
     raw = events(original)
     assert raw[-1]["event"] == "error" and raw[-1].get("phase") == "initialize", raw[-1]
     assert copy.deepcopy(json.loads(Path(original).read_text()))["train_batch_size"] == "auto"
+
+
+def test_plain_deepspeed_warns_on_auto_outside_the_batch_keys_in_one_line(tmp_path):
+    """integration = "deepspeed": gradient_clipping "auto" is handed on as the string (a WARN of its own when the
+    batch is numeric; folded into the batch WARN when that fires too: one cause, one line). Default: no WARN."""
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": "auto",
+                             "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}}))
+    facts = make_facts(str(p))
+    (warn,) = [f for f in out_star(run(facts, TH_PLAIN)) if f.status == Status.WARN]
+    assert warn.message.startswith('gradient_clipping = "auto": only the Hugging Face integration fills "auto"')
+    assert "stage3_prefetch_bucket_size" not in warn.message  # DeepSpeed's ZeRO model drops "auto"
+    assert not [f for f in out_star(run(facts)) if f.status == Status.WARN]
+    p.write_text(json.dumps({"train_batch_size": "auto", "gradient_clipping": "auto"}))
+    warns = [f for f in out_star(run(make_facts(str(p)), TH_PLAIN)) if f.status == Status.WARN]
+    assert len(warns) == 1 and 'gradient_clipping = "auto" too' in warns[0].message

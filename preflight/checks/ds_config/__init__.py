@@ -24,11 +24,11 @@ from typing import Any, Dict, List, Tuple
 from ...hostside import hfauto
 from ...hostside.seams import CheckOptions, CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
-from .batch import check_batch
+from .batch import check_auto_plain, check_batch, plain_auto_keys
 from .cpus import check_cpus_per_slot
 from .gather import HOST_FACTS, base_facts, deepspeed_validation, no_config_finding, probe_hosts
 from .launch import check_config_file, check_resume
-from .keycheck import (check_deprecated, check_installed, check_keys, check_optimizer, check_validated,
+from .keycheck import (FORBID_EXTRA, check_deprecated, check_installed, check_keys, check_optimizer, check_validated,
                        check_versions)
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
@@ -127,9 +127,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     integration = str(lim["integration"])
     # The batch math reads the config as written (an "auto" batch is judged against what the integration can
     # fill); every other verdict reads it as the job's DeepSpeed will, its "auto" values filled.
+    model_sections = (facts.get("deepspeed_models") or {}).get("sections") or FORBID_EXTRA
     batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
                         [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
-                        facts.get("model_parallel_size"), integration)
+                        facts.get("model_parallel_size"), integration, plain_auto_keys(config, model_sections))
+    if integration != "hf":
+        check_auto_plain(config, model_sections, report)
     config, filled = as_checked(config, facts, integration)
     check_installed(facts, report)
     check_validated(facts, config, report)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ...hostside import hfauto
 from ...hostside.outcome import Status
 from .parse import config_section
 from .findings import Report, num
@@ -63,7 +64,8 @@ def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool
 
 
 def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report,
-                model_parallel: Optional[int] = None, integration: str = "deepspeed") -> str:
+                model_parallel: Optional[int] = None, integration: str = "deepspeed",
+                also_auto: Sequence[str] = ()) -> str:
     """model_parallel: --model-parallel-size (tensor x pipeline degree), None when not given. Known, the
     data-parallel size is world / (model_parallel x sequence_parallel_size) and a mismatch is a FAIL; unknown,
     a mismatch that a tensor-parallel degree would explain is a WARN naming the option. integration: ``[ds_config]
@@ -84,7 +86,7 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     if auto:
         if integration != "hf":
-            _auto_without_hf(auto, tb, mb, ga, dp, report)
+            _auto_without_hf(auto, tb, mb, ga, dp, report, also_auto)
         return _auto_batch(tb, mb, ga, dp, dp_note, auto, report)
 
     values, err = resolve_batch(tb, mb, ga, dp)
@@ -125,7 +127,7 @@ def _data_parallel_size(config: Dict[str, Any], world_size: int, model_parallel:
 
 
 def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float,
-                     report: Report) -> None:
+                     report: Report, also: Sequence[str] = ()) -> None:
     """"auto" under plain DeepSpeed: nothing replaces it, and DeepSpeedConfig's batch math runs on the string
     (runtime/config.py:607-648 _set_batch_related_parameters: ``train_batch // micro_batch``; :596-600
     _batch_assertion: ``train_batch > 0``), so deepspeed.initialize raises TypeError on every rank. Only the
@@ -141,12 +143,14 @@ def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], 
     example = ", ".join(f'"{k}": {num(v)}' for k, v in (
         ("train_micro_batch_size_per_gpu", m), ("gradient_accumulation_steps", g),
         ("train_batch_size", m * g * dp)))
+    and_values = f"; and values for {', '.join(also)}" if also else ""
     report.add(Status.WARN, f"{', '.join(auto)} = \"auto\": only the Hugging Face integration (transformers' "
                             f"Trainer, Accelerate) fills \"auto\"; under plain DeepSpeed the batch math runs on the "
-                            f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)",
+                            f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)"
+                            + (f"; {', '.join(also)} = \"auto\" too, passed on as the string" if also else ""),
                f"put numbers in the config (e.g. {example}, train_batch_size = micro x accumulation x "
-               f"{num(dp)}), or, if the script runs through the Trainer or Accelerate, say so: a --config file "
-               f"with [ds_config] integration = \"hf\" (the default)")
+               f"{num(dp)}{and_values}), or, if the script runs through the Trainer or Accelerate, say so: a "
+               f"--config file with [ds_config] integration = \"hf\" (the default)")
 
 
 def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float, dp_note: str,
@@ -227,3 +231,25 @@ def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
                 if v != m * g * dp or not (mb is not None or ga is not None):
                     out.append(f"train_batch_size = {num(v)} (a multiple of {num(unit)} near {num(tb)})")
     return "set " + ", or ".join(out) if out else "set train_micro_batch_size_per_gpu and gradient_accumulation_steps"
+
+
+def plain_auto_keys(config: Dict[str, Any], model_sections: Sequence[str]) -> List[str]:
+    """The "auto" values plain DeepSpeed hands on as the string, outside the batch keys."""
+    return [p for p in hfauto.auto_paths(config)
+            if p not in hfauto.BATCH_KEYS and p.split(".")[0] not in set(model_sections)]
+
+
+def check_auto_plain(config: Dict[str, Any], model_sections: Sequence[str], report: Report) -> None:
+    """``[ds_config] integration = "deepspeed"``: "auto" outside the batch keys (those have their own WARN) that
+    plain DeepSpeed hands on as the string: gradient_clipping (``get_scalar_param``, compared with 0.0 by the
+    engine), optimizer/scheduler params (keyword arguments of their constructors). In a section DeepSpeed reads
+    with a config model, DeepSpeedConfigModel drops "auto" (runtime/config_utils.py:56) and its default applies:
+    not judged here."""
+    left = plain_auto_keys(config, model_sections)
+    if any(hfauto.is_auto(config.get(k)) for k in hfauto.BATCH_KEYS):
+        return  # the batch WARN names these keys too: one cause, one line
+    if left:
+        report.add(Status.WARN, f"{', '.join(left)} = \"auto\": only the Hugging Face integration fills \"auto\"; "
+                                "plain DeepSpeed passes the string on where a number is expected",
+                   f"put values in the config for {', '.join(left)}, or, if the script runs through the Trainer or "
+                   "Accelerate, a --config file with [ds_config] integration = \"hf\" (the default)")
