@@ -133,6 +133,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                         facts.get("model_parallel_size"), integration, plain_auto_keys(config, model_sections))
     if integration != "hf":
         check_auto_plain(config, model_sections, report)
+    written = config
     config, filled = as_checked(config, facts, integration)
     check_installed(facts, report)
     check_validated(facts, config, report)
@@ -146,7 +147,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     ops = check_ops(config, facts, report)
     check_offload_stage(config, report)
     check_nvme(config, facts, report)
-    memory = check_memory(config, facts, gpus, thresholds, report)
+    # The memory estimate keeps an "auto" precision undecided (16-bit, the larger model states), not the
+    # stand-in defaults' fp32: the job's --bf16/--fp16 decide it.
+    memory = check_memory(written, facts, gpus, thresholds, report)
     same_file = check_config_file(facts, report)
     resume = check_resume(config, facts, report)
 
