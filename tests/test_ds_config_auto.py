@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from preflight.checks.launch.judge import LaunchPlan
 from preflight.hostside import hfauto
 from preflight.hostside.outcome import Status
 from preflight.testing import FakeHost
-from tests.test_ds_config import (GiB, IGNORED_TOP_LEVEL, REAL_WORLD, TH, TH_PLAIN, ds_report_with_libaio,
+from tests.test_ds_config import (GiB, IGNORED_TOP_LEVEL, REAL_WORLD, TH_PLAIN, ds_report_with_libaio,
                                   make_facts, recorded_meminfo, run)
 from tests.test_ds_config_fixes import deepspeed_batch_ok
 
@@ -181,3 +182,35 @@ def test_plain_deepspeed_warns_on_auto_outside_the_batch_keys_in_one_line(tmp_pa
     p.write_text(json.dumps({"train_batch_size": "auto", "gradient_clipping": "auto"}))
     warns = [f for f in out_star(run(make_facts(str(p)), TH_PLAIN)) if f.status == Status.WARN]
     assert len(warns) == 1 and 'gradient_clipping = "auto" too' in warns[0].message
+
+
+def test_preflight_rehearse_launches_a_config_with_auto_values_on_three_hosts(cluster3, tmp_path):
+    """The whole rehearsal, as a user runs it: `preflight rehearse` over DeepSpeed's pdsh launcher on 3 namespace
+    hosts with axolotl's ZeRO-1 config, whose batch sizes and gradient_clipping are "auto": every rank initializes
+    and steps (the ranks open the filled copy), and nothing is left behind."""
+    from tests.test_cli_cluster import assert_nothing_left
+    from tests.test_rehearse import INIT_TIMEOUT, LAUNCHER, _env
+
+    if not shutil.which("pdsh") or not LAUNCHER.exists():
+        pytest.fail("the rehearsal needs pdsh and DeepSpeed's launcher (tests/install-deps.sh installs both)")
+    config = cluster3.dir / "ds_axolotl_auto.json"  # /run: every host sees it
+    shutil.copy(REAL_WORLD / "axolotl_zero1.json", config)
+    (tmp_path / ".deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0\n")  # the namespace hosts' one network
+    report = tmp_path / "rehearse.json"
+    argv = [sys.executable, "-m", "preflight", "rehearse", "--hostfile", str(cluster3.hostfile(tmp_path / "hostfile")),
+            "--deepspeed-config", str(config), "--ssh-config", str(cluster3.ssh_config),
+            "--ssh-key", str(cluster3.user_key), "--known-hosts", str(cluster3.known_hosts),
+            "--deepspeed", str(LAUNCHER), "--python", sys.executable, "--init-timeout", str(INIT_TIMEOUT),
+            "--json", str(report)]
+    try:
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                              stdin=subprocess.DEVNULL, env=_env())
+        assert "Traceback" not in proc.stderr, proc.stderr
+        cells = {r["host"]: r for r in json.loads(report.read_text())["results"]}
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        for host in ("node01", "node02", "node03"):
+            (rank,) = cells[host]["metrics"]["ranks"]
+            assert rank["state"] == "done" and rank["train_batch"] == 3 * 8, rank  # 3 ranks x the Trainer's 8
+    finally:
+        config.unlink()
+    assert_nothing_left(cluster3)
