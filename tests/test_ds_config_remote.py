@@ -123,7 +123,7 @@ def test_coordinate_validates_on_the_first_host_with_deepspeed_when_this_machine
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(TYPO))
     # This machine's import of DeepSpeed fails; the hosts' (run in this process by FakeCluster) works.
-    monkeypatch.setattr("preflight.checks.ds_config.gather._validate",
+    monkeypatch.setattr("preflight.checks.ds_config.gather.validate_or_why",
                         lambda config: (None, "import deepspeed: ModuleNotFoundError: No module named 'deepspeed'"))
     calls = []
 

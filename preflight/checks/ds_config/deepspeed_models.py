@@ -54,10 +54,10 @@ def validate_with_deepspeed(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     DeepSpeed validates with a model forbidding unknown keys], "errors": [{"section", "loc", "type", "msg"}],
     "param_errors": [...] (see optimizer_param_errors)}.
     """
-    return _validate(config)[0]
+    return validate_or_why(config)[0]
 
 
-def _validate(config: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
+def validate_or_why(config: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
     """(validate_with_deepspeed's result, why it is None: '' when it is not)."""
     try:
         import deepspeed
@@ -98,7 +98,7 @@ def validate(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     config = params.get("config")
     if not isinstance(config, dict):
         return {"unavailable": "no config in the request"}
-    res, why = _validate(config)
+    res, why = validate_or_why(config)
     return res if res is not None else {"unavailable": why}
 
 

@@ -13,7 +13,7 @@ from ...hostside.launchenv import read_deepspeed_env
 from ...hostside.seams import ClusterView
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
-from .deepspeed_models import _validate, clean_models
+from .deepspeed_models import validate_or_why, clean_models
 from .host import file_digest
 
 # The host checks whose facts the verdicts read (compute: each host's CPUs, cpu.threads).
@@ -115,7 +115,7 @@ def deepspeed_validation(cluster: ClusterView, facts: Dict[str, Any], config: Di
     Sets facts["deepspeed_models"] (None: it ran nowhere) and facts["deepspeed_validation"] = {"where": "this
     machine" | host | None, "tried": [why each place could not run it]}; call after probe_hosts."""
     tried: List[str] = []
-    res, why = _validate(config)
+    res, why = validate_or_why(config)
     if res is not None:
         facts["deepspeed_models"] = res
         facts["deepspeed_validation"] = {"where": "this machine", "tried": []}
