@@ -35,9 +35,13 @@ CONFIGS = HERE / "ds_configs"
 FIX = HERE / "fixtures" / "h100-host"
 GiB = 1 << 30
 TH = load_thresholds()
-# The script runs through transformers' Trainer or Accelerate, which fill "auto" ([ds_config] integration = "hf").
+# The script runs through transformers' Trainer or Accelerate, which fill "auto" ([ds_config] integration = "hf",
+# the default since issue 30: only that integration fills "auto").
 TH_HF = copy.deepcopy(TH)
 TH_HF["ds_config"]["integration"] = "hf"
+# The script calls deepspeed.initialize itself: nothing fills "auto".
+TH_PLAIN = copy.deepcopy(TH)
+TH_PLAIN["ds_config"]["integration"] = "deepspeed"
 
 
 def cfg(name: str) -> str:

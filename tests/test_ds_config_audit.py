@@ -14,7 +14,7 @@ from preflight.checks import ds_config as D
 from preflight.checks.ds_config import keys as K
 from preflight.config import load_thresholds
 from preflight.hostside.outcome import Status
-from tests.test_ds_config import HF_TRAINER, REAL_WORLD, TH, TH_HF, h100_gpu, make_facts, run
+from tests.test_ds_config import HF_TRAINER, REAL_WORLD, TH, TH_HF, TH_PLAIN, h100_gpu, make_facts, run
 
 
 def messages(out, status):
@@ -42,22 +42,27 @@ def test_auto_batch_warns_under_plain_deepspeed_which_raises(name):
     assert auto, name
     with pytest.raises(TypeError):  # what plain deepspeed.initialize does with them
         deepspeed_config(facts["config"])
-    (warn,) = [f for f in star(run(facts), Status.WARN) if "only the Hugging Face integration" in f.message]
+    # Issue 30: "auto" means the HF integration unless the run says the job is plain DeepSpeed.
+    (warn,) = [f for f in star(run(facts, TH_PLAIN), Status.WARN) if "only the Hugging Face integration" in f.message]
     assert warn.message.startswith(", ".join(auto) + ' = "auto"') and "TypeError" in warn.message
     assert '[ds_config] integration = "hf"' in warn.fix
     # The fix's numbers, pasted into the config, are what DeepSpeed accepts.
     example = re.search(r"e\.g\. (.*?), train_batch_size = micro", warn.fix).group(1)
     fixed = dict(facts["config"], **json.loads("{" + example + "}"))
     assert deepspeed_config(fixed).train_batch_size == fixed["train_batch_size"]
-    # Declared as an HF-integration job: no such WARN.
+    # Declared as an HF-integration job, or by default: no such WARN.
     assert not [m for m in messages(run(facts, TH_HF), Status.WARN) if "Hugging Face" in m]
+    assert not [m for m in messages(run(facts), Status.WARN) if "Hugging Face" in m]
 
 
 def test_integration_is_set_in_a_config_file_and_validated(tmp_path):
     good = tmp_path / "p.toml"
     good.write_text('[ds_config]\nintegration = "hf"\n')
     assert load_thresholds(str(good))["ds_config"]["integration"] == "hf"
-    assert TH["ds_config"]["integration"] == "deepspeed"  # plain DeepSpeed unless the user says otherwise
+    assert TH["ds_config"]["integration"] == "hf"  # issue 30: "auto" means the HF integration unless the user says
+    plain = tmp_path / "plain.toml"                 # the job is plain DeepSpeed
+    plain.write_text('[ds_config]\nintegration = "deepspeed"\n')
+    assert load_thresholds(str(plain))["ds_config"]["integration"] == "deepspeed"
     bad = tmp_path / "bad.toml"
     bad.write_text('[ds_config]\nintegration = "accelerate"\n')
     with pytest.raises(Exception, match="integration"):

@@ -19,16 +19,17 @@ can run), ``offload``, ``memory``, ``launch`` (the config file on every host, th
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
+from ...hostside import hfauto
 from ...hostside.seams import CheckOptions, CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
-from .batch import check_batch
+from .batch import check_auto_plain, check_batch, plain_auto_keys
 from .cpus import check_cpus_per_slot
-from .deepspeed_models import validate_with_deepspeed
-from .gather import HOST_FACTS, base_facts, no_config_finding, probe_hosts
+from .gather import HOST_FACTS, base_facts, deepspeed_validation, no_config_finding, probe_hosts
 from .launch import check_config_file, check_resume
-from .keycheck import check_deprecated, check_installed, check_keys, check_optimizer, check_versions
+from .keycheck import (FORBID_EXTRA, check_deprecated, check_installed, check_keys, check_optimizer, check_validated,
+                       check_versions)
 from .memory import check_memory, stage_label
 from .offload import check_nvme, check_offload_stage
 from .ops import check_ops, required_ops
@@ -74,13 +75,31 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     if not config:
         return facts
     facts["config"] = config
+    lim = limits(cluster.thresholds or {}, NAME)
+    probe_hosts(cluster, facts, config, float(lim["host_memory_timeout_s"]))
+    checked, _ = as_checked(config, facts, str(lim["integration"]))
     try:
-        facts["deepspeed_models"] = validate_with_deepspeed(config)
-    except Exception as exc:  # DeepSpeed importable but broken: fall back to our tables
+        deepspeed_validation(cluster, facts, checked, float(lim["deepspeed_validate_timeout_s"]))
+    except Exception as exc:  # DeepSpeed importable but broken: fall back to our tables, and say so
         facts["deepspeed_models"] = None
-        facts["deepspeed_models_error"] = f"{type(exc).__name__}: {exc}"
-    probe_hosts(cluster, facts, config, float(limits(cluster.thresholds or {}, NAME)["host_memory_timeout_s"]))
+        facts["deepspeed_validation"] = {"where": None, "tried": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
     return facts
+
+
+def as_checked(config: Dict[str, Any], facts: Dict[str, Any], integration: str) -> Tuple[Dict[str, Any],
+                                                                                        List[Dict[str, Any]]]:
+    """(the config as the job's DeepSpeed will read it, the "auto" values filled): with the Hugging Face
+    integration ([ds_config] integration = "hf", the default) its "auto" values filled as transformers' Trainer
+    fills them (hostside/hfauto.py), on the data-parallel size; under plain DeepSpeed the config as it is."""
+    if integration != "hf" or not hfauto.auto_paths(config):
+        return config, []
+    world = int(facts.get("world_size") or 0) or 1
+    sp = config.get("sequence_parallel_size")
+    mp = facts.get("model_parallel_size")
+    for div in (sp, mp):
+        if isinstance(div, int) and not isinstance(div, bool) and div > 1 and world % div == 0:
+            world //= div
+    return hfauto.fill(config, world)
 
 
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -104,14 +123,23 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         return {CLUSTER: combine(report.star, "")}
     versions = host_versions(facts)
     gpus = gpus_by_host(facts)
+    lim = limits(thresholds, NAME)
+    integration = str(lim["integration"])
+    # The batch math reads the config as written (an "auto" batch is judged against what the integration can
+    # fill); every other verdict reads it as the job's DeepSpeed will, its "auto" values filled.
+    model_sections = (facts.get("deepspeed_models") or {}).get("sections") or FORBID_EXTRA
+    batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
+                        [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
+                        facts.get("model_parallel_size"), integration, plain_auto_keys(config, model_sections))
+    if integration != "hf":
+        check_auto_plain(config, model_sections, report)
+    written = config
+    config, filled = as_checked(config, facts, integration)
     check_installed(facts, report)
+    check_validated(facts, config, report)
     check_keys(config, facts.get("deepspeed_models"), report)
     check_deprecated(config, versions, report)
     check_versions(config, versions, report)
-    lim = limits(thresholds, NAME)
-    batch = check_batch(config, int(facts.get("world_size") or 0) or 1,
-                        [int(h.get("slots") or 0) for h in facts.get("hosts") or []], report,
-                        facts.get("model_parallel_size"), str(lim["integration"]))
     precision = check_precision(config, gpus, report)
     check_optimizer(config, versions, report)
     check_pipeline(config, report)
@@ -119,12 +147,16 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     ops = check_ops(config, facts, report)
     check_offload_stage(config, report)
     check_nvme(config, facts, report)
-    memory = check_memory(config, facts, gpus, thresholds, report)
+    # The memory estimate keeps an "auto" precision undecided (16-bit, the larger model states), not the
+    # stand-in defaults' fp32: the job's --bf16/--fp16 decide it.
+    memory = check_memory(written, facts, gpus, thresholds, report)
     same_file = check_config_file(facts, report)
     resume = check_resume(config, facts, report)
 
     stage = zero_stage(config)
     opt_dev, par_dev = offload_devices(config)
+    if {"fp16.enabled", "bf16.enabled"} & {n["key"] for n in filled}:
+        precision = "precision from the Trainer's --bf16/--fp16 (\"auto\")"  # not the stand-in defaults' fp32
     parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
     if optimizer_type(config):
         parts.append(f"optimizer {optimizer_type(config)}")
@@ -132,15 +164,23 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     if versions:
         ds_versions = ", ".join(sorted({vstr(v) for v in versions.values()}))
         parts.append(f"DeepSpeed {ds_versions} on the hosts")
+    where = (facts.get("deepspeed_validation") or {}).get("where")
+    models_version = (facts.get("deepspeed_models") or {}).get("version")
+    if where and models_version:
+        parts.append(f"validated by DeepSpeed {models_version}'s own code on {where}")
+    if filled:
+        parts.append(f'checked with "auto" filled as the Hugging Face Trainer fills it ([ds_config] integration = '
+                     f'"hf"; say "deepspeed" if the script calls deepspeed.initialize itself), from '
+                     f'{hfauto.note_text(filled)}')
     config_name = os.path.basename(str(facts.get("config_path") or "config"))
     ok = f"{config_name}: {'; '.join(parts)}"
     metrics = {"zero_stage": stage, "offload": {"optimizer": opt_dev, "param": par_dev},
                "required_ops": required_ops(config), "nvme_paths": nvme_paths(config),
-               "deepspeed_models": (facts.get("deepspeed_models") or {}).get("version")}
-    if not report.star:
-        report.star.append(Finding(Status.PASS, ok))
-    elif all(f.status == Status.SKIP for f in report.star):
-        report.star.append(Finding(Status.PASS, ok))
+               "deepspeed_models": (facts.get("deepspeed_models") or {}).get("version"),
+               "validated_on": where, "auto_filled": filled}
+    # The summary is a finding of its own, also beside a WARN or FAIL: what was checked, and how (the "auto"
+    # values filled, where DeepSpeed's own code ran) stays in the report's findings.
+    report.star.append(Finding(Status.PASS, ok))
     out = {CLUSTER: combine(report.star, ok, metrics)}
     for host, fs in sorted(report.hosts.items()):
         out[host] = combine(fs, f"{NAME}: ok")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ...hostside import hfauto
 from ...hostside.outcome import Status
 from .parse import config_section
 from .findings import Report, num
@@ -63,7 +64,8 @@ def _batch_value(config: Dict[str, Any], key: str, report: Report) -> Tuple[bool
 
 
 def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], report: Report,
-                model_parallel: Optional[int] = None, integration: str = "deepspeed") -> str:
+                model_parallel: Optional[int] = None, integration: str = "deepspeed",
+                also_auto: Sequence[str] = ()) -> str:
     """model_parallel: --model-parallel-size (tensor x pipeline degree), None when not given. Known, the
     data-parallel size is world / (model_parallel x sequence_parallel_size) and a mismatch is a FAIL; unknown,
     a mismatch that a tensor-parallel degree would explain is a WARN naming the option. integration: ``[ds_config]
@@ -84,7 +86,7 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     if auto:
         if integration != "hf":
-            _auto_without_hf(auto, tb, mb, ga, dp, report)
+            _auto_without_hf(auto, tb, mb, ga, dp, report, also_auto)
         return _auto_batch(tb, mb, ga, dp, dp_note, auto, report)
 
     values, err = resolve_batch(tb, mb, ga, dp)
@@ -95,7 +97,8 @@ def check_batch(config: Dict[str, Any], world_size: int, slots: Sequence[int], r
         return f"batch {tb_text} = {mb_text} x {ga_text} x {num(dp)} ({dp_note})"
     if values is None:
         report.add(Status.FAIL, f"no batch size given: {err} (DeepSpeed asserts at start)",
-                   "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or train_batch_size")
+                   "set train_micro_batch_size_per_gpu = 1 (the batch per GPU; DeepSpeed derives train_batch_size "
+                   "from it), or a train_batch_size")
         return ""
     _batch_mismatch(vals, dp, dp_note, str(err), slots, model_parallel, report)
     return ""
@@ -124,7 +127,7 @@ def _data_parallel_size(config: Dict[str, Any], world_size: int, model_parallel:
 
 
 def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float,
-                     report: Report) -> None:
+                     report: Report, also: Sequence[str] = ()) -> None:
     """"auto" under plain DeepSpeed: nothing replaces it, and DeepSpeedConfig's batch math runs on the string
     (runtime/config.py:607-648 _set_batch_related_parameters: ``train_batch // micro_batch``; :596-600
     _batch_assertion: ``train_batch > 0``), so deepspeed.initialize raises TypeError on every rank. Only the
@@ -132,15 +135,22 @@ def _auto_without_hf(auto: List[str], tb: Optional[float], mb: Optional[float], 
     FAIL: preflight cannot see which the launched script uses; ``[ds_config] integration = "hf"`` says so."""
     m = int(mb) if mb is not None else 1
     g = int(ga) if ga is not None else 1
+    # Numbers that hold together: keep a fixed train_batch_size where the keys left "auto" can make it.
+    if tb is not None and mb is None and tb % (g * dp) == 0 and tb // (g * dp) > 0:
+        m = int(tb // (g * dp))
+    elif tb is not None and ga is None and tb % (m * dp) == 0 and tb // (m * dp) > 0:
+        g = int(tb // (m * dp))
     example = ", ".join(f'"{k}": {num(v)}' for k, v in (
         ("train_micro_batch_size_per_gpu", m), ("gradient_accumulation_steps", g),
-        ("train_batch_size", tb if tb is not None else m * g * dp)))
+        ("train_batch_size", m * g * dp)))
+    and_values = f"; and values for {', '.join(also)}" if also else ""
     report.add(Status.WARN, f"{', '.join(auto)} = \"auto\": only the Hugging Face integration (transformers' "
                             f"Trainer, Accelerate) fills \"auto\"; under plain DeepSpeed the batch math runs on the "
-                            f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)",
+                            f"string and deepspeed.initialize raises TypeError (runtime/config.py:596-648)"
+                            + (f"; {', '.join(also)} = \"auto\" too, passed on as the string" if also else ""),
                f"put numbers in the config (e.g. {example}, train_batch_size = micro x accumulation x "
-               f"{num(dp)}), or, if the script runs through the Trainer or Accelerate, say so: a --config file "
-               f"with [ds_config] integration = \"hf\"")
+               f"{num(dp)}{and_values}), or, if the script runs through the Trainer or Accelerate, say so: a "
+               f"--config file with [ds_config] integration = \"hf\" (the default)")
 
 
 def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], dp: float, dp_note: str,
@@ -159,10 +169,11 @@ def _auto_batch(tb: Optional[float], mb: Optional[float], ga: Optional[float], d
             unit_text = f"{factors} = {num(unit)}"
         else:
             unit_text = f"the world size {num(dp)}"
+        near = " or ".join(num(v) for v in near_multiples(tb, unit))
         report.add(Status.FAIL,
                    f"train_batch_size {num(tb)} is not a multiple of {unit_text}: no value of {' / '.join(auto)} can "
                    f"make train_batch_size == micro_batch * grad_accum * world_size ({dp_note})",
-                   f'set train_batch_size to "auto", or to a multiple of {num(unit)}')
+                   f'set train_batch_size to "auto", or to {near} (a multiple of {num(unit)})')
         return ""
     factors = " x ".join([num(v) if v is not None else "auto" for v in (mb, ga)])
     return f"batch {num(tb)} = {factors} x {num(dp)}"
@@ -192,8 +203,16 @@ def _batch_mismatch(vals: Dict[str, Optional[float]], dp: float, dp_note: str, e
     report.add(Status.FAIL, f"batch math fails with {given} ({dp_note}): {err}", fixes)
 
 
+def near_multiples(value: float, unit: float) -> List[float]:
+    """The multiples of ``unit`` nearest ``value``: the one below (when above 0) and the one above."""
+    below = (value // unit) * unit
+    return [v for v in (below, below + unit) if v > 0 and v != value]
+
+
 def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
-    """Corrected values: keep the micro batch and accumulation (new train_batch_size), or keep train_batch_size."""
+    """Corrected values, each of which passes DeepSpeed's batch assertion when pasted into the config (the other
+    keys as they are): keep the micro batch and accumulation (a new train_batch_size), or keep train_batch_size (a
+    new accumulation or micro batch), or, where DeepSpeed derives a key, a train_batch_size it divides evenly."""
     tb, mb, ga = vals["train_batch_size"], vals["train_micro_batch_size_per_gpu"], vals["gradient_accumulation_steps"]
     out = []
     m, g = mb or 1, ga or 1
@@ -204,6 +223,33 @@ def _batch_fixes(vals: Dict[str, Optional[float]], dp: float) -> str:
             out.append(f"gradient_accumulation_steps = {num(tb // (mb * dp))} (keeping train_batch_size {num(tb)})")
         if tb % (g * dp) == 0 and tb // (g * dp) > 0:
             out.append(f"train_micro_batch_size_per_gpu = {num(tb // (g * dp))} (keeping train_batch_size {num(tb)})")
-        if tb % dp != 0:
-            out.append(f"a train_batch_size that is a multiple of {num(dp)}")
+        if mb is None or ga is None:
+            # DeepSpeed derives the missing key by integer division (train_batch // micro // world): the
+            # product holds only for a train_batch_size that is a multiple of the keys given times the world.
+            unit = m * g * dp
+            for v in near_multiples(tb, unit):
+                if v != m * g * dp or not (mb is not None or ga is not None):
+                    out.append(f"train_batch_size = {num(v)} (a multiple of {num(unit)} near {num(tb)})")
     return "set " + ", or ".join(out) if out else "set train_micro_batch_size_per_gpu and gradient_accumulation_steps"
+
+
+def plain_auto_keys(config: Dict[str, Any], model_sections: Sequence[str]) -> List[str]:
+    """The "auto" values plain DeepSpeed hands on as the string, outside the batch keys."""
+    return [p for p in hfauto.auto_paths(config)
+            if p not in hfauto.BATCH_KEYS and p.split(".")[0] not in set(model_sections)]
+
+
+def check_auto_plain(config: Dict[str, Any], model_sections: Sequence[str], report: Report) -> None:
+    """``[ds_config] integration = "deepspeed"``: "auto" outside the batch keys (those have their own WARN) that
+    plain DeepSpeed hands on as the string: gradient_clipping (``get_scalar_param``, compared with 0.0 by the
+    engine), optimizer/scheduler params (keyword arguments of their constructors). In a section DeepSpeed reads
+    with a config model, DeepSpeedConfigModel drops "auto" (runtime/config_utils.py:56) and its default applies:
+    not judged here."""
+    left = plain_auto_keys(config, model_sections)
+    if any(hfauto.is_auto(config.get(k)) for k in hfauto.BATCH_KEYS):
+        return  # the batch WARN names these keys too: one cause, one line
+    if left:
+        report.add(Status.WARN, f"{', '.join(left)} = \"auto\": only the Hugging Face integration fills \"auto\"; "
+                                "plain DeepSpeed passes the string on where a number is expected",
+                   f"put values in the config for {', '.join(left)}, or, if the script runs through the Trainer or "
+                   "Accelerate, a --config file with [ds_config] integration = \"hf\" (the default)")

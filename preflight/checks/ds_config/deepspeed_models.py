@@ -1,9 +1,10 @@
-"""Coordinator only: the config checked by the installed DeepSpeed's own code, section by section.
+"""The config checked by an installed DeepSpeed's own code, section by section: on the coordinator, or on a host.
 
 E.g. ``"compile": {"enabeld": true}`` -> {"section": "compile", "loc": ["enabeld"], "type": "extra_forbidden"}, and
 ``"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas2": 0.9}}`` -> FusedAdam takes no ``betas2``.
 Which sections DeepSpeed validates with a pydantic model is asked of DeepSpeed itself (a probe key in each
-section), not kept in a list here. Imports DeepSpeed (and torch), so it never runs on a host or in ``evaluate``.
+section), not kept in a list here. Imports DeepSpeed (and torch), so it never runs in ``evaluate``; where the
+coordinator has no DeepSpeed, ``validate`` runs it on a host through the agent, in the job's interpreter.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import inspect
 import logging
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ...hostside.seams import HostContext
 from .parse import offload_devices, optimizer_params
 
 # A key no DeepSpeed release has: a section whose parser rejects it is validated by a model that forbids extras.
@@ -52,11 +54,16 @@ def validate_with_deepspeed(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     DeepSpeed validates with a model forbidding unknown keys], "errors": [{"section", "loc", "type", "msg"}],
     "param_errors": [...] (see optimizer_param_errors)}.
     """
+    return validate_or_why(config)[0]
+
+
+def validate_or_why(config: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(validate_with_deepspeed's result, why it is None: '' when it is not)."""
     try:
         import deepspeed
         from deepspeed.runtime.config import DeepSpeedConfig
-    except Exception:
-        return None
+    except Exception as exc:
+        return None, f"import deepspeed: {type(exc).__name__}: {str(exc)[:200]}"
     parser = DeepSpeedConfig.__new__(DeepSpeedConfig)  # the parsing half only: no world size, no batch asserts
     checked: List[str] = []
     errors: List[Dict[str, Any]] = []
@@ -65,8 +72,9 @@ def validate_with_deepspeed(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             # A DeepSpeed whose parser cannot run on its own (a private API that changed) must not turn every
             # key into a finding: an empty config has to parse, else fall back to our own tables.
             parser._initialize_params({})
-        except Exception:
-            return None
+        except Exception as exc:
+            return None, (f"DeepSpeed {getattr(deepspeed, '__version__', '?')}'s config parser does not run on its "
+                          f"own: {type(exc).__name__}: {str(exc)[:200]}")
         for key, value in config.items():
             if isinstance(value, dict):
                 try:
@@ -80,7 +88,46 @@ def validate_with_deepspeed(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             except Exception as exc:
                 errors.extend(_errors(key, exc))
     return {"version": getattr(deepspeed, "__version__", None), "sections": checked, "errors": errors,
-            "param_errors": optimizer_param_errors(config)}
+            "param_errors": optimizer_param_errors(config)}, ""
+
+
+def validate(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
+    """Host side ("ds_config.deepspeed_models.validate"), in the job's interpreter when the coordinator has no
+    DeepSpeed: params {"config": the config as checked} -> validate_with_deepspeed's result, or {"unavailable": why}
+    where DeepSpeed cannot be imported there either."""
+    config = params.get("config")
+    if not isinstance(config, dict):
+        return {"unavailable": "no config in the request"}
+    res, why = validate_or_why(config)
+    return res if res is not None else {"unavailable": why}
+
+
+_TEXT_MAX = 300
+_ITEMS_MAX = 200
+
+
+def _text(value: Any, limit: int = _TEXT_MAX) -> str:
+    """A host's string as data: printable characters only, bounded."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))[:limit]
+
+
+def clean_models(res: Any) -> Optional[Dict[str, Any]]:
+    """A host's validate result, checked and bounded before evaluate reads it (hosts are not trusted): the same
+    shape as validate_with_deepspeed's, every value a bounded printable string; None when it is not that shape."""
+    if not isinstance(res, dict) or not isinstance(res.get("errors"), list) or \
+            not isinstance(res.get("param_errors"), list) or not isinstance(res.get("sections"), list):
+        return None
+    errors = [{"section": _text(e.get("section")), "loc": [_text(x, 100) for x in (e.get("loc") or [])[:16]],
+               "type": _text(e.get("type"), 60), "msg": _text(e.get("msg"))}
+              for e in res["errors"][:_ITEMS_MAX] if isinstance(e, dict) and isinstance(e.get("loc") or [], list)]
+    params = [{"path": _text(e.get("path"), 60), "key": _text(e.get("key"), 100), "class": _text(e.get("class"), 120),
+               "accepted": [_text(a, 60) for a in (e.get("accepted") or [])[:64]], "why": _text(e.get("why"))}
+              for e in res["param_errors"][:_ITEMS_MAX]
+              if isinstance(e, dict) and isinstance(e.get("accepted") or [], list)]
+    version = res.get("version")
+    return {"version": _text(version, 40) if version is not None else None,
+            "sections": [_text(x, 100) for x in res["sections"][:_ITEMS_MAX]], "errors": errors,
+            "param_errors": params}
 
 
 def _optimizer_class(config: Dict[str, Any]) -> Tuple[Optional[Any], Dict[str, Any], List[str]]:

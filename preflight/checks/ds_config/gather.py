@@ -13,6 +13,7 @@ from ...hostside.launchenv import read_deepspeed_env
 from ...hostside.seams import ClusterView
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
+from .deepspeed_models import validate_or_why, clean_models
 from .host import file_digest
 
 # The host checks whose facts the verdicts read (compute: each host's CPUs, cpu.threads).
@@ -105,3 +106,37 @@ def probe_hosts(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, A
                                                         "checkpoint")}
         if memory:
             facts["host_memory"][n] = r.get("memory") or {"error": "host_probe returned no memory facts"}
+
+
+def deepspeed_validation(cluster: ClusterView, facts: Dict[str, Any], config: Dict[str, Any],
+                         timeout: float) -> None:
+    """DeepSpeed's own validation of ``config`` wherever DeepSpeed is: on the coordinator when it imports there,
+    else on the first host whose probe found DeepSpeed, through the agent in the job's interpreter (--python).
+    Sets facts["deepspeed_models"] (None: it ran nowhere) and facts["deepspeed_validation"] = {"where": "this
+    machine" | host | None, "tried": [why each place could not run it]}; call after probe_hosts."""
+    tried: List[str] = []
+    res, why = validate_or_why(config)
+    if res is not None:
+        facts["deepspeed_models"] = res
+        facts["deepspeed_validation"] = {"where": "this machine", "tried": []}
+        return
+    tried.append(f"this machine: {why}")
+    facts["deepspeed_models"] = None
+    where = None
+    probes = facts.get("host_probe") or {}
+    with_ds = [h["name"] for h in facts["hosts"]
+               if isinstance(probes.get(h["name"]), dict) and (probes[h["name"]].get("deepspeed")
+                                                                or probes[h["name"]].get("deepspeed_found"))]
+    if not with_ds:
+        tried.append("no host has DeepSpeed in the job's interpreter (--python)")
+    for host in with_ds[:1]:  # the first such host: every host runs the same config
+        r = call_hosts(cluster, "ds_config.deepspeed_models.validate", [host], {"config": config}, timeout)[host]
+        models = clean_models(r)
+        if models is not None:
+            facts["deepspeed_models"] = models
+            where = host
+        elif isinstance(r, dict) and (r.get("unavailable") or r.get("error")):
+            tried.append(f"{host}: {str(r.get('unavailable') or r.get('error'))[:300]}")
+        else:
+            tried.append(f"{host}: an answer that is not DeepSpeed's validation")
+    facts["deepspeed_validation"] = {"where": where, "tried": tried}

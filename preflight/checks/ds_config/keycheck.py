@@ -290,7 +290,16 @@ def check_optimizer(config: Dict[str, Any], versions: Dict[str, Tuple[int, int, 
 
 
 def check_installed(facts: Dict[str, Any], report: Report) -> None:
-    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config)."""
+    """FAIL on hosts where ds_config's probe found no DeepSpeed in the job's interpreter (nothing to run the config);
+    ERROR where the probe itself could not run (the config file, DeepSpeed and the paths are unknown there)."""
+    failed = {h: str(p.get("error"))[:300] for h, p in sorted((facts.get("host_probe") or {}).items())
+              if isinstance(p, dict) and p.get("error") and "deepspeed_found" not in p}
+    if failed:
+        first = next(iter(failed.values()))
+        report.add(Status.ERROR, f"ds_config's probe could not run in the job's interpreter (--python) on "
+                                 f"{hosts_text(sorted(failed))}: {first}; the config file, DeepSpeed and the offload "
+                                 "paths there are unchecked",
+                   "check that --python names the job's interpreter on those hosts", failed)
     missing = sorted(h for h, p in (facts.get("host_probe") or {}).items()
                      if isinstance(p, dict) and "deepspeed_found" in p and not p.get("deepspeed")
                      and not p.get("deepspeed_found"))
@@ -299,3 +308,24 @@ def check_installed(facts: Dict[str, Any], report: Report) -> None:
                                 f"{hosts_text(missing)}: the config cannot be used there",
                    "pip install deepspeed into that interpreter, or pass the job's interpreter with --python",
                    {h: "DeepSpeed is not installed in the job's interpreter (--python)" for h in missing})
+
+
+def check_validated(facts: Dict[str, Any], config: Dict[str, Any], report: Report) -> None:
+    """WARN where DeepSpeed's own validation ran nowhere (coordinate tried this machine, then the first host with
+    DeepSpeed): the keys were checked against preflight's tables only, and what only DeepSpeed's code can judge
+    was not checked. Silent on facts without the attempt recorded (``deepspeed_validation``)."""
+    tried = facts.get("deepspeed_validation")
+    if not isinstance(tried, dict) or facts.get("deepspeed_models") is not None:
+        return
+    missed = ["the sections DeepSpeed validates with its own models (values and keys)"]
+    opt, sched = config.get("optimizer"), config.get("scheduler")
+    if isinstance(opt, dict) and isinstance(opt.get("params"), dict):
+        missed.insert(0, "optimizer.params against the optimizer's constructor (a wrong key is a TypeError at "
+                         "deepspeed.initialize)")
+    if isinstance(sched, dict) and isinstance(sched.get("params"), dict):
+        missed.insert(1, "scheduler.params against the scheduler's constructor")
+    why = "; ".join(str(t) for t in tried.get("tried") or []) or "DeepSpeed is not importable"
+    report.add(Status.WARN, f"DeepSpeed's own validation of the config ran nowhere ({why}), so these were not "
+                            f"checked: {'; '.join(missed)} (keys were checked against preflight's tables only)",
+               "install DeepSpeed in the job's interpreter on the hosts (--python PATH), or on this machine: "
+               "python3 -m pip install deepspeed")

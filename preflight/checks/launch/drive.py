@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...hostside import hfauto
 from ...hostside import rehearsal as host_side
 from ...hostside.outcome import Outcome, Status
 from ...hostside.proc import parallel_map
@@ -55,6 +56,8 @@ class LaunchRun:
         hexid = uuid.uuid4().hex[:12]
         self.token = TOKEN_PREFIX + hexid
         self.dir = os.path.join(plan.workdir, self.token)
+        # "auto" values filled as the HF integration fills them, in a copy the ranks open (ds_config's hfauto).
+        self.o, self.config_files = hfauto.for_rehearsal(plan, self.dir)
         self.pattern = pattern_of(self.token)
         self.mark = host_side.SUPERVISOR_PREFIX + hexid  # the supervisor's argv: its own reap spares it
         self.transports: Dict[str, HostShell] = dict(shells or {})
@@ -120,7 +123,7 @@ class LaunchRun:
             return None
 
         def one(name: str) -> None:
-            files = [(SCRIPT, script)]
+            files = [(SCRIPT, script)] + self.config_files
             if name == self.launch_host:
                 files.append((HOSTFILE, hostfile_text.encode()))
                 files.append((host_side.LAUNCH_FILE, json.dumps(self.launch_spec()).encode()))
