@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ...hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ...hostside.fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
 from .stragglers import describe as describe_straggler
@@ -118,7 +118,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     fix = _host_fix(excluded[0], facts, "")
     for e in excluded:
         result[e["host"]] = Outcome(Status.FAIL, f"all-reduce: left out, already found unreachable: {e['reason']}",
-                                    _host_fix(e, facts, fix))
+                                    _host_fix(e, facts, fix), blocked_by=_proven_by(e))
     rest = result["*"]
     others = len(facts.get("hosts") or [])
     plural = "" if others == 1 else "s"
@@ -133,7 +133,18 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     metrics = dict(rest.metrics, excluded=excluded)
     result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
                           else fix, metrics, rest.findings)
+    if rest.status in (Status.PASS, Status.SKIP) and not rest.blocked_by:
+        # Among the others all is well: the FAIL is the left-out host's fault (the check that proved it), not the
+        # cluster's. A host of the others at fault keeps the row a cause of its own.
+        result["*"].blocked_by = _proven_by(excluded[0])
     return result
+
+
+def _proven_by(entry: Dict[str, Any]) -> Optional[BlockedBy]:
+    """The (host, check) whose result proved a left-out host unreachable: ports, else iperf3 (known_unreachable's
+    "sources")."""
+    sources = [s for s in entry.get("sources") or [] if isinstance(s, str)]
+    return BlockedBy(str(entry["host"]), sources[0]) if sources else None
 
 
 def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
