@@ -1,0 +1,213 @@
+"""Root cause, once (issue 30 item 1): `preflight run` as a user runs it, on namespace hosts over real sshd, for three
+faults whose victims were once counted as causes of their own. Each asserts the JSON ``causes``, the verdict line and
+that no printed cause holds a placeholder word where a value belongs.
+
+- The 6-host broken cluster (node02's outbound TCP to high ports dropped, node03's sshd dead, node04's hung, node05's
+  libaio broken, node06 without the NVMe path): the verdict names those 5 hosts and nothing cluster-wide (iperf3's
+  failed tests and the all-reduce's "left out node02" are node02's), and prints the launch on the healthy host.
+- ``--python /opt/venv/bin/python`` missing on every host: one cause, fixed on every host; no iperf3 or subnet line.
+- A shared checkpoint filesystem short of room: one cluster cause naming its real free space; the host cells are its
+  victims.
+
+Before (main at c2d9892): "cluster-wide: allreduce" and no launch command; 7 cause lines with "cluster::iperf3 FAILED
+- no IPv4 network is shared by all hosts"; "3 hosts need fixing (node[01-03] checkpoint)" beside a PASSing cluster
+cell.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from tests.netcluster import NetCluster
+from tests.placeholders import assert_no_placeholder
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ("[iperf3]\nduration_s = 1.0\n"
+        "[allreduce]\nmin_bytes = 65536\nmax_bytes = 1048576\niters = 2\n"
+        "[nvme]\ntest_mib = 16\nmin_test_mib = 8\nmin_write_gbps = 0.01\nmin_read_gbps = 0.01\n")
+NVME = "/tmp/preflight-root-causes-nvme"  # each namespace host's /tmp is its own
+BAD = ("fail", "error")
+CAUSE_LINE = re.compile(r"^\S+::\S+ (FAILED|ERROR|WARNED|SKIPPED) - ")
+
+needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
+                                   reason=str(NetCluster.unavailable_reason()))
+
+
+def preflight(cluster: NetCluster, tmp_path: Path, tag: str, *args: str,
+              python: str = sys.executable) -> Tuple[subprocess.CompletedProcess, Dict[str, Any], float]:
+    """`preflight run` over every host of the cluster, stdout piped; (process, JSON report, wall seconds)."""
+    config = tmp_path / f"{tag}.toml"
+    config.write_text(FAST)
+    out = tmp_path / f"{tag}.json"
+    argv = [sys.executable, "-m", "preflight", "run", "--python", python,
+            "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
+            "--known-hosts", str(cluster.known_hosts), "--hostfile", str(cluster.hostfile(tmp_path / tag)),
+            "--config", str(config), "--connect-timeout", "5", "--json", str(out), *args]
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+                          env=env)
+    wall = time.monotonic() - started
+    (tmp_path / f"{tag}.txt").write_text(proc.stdout)  # what a person reads, kept for the record
+    shown = proc.stdout + proc.stderr[-3000:]
+    assert "Traceback" not in shown, shown
+    assert out.exists(), shown
+    return proc, json.loads(out.read_text()), wall
+
+
+def cause_lines(stdout: str) -> List[str]:
+    return [ln for ln in stdout.splitlines() if CAUSE_LINE.match(ln)]
+
+
+def bad_causes(data: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [c for c in data["causes"] if c["status"] in BAD]
+
+
+def cells(data: Dict[str, Any]) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    return {(r["host"], r["check"]): r for r in data["results"]}
+
+
+def verdict(stdout: str) -> str:
+    return stdout.splitlines()[-2]
+
+
+def block_outbound(cluster: NetCluster, host: str, request: Any) -> None:
+    """Drop new outbound TCP to ports 1024-65535 from the host (replies of established flows, SSH's, still pass)."""
+    table = "preflight_test_egress"
+    rules = (f"table inet {table} {{\n chain output {{\n  type filter hook output priority 0; policy accept;\n"
+             f"  ct state established,related accept\n  tcp dport 1024-65535 drop\n }}\n}}\n")
+    cluster.exec(host, ["nft", "-f", "-"], input=rules, check=True)
+    request.addfinalizer(lambda: cluster.exec(host, ["nft", "delete", "table", "inet", table]))
+
+
+@needs_cluster
+def test_six_host_broken_cluster_names_five_hosts_nothing_cluster_wide_and_the_launch(netcluster_factory, tmp_path,
+                                                                                       request):
+    from tests.test_host_checks_cluster import libaio_runtime
+    lib = libaio_runtime()
+    # Not under /tmp: each host mounts a private tmpfs there before the setup commands run.
+    empty = Path(tempfile.mkstemp(prefix="preflight-empty-", dir="/dev/shm")[1])
+    request.addfinalizer(empty.unlink)
+    cluster = netcluster_factory(n=6, setup={"node05": [["mount", "--bind", str(empty), lib]]})
+    for h in cluster.hosts:
+        if h.name != "node06":  # node06 lacks the NVMe path
+            cluster.exec(h, ["mkdir", "-p", NVME], check=True)
+    block_outbound(cluster, "node02", request)  # node02 opens no TCP connection to a high port: NCCL hangs at init
+    os.kill(cluster.host("node03").pid, signal.SIGTERM)  # a dead sshd: connection refused
+    hung = cluster.host("node04").pid
+    os.kill(hung, signal.SIGSTOP)  # a hung sshd: TCP accepted, no banner ever
+    request.addfinalizer(lambda: os.kill(hung, signal.SIGCONT))
+    proc, data, wall = preflight(cluster, tmp_path, "broken", "--nvme-path", NVME)
+    os.kill(hung, signal.SIGCONT)
+    shown = proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 1, shown
+    assert wall < 150, (wall, shown)
+
+    # The cluster-wide rows that node02's fault explains are its victims, named after the check that proved it.
+    by = cells(data)
+    assert by[("node02", "ports")]["status"] == "fail", by[("node02", "ports")]
+    for check in ("iperf3", "allreduce"):
+        row = by[("*", check)]
+        if row["status"] != "pass":
+            assert row.get("blocked_host") == "node02" and row.get("blocked_by") in ("ports", "iperf3"), row
+    assert by[("*", "allreduce")]["status"] == "fail" and "left out node02" in by[("*", "allreduce")]["message"]
+
+    # The causes: the 5 faulty hosts, each its own, and none on the cluster row.
+    bad = bad_causes(data)
+    assert not [c for c in bad if "*" in c["hosts"]], json.dumps(bad, indent=1)
+    assert {h for c in bad for h in c["hosts"]} == {"node02", "node03", "node04", "node05", "node06"}, bad
+    line = verdict(proc.stdout)
+    assert line.startswith("NOT READY: 5 hosts need fixing ("), shown
+    assert "cluster-wide" not in line, shown
+    for named in ("node02 ports", "node[03-04] unreachable", "node05 libaio", "node06 nvme"):
+        assert named in line, (named, shown)
+    # The launch on the healthy host: the hostfile less the 5 others.
+    launch = re.search(r"; launch now: deepspeed --hostfile \S+ -e (\S+) \.\.\.", line)
+    assert launch, shown
+    assert set(launch.group(1).split("@")) == {"node02", "node03", "node04", "node05", "node06"}, shown
+    assert not any(ln.startswith("cluster::") and re.search(r" (FAILED|ERROR) - ", ln)
+                   for ln in cause_lines(proc.stdout)), shown
+    assert_no_placeholder("\n".join(cause_lines(proc.stdout)) + "\n" + line, "the 6-host report")
+
+
+@needs_cluster
+def test_python_missing_on_every_host_is_one_cause_on_every_host(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(n=3, names=["node01", "node02", "node03"])
+    missing = "/opt/venv/bin/python"
+    for h in cluster.hosts:
+        assert cluster.exec(h, ["test", "-e", missing]).returncode != 0  # the scenario: absent on every host
+    proc, data, wall = preflight(cluster, tmp_path, "nopython", python=missing)
+    shown = proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 1, shown
+    assert wall < 60, (wall, shown)
+
+    bad = bad_causes(data)
+    assert len(bad) == 1, json.dumps(bad, indent=1)
+    (cause,) = bad
+    assert cause["check"] == "python" and cause["status"] == "error", cause
+    assert missing in cause["message"], cause
+    by = cells(data)
+    for h in ("node01", "node02", "node03"):
+        assert by[(h, "python")]["where"] == "every host", by[(h, "python")]
+        assert by[(h, "libaio")]["blocked_by"] == "python", by[(h, "libaio")]
+    for check in ("iperf3", "allreduce", "ports", "compute"):
+        assert by[("*", check)]["status"] == "error" and by[("*", check)]["blocked_by"] == "python", by[("*", check)]
+    # Printed: the one cause, nothing of iperf3 or a subnet, and the verdict says where to fix it.
+    printed = [ln for ln in cause_lines(proc.stdout) if re.search(r" (FAILED|ERROR) - ", ln)]
+    assert len(printed) == 1 and missing in printed[0], shown
+    assert "iperf3" not in "\n".join(cause_lines(proc.stdout)) and "subnet" not in proc.stdout, shown
+    line = verdict(proc.stdout)
+    assert line.startswith("NOT READY") and "every host" in line, shown
+    assert "hosts need fixing" not in line and "cluster-wide" not in line, shown
+    assert_no_placeholder("\n".join(cause_lines(proc.stdout)) + "\n" + line, "the --python report")
+
+
+def _free_gib(path: Path) -> float:
+    vfs = os.statvfs(path)
+    return vfs.f_bavail * vfs.f_frsize / (1 << 30)
+
+
+@needs_cluster
+def test_shared_checkpoint_filesystem_short_of_room_is_one_cluster_cause(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(n=3, names=["node01", "node02", "node03"])
+    shared = cluster.dir / "ckpt"  # one directory every host sees: a shared filesystem
+    shared.mkdir()
+    # 1e15 params x 18 B: no disk here has that room.
+    proc, data, wall = preflight(cluster, tmp_path, "ckpt", "--checks", "checkpoint", "--checkpoint-dir",
+                                 str(shared), "--model-params", "1e15")
+    shown = proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 1, shown
+    assert wall < 60, (wall, shown)
+    assert os.listdir(shared) == []  # every test file removed
+
+    bad = bad_causes(data)
+    assert len(bad) == 1, json.dumps(bad, indent=1)
+    (cause,) = bad
+    assert cause["hosts"] == ["*"] and cause["check"] == "checkpoint" and cause["status"] == "fail", cause
+    # The real values: this path, the filesystem's free space as statvfs says it here, and what is needed.
+    m = re.search(r"on all 3 hosts with ([\d.]+) GiB free; a checkpoint of 1e\+15 params needs ([\d.]+) GiB",
+                  cause["message"])
+    assert str(shared) in cause["message"] and m, cause
+    assert abs(float(m.group(1)) - _free_gib(shared)) < 1.0, (m.group(1), _free_gib(shared))
+    assert float(m.group(2)) == pytest.approx(1e15 * 18 / (1 << 30), rel=1e-3)
+    by = cells(data)
+    assert by[("*", "checkpoint")]["status"] == "fail"
+    for h in ("node01", "node02", "node03"):  # each host's cell: the cluster row's victim
+        cell = by[(h, "checkpoint")]
+        assert cell["blocked_by"] == "checkpoint" and cell["blocked_host"] == "*", cell
+    line = verdict(proc.stdout)
+    assert line.startswith("NOT READY: ") and "cluster-wide: checkpoint" in line, shown
+    assert "need fixing" not in line and "needs fixing" not in line, shown
+    printed = [ln for ln in cause_lines(proc.stdout) if re.search(r" (FAILED|ERROR) - ", ln)]
+    assert len(printed) == 1 and printed[0].startswith("cluster::checkpoint FAILED - "), shown
+    assert_no_placeholder("\n".join(cause_lines(proc.stdout)) + "\n" + line, "the checkpoint report")
