@@ -211,3 +211,108 @@ def test_shared_checkpoint_filesystem_short_of_room_is_one_cluster_cause(netclus
     printed = [ln for ln in cause_lines(proc.stdout) if re.search(r" (FAILED|ERROR) - ", ln)]
     assert len(printed) == 1 and printed[0].startswith("cluster::checkpoint FAILED - "), shown
     assert_no_placeholder("\n".join(cause_lines(proc.stdout)) + "\n" + line, "the checkpoint report")
+
+
+# ------------------------------------------------------------------- the checks' own attribution, on their facts
+
+def test_iperf3_failed_tests_of_one_host_are_that_hosts_not_the_clusters(thresholds):
+    from preflight.checks import iperf3
+    from preflight.hostside.outcome import BlockedBy, Status
+    from tests.test_iperf3 import straggler_facts
+
+    facts = straggler_facts(1.0)  # 4 hosts, every pair measured
+    for ln in facts["networks"][0]["links"]:
+        if ln["src"] == "node02":  # node02's outbound TCP dropped
+            ln.update(gbps=None, error="unable to connect to server: Connection timed out")
+    facts["chosen"] = iperf3.choose(facts["networks"], facts["hosts"])
+    out = iperf3.evaluate(facts, thresholds)
+    assert out["node02"].status == Status.FAIL and out["node02"].blocked_by is None  # the cause, without ports' proof
+    assert out["*"].status == Status.WARN and out["*"].blocked_by == BlockedBy("node02", "iperf3"), out["*"]
+    facts["networks"][0]["blocked"] = ["node02"]  # the ports check proved it: that result is the cause
+    out = iperf3.evaluate(facts, thresholds)
+    assert out["node02"].blocked_by == BlockedBy("node02", "ports")
+    assert out["*"].blocked_by == BlockedBy("node02", "ports")
+
+    # One failed test among good links has two suspects: it explains nothing, the cluster row stays a cause.
+    facts = straggler_facts(1.0)
+    facts["networks"][0]["links"][0].update(gbps=None, error="unable to connect to server: Connection refused")
+    out = iperf3.evaluate(facts, thresholds)
+    assert out["*"].status == Status.WARN and out["*"].blocked_by is None
+
+    # No network reaches all hosts, because every test with node04 failed: node04's.
+    facts = straggler_facts(1.0)
+    for ln in facts["networks"][0]["links"]:
+        if "node04" in (ln["src"], ln["dst"]):
+            ln.update(gbps=None, error="unable to connect to server: Connection timed out")
+    facts["chosen"] = iperf3.choose(facts["networks"], facts["hosts"])
+    out = iperf3.evaluate(facts, thresholds)
+    assert out["*"].status == Status.FAIL and out["*"].message.startswith("no network reaches all hosts")
+    assert out["*"].blocked_by == BlockedBy("node04", "iperf3"), out["*"]
+    # But a host that no test reached (node03: its links to node01 and node02 unmeasured) and that no failure is
+    # blamed on is not explained by node04: the row stays the cluster's.
+    facts["networks"][0]["links"] = [ln for ln in facts["networks"][0]["links"] if "node03" not in
+                                     (ln["src"], ln["dst"]) or "node04" in (ln["src"], ln["dst"])]
+    out = iperf3.evaluate(facts, thresholds)
+    assert out["*"].status == Status.FAIL and out["*"].blocked_by is None, out["*"]
+
+
+def test_iperf3_without_any_hosts_interfaces_claims_no_subnet_problem(thresholds):
+    from preflight.checks import iperf3
+    from preflight.hostside.outcome import BlockedBy, Status
+
+    hosts = ["node01", "node02", "node03"]
+    facts = {"hosts": hosts, "networks": [], "subnets": {}, "chosen": None,
+             "errors": {h: "could not list the interfaces: iperf3.interfaces: the Python interpreter was not found "
+                           "on the host (bash: /opt/venv/bin/python: No such file or directory)" for h in hosts}}
+    out = iperf3.evaluate(facts, thresholds)
+    star = out["*"]
+    assert star.status == Status.ERROR and "subnet" not in star.message + star.fix, star
+    assert "node01, node02, node03" in star.message and star.blocked_by == BlockedBy("node01", "iperf3")
+    # Two hosts known, on different subnets: that is a finding, and it stays one.
+    facts = dict(facts, subnets={"node01": ["10.0.0.0/24"], "node02": ["10.0.1.0/24"]},
+                 errors={"node03": facts["errors"]["node03"]})
+    star = iperf3.evaluate(facts, thresholds)["*"]
+    assert star.status == Status.FAIL and "no IPv4 network is shared" in star.message and star.blocked_by is None
+
+
+def test_allreduce_left_out_row_is_the_left_out_hosts_when_the_rest_passed():
+    from preflight.checks import allreduce
+    from preflight.hostside.outcome import BlockedBy, Status
+    from preflight.testing import FakeCluster
+    from tests.test_allreduce import THRESHOLDS, _fake_group, _iperf3_firewalled, _ports_firewalled, _probe
+
+    cluster = FakeCluster(["node01", "node02", "node03"], thresholds=THRESHOLDS,
+                          handlers={"allreduce.supervisor.probe": _probe, "allreduce.supervisor.run": _fake_group})
+    cluster.facts["*"] = {"ports": _ports_firewalled(),
+                          "iperf3": _iperf3_firewalled(("node01", "node02", "node03"), "node03")}
+    facts = allreduce.coordinate(cluster)
+    out = allreduce.evaluate(facts, THRESHOLDS)
+    assert out["node03"].status == Status.FAIL and out["node03"].blocked_by == BlockedBy("node03", "ports")
+    assert out["*"].status == Status.FAIL and out["*"].blocked_by == BlockedBy("node03", "ports"), out["*"]
+    # A failure among the others is a cause of its own: the row stays the cluster's.
+    failing = dict(facts, min_busbw=1e9)
+    star = allreduce.evaluate(failing, THRESHOLDS)["*"]
+    assert star.status == Status.FAIL and "--min-busbw" in star.message and star.blocked_by is None
+
+
+def test_checkpoint_shared_filesystem_short_of_room_is_the_cluster_rows(thresholds):
+    from preflight.checks import checkpoint
+    from preflight.hostside.outcome import BlockedBy, Status
+    from tests.test_checkpoint import SHARED, probe
+
+    facts = json.loads(json.dumps(SHARED))
+    facts["probes"] = {h: probe(free_gib=50.0 + i / 10) for i, h in enumerate(facts["hosts"])}
+    facts["probes"]["node03"] = probe(free_gib=50.2, writable=False, error="cannot write a file there: Read-only "
+                                      "file system", test_file=None)
+    facts["seen"] = {h: ["node01", "node02"] for h in ("node01", "node02")}
+    out = checkpoint.evaluate(facts, thresholds)
+    star = out["*"]
+    assert star.status == Status.FAIL and star.message == (
+        "/ckpt is one shared filesystem (nfs4 nas:/ckpt) on all 2 hosts with 50.0 GiB free; a checkpoint of 7e+09 "
+        "params needs 117.3 GiB there (the whole checkpoint, all 24 ranks' shards)"), star.message
+    assert "df -h /ckpt" in star.fix
+    for h in ("node01", "node02"):
+        assert out[h].status == Status.FAIL and out[h].blocked_by == BlockedBy("*", "checkpoint"), out[h]
+    # node03's own fault (read-only) is its own cause, not the shared filesystem's.
+    assert out["node03"].status == Status.FAIL and out["node03"].blocked_by is None
+    assert "Read-only" in out["node03"].message
