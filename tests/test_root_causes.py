@@ -316,3 +316,31 @@ def test_checkpoint_shared_filesystem_short_of_room_is_the_cluster_rows(threshol
     # node03's own fault (read-only) is its own cause, not the shared filesystem's.
     assert out["node03"].status == Status.FAIL and out["node03"].blocked_by is None
     assert "Read-only" in out["node03"].message
+
+
+@needs_cluster
+def test_python_missing_on_one_host_is_that_hosts_and_the_others_are_measured(netcluster_factory, tmp_path):
+    """The same fault on one host of 3 (each host's /tmp is its own: the interpreter is linked on two): that host's
+    python cell is the cause, its other cells and the cluster checks' cells of it are blocked by it, and the cluster
+    checks measure the other two instead of failing for want of its facts."""
+    cluster = netcluster_factory(n=3, names=["node01", "node02", "node03"])
+    venv = "/tmp/preflight-venv/bin/python"
+    for h in ("node01", "node02"):
+        cluster.exec(h, ["sh", "-c", f"mkdir -p /tmp/preflight-venv/bin && ln -s {sys.executable} {venv}"],
+                     check=True)
+    proc, data, wall = preflight(cluster, tmp_path, "onehost", "--checks", "python,libaio,iperf3,allreduce",
+                                 python=venv)
+    shown = proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 1 and wall < 90, (wall, shown)
+    bad = bad_causes(data)
+    assert [(c["check"], c["hosts"]) for c in bad] == [("python", ["node03"])], json.dumps(bad, indent=1)
+    by = cells(data)
+    assert by[("node03", "python")].get("where") is None  # one host: fixed there
+    assert by[("node03", "libaio")]["blocked_by"] == "python"
+    assert by[("node03", "iperf3")]["blocked_by"] == "python"
+    assert by.get(("node03", "allreduce"), {"blocked_by": "python"})["blocked_by"] == "python"
+    assert by[("*", "iperf3")]["status"] == "pass" and "(1 of 1 tests ok)" in by[("*", "iperf3")]["message"], by
+    assert by[("*", "allreduce")]["status"] == "pass", by[("*", "allreduce")]
+    line = verdict(proc.stdout)
+    assert line.startswith("NOT READY: 1 host needs fixing (node03 python)"), shown
+    assert_no_placeholder("\n".join(cause_lines(proc.stdout)) + "\n" + line, "the one-host --python report")
