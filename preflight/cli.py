@@ -466,11 +466,17 @@ def cmd_config_defaults(out, err) -> int:
 
 def cmd_list(out) -> int:
     width = max(len(n) for n in registry.ORDER)
+    lines = []
     for name in registry.ORDER:
         module = registry.load(name)
         scope = {"host": "per host", "cluster": "cluster", "connection": "per host"}[module.SPEC.scope]
         default = "" if module.SPEC.default else "  (opt-in)"
-        print(f"{name:<{width}}  [{scope}]  {module.SPEC.description}{default}", file=out)
+        lines.append(f"{name:<{width}}  [{scope}]  {module.SPEC.description}{default}\n")
+    try:
+        out.write("".join(lines))
+        out.flush()
+    except BrokenPipeError:  # `preflight list | head -1`: the reader has what it wanted
+        _drop_stdout()
     return EXIT_OK
 
 
@@ -487,6 +493,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (UsageError, HostfileError, ConfigError, InputError) as exc:
         err.print(Text(rep.plain(f"preflight: error: {exc}")), soft_wrap=True)
         return EXIT_USAGE
+    short = launchable.short_of_min_hosts(args.min_hosts or "", len(options.hosts))
+    if short:  # no run can pass: said before any host is contacted, as the verdict (stdout) and its exit code
+        try:
+            print(short, flush=True)
+        except BrokenPipeError:
+            _drop_stdout()
+        return EXIT_FAILED
     if options.host_source and not args.quiet:
         err.print(f"preflight: {options.host_source}", soft_wrap=True, highlight=False, markup=False)
     for note in options.info_notes:

@@ -9,7 +9,11 @@ Sample of what this module writes (node03 unreachable, GPU 3 of node05 failed; D
     node05 slots=8
 
 A GPU-level failure is one whose every FAIL/ERROR result on the host names its GPUs in ``metrics["failed_gpus"]``
-(a list of indices); any other failure leaves the whole host out.
+(a list of indices); any other failure leaves the whole host out. A victim (blocked by another host's fault) leaves
+nothing out: its cause's own hosts are left out. One machine under several names (the connection check's
+``metrics["same_machine"]["hosts"]``, the first the one its fix keeps) leaves out the other names only. A cause
+fixed in no host (``Result.where``: the launch shell, the coordinator, every host) leaves no smaller launch, as
+does a cluster-wide cause no host explains; neither does a launch below ``--min-hosts``.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, TextIO, Tuple
 
-from preflight.causes import BAD, causes, nodeset
+from preflight.causes import BAD, Cause, causes, nodeset
 from preflight.hostside.outcome import Status
 from preflight.results import CLUSTER, Report
 from preflight.text import plain
@@ -82,10 +86,16 @@ def launchable(report: Report) -> Launchable:
     for cause in causes(report):
         if cause.status not in bad:
             continue
+        if cause.fixed_in:  # the launch shell, the coordinator or every host: no host can be left out for it
+            out.cluster_wide.append(f"{cause.label} ({cause.fixed_in})")
+            continue
         named = [h for h in cause.hosts if h != CLUSTER]
         if not named:
             out.cluster_wide.append(cause.label)
+        kept = _kept_name(report, cause)
         for h in named:
+            if h == kept:
+                continue
             labels.setdefault(h, [])
             if cause.label not in labels[h]:
                 labels[h].append(cause.label)
@@ -98,6 +108,24 @@ def launchable(report: Report) -> Launchable:
             out.left_out[host] = labels[host]
     out.hosts = [(h.name, h.slots) for h in report.hosts if h.name not in out.left_out]
     return out
+
+
+def _kept_name(report: Report, cause: Cause) -> str:
+    """The name one machine keeps when the cause is that it is listed under several names (its fix says "keep
+    node1"): the first of the connection check's ``same_machine`` hosts, when all of the cause's own results say
+    so of the same names; "" otherwise."""
+    kept = ""
+    own = [report.results[i] for i in cause.results if report.results[i].check in cause.checks
+           and report.results[i].host in cause.hosts]
+    for r in own:
+        same = r.metrics.get("same_machine") if isinstance(r.metrics, dict) else None
+        hosts = same.get("hosts") if isinstance(same, dict) else None
+        if not isinstance(hosts, list) or len(hosts) < 2 or not isinstance(hosts[0], str):
+            return ""
+        if kept and hosts[0] != kept:
+            return ""
+        kept = hosts[0]
+    return kept if kept in cause.hosts else ""
 
 
 def _failed_gpus(report: Report, host: str, bad: set, slots: int) -> List[int]:
@@ -149,6 +177,15 @@ def needed(min_hosts: str, total: int) -> int:
     return max(1, math.ceil(float(min_hosts) * total - 1e-9))
 
 
+def short_of_min_hosts(min_hosts: str, total: int) -> str:
+    """``NOT READY: --min-hosts 10, and the hosts are 3``: the one line of a run that cannot pass, whatever its
+    hosts say (more hosts asked for than there are); "" when --min-hosts can be met."""
+    if not min_hosts or needed(min_hosts, total) <= total:
+        return ""
+    return (f"NOT READY: --min-hosts {min_hosts} asks for {needed(min_hosts, total)} healthy hosts, and the run has "
+            f"{total} host{'s' if total != 1 else ''}; nothing was checked")
+
+
 def subset_passes(report: Report, min_hosts: str) -> bool:
     """--min-hosts: the gate failed, but enough hosts are healthy (a host with excluded GPUs counts) and nothing
     failed cluster-wide."""
@@ -169,6 +206,8 @@ def ready_command(report: Report, context: Context) -> str:
     launch = launchable(report)
     if report.exit_code == 0 or not launch.usable:
         return ""
+    if context.min_hosts and len(launch.hosts) < needed(context.min_hosts, launch.total):
+        return ""  # a launch below --min-hosts is no launch the user asked for
     commands = []
     if context.slurm:
         # Slurm places whole nodes: a node with a failed GPU is left out too.

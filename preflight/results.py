@@ -1,13 +1,16 @@
 """The run's structured results: every reporter (matrix, lines, JSON, JUnit, env file) reads only these.
 
 A result is one (host, check) cell, e.g. ``Result("node03", "libaio", Status.ERROR, "blocked: ...",
-blocked_by="ssh")``: a blocked cell is one that could not run because its host's connection check failed
-(``preflight.causes`` groups the results into causes; the report counts blocked cells apart from errors).
+blocked_by="ssh")``: a blocked cell (a victim) only follows from another (host, check)'s fault, its blocker: its
+host's failed connection, or another host's (``blocked_host``), or the cluster row's (host "*"). The report counts
+a victim as blocked when its blocker is in the report and at least as bad (``Report.victims``); a victim whose
+blocker passed or is missing stands as a cause of its own, so a failure is never hidden. ``preflight.causes``
+groups the results into causes, a victim in its blocker's cause.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from preflight.hostside.outcome import Outcome, Status
 
@@ -15,6 +18,11 @@ CLUSTER = "*"  # the host of a cluster-wide result in the model and the JSON con
 # Its one display name everywhere else: the terminal matrix, JUnit classnames (CLI and pytest plugin), the HTML
 # and pytest ids (cluster::ports). A host of this name would be ambiguous, so the CLI and the plugin refuse it.
 CLUSTER_NAME = "cluster"
+
+
+# How bad a status is when a victim is weighed against its blocker: a blocker holds a victim no worse than itself
+# (a WARN never hides a FAIL), and a PASS holds none.
+_WEIGHT = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.ERROR: 3, Status.FAIL: 3}
 
 
 def display_host(host: str) -> str:
@@ -112,33 +120,88 @@ class Report:
     # (preflight.recommend.env_diff): {name: {"state", "recommended", "inherited", "source", "measured"}}.
     env_diff: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
-    def counts(self) -> Dict[str, int]:
-        """Results by status, and the blocked ones apart: the six counts add up to the number of results."""
+    def victims(self) -> Dict[int, int]:
+        """{index of a blocked result: index of the result its fault follows from}, for each blocked result whose
+        blocker is in the report and at least as bad (followed to its root: a victim of a victim is the first
+        one's). The blocker (``Result.blocker``) is looked up by (host, check); a blocker on the cluster row that
+        has no such cell (``no host's ssh check passed``) is the first FAIL/ERROR of that check on any host. A
+        blocker that passed, or that is missing, or a loop of blockers: the result is no victim (its own cause)."""
+        results = self.results
+        at = {(r.host, r.check): i for i, r in enumerate(results)}
+        first_bad: Dict[str, int] = {}
+        for i, r in enumerate(results):
+            if r.status in (Status.FAIL, Status.ERROR) and not r.blocked:
+                first_bad.setdefault(r.check, i)
+
+        def target(i: int) -> Optional[int]:
+            host, check = results[i].blocker or ("", "")
+            j = at.get((host, check))
+            if j is None and host == CLUSTER:
+                j = first_bad.get(check)
+            return None if j == i else j
+
+        def holds(blocker: Status, victim: Status) -> bool:
+            return blocker != Status.PASS and _WEIGHT[blocker] >= _WEIGHT[victim]
+
+        def root(i: int) -> Optional[int]:
+            chain = [i]
+            j = target(i)
+            while j is not None and results[j].blocked:
+                if j in chain:
+                    return None  # a loop of blockers: none of them is the cause, each stands as its own
+                chain.append(j)
+                j = target(j)
+            if j is None:  # the chain ends at a blocked result whose blocker is missing: that one is a cause
+                if len(chain) == 1:
+                    return None
+                j = chain.pop()
+            for k in reversed(chain):  # a result its blocker does not hold (a FAIL after a WARN) is the cause
+                if not holds(results[j].status, results[k].status):
+                    j = k
+            return None if j == i else j
+
+        out: Dict[int, int] = {}
+        for i, r in enumerate(results):
+            if r.blocked:
+                found = root(i)
+                if found is not None:
+                    out[i] = found
+        return out
+
+    def counts(self, victims: Optional[Dict[int, int]] = None) -> Dict[str, int]:
+        """Results by status, and the victims apart (``blocked``): the six counts add up to the number of results.
+        A blocked result that is no victim (its blocker passed or is missing) counts by its status."""
+        victims = self.victims() if victims is None else victims
         counts = {s.value: 0 for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)}
         counts["blocked"] = 0
-        for r in self.results:
-            counts["blocked" if r.blocked else r.status.value] += 1
+        for i, r in enumerate(self.results):
+            counts["blocked" if i in victims else r.status.value] += 1
         return counts
 
     @property
     def exit_code(self) -> int:
-        """0: no FAIL/ERROR (warnings allowed); 1: any FAIL or ERROR (blocked cells too), or any WARN with --strict."""
-        c = self.counts()
-        if c["fail"] or c["error"] or c["blocked"] or (self.strict and c["warn"]):
-            return 1
-        return 0
+        """0: no FAIL/ERROR (warnings allowed); 1: any FAIL or ERROR, a victim's too (its cause is one), or any
+        WARN with --strict. The same as: any FAIL/ERROR cause (a victim is held only by a blocker as bad)."""
+        bad = (Status.FAIL, Status.ERROR, Status.WARN) if self.strict else (Status.FAIL, Status.ERROR)
+        return 1 if any(r.status in bad for r in self.results) else 0
 
-    def to_dict(self) -> Dict[str, Any]:
-        from preflight.causes import causes  # it groups these results: imported here, as it imports this module
-        summary: Dict[str, Any] = dict(self.counts())
-        summary["exit_code"] = self.exit_code
-        return {"version": 1, "started_at": self.started_at, "duration_s": round(self.duration_s, 3),
-                "hosts": [h.to_dict() for h in self.hosts],
-                "results": [r.to_dict() for r in self.results],
-                "causes": [c.to_dict() for c in causes(self)],
-                "recommendations": {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes),
-                                    "diff": dict(self.env_diff)},
-                "summary": summary}
+    def to_dict(self, causes: Optional[Sequence[Dict[str, Any]]] = None,
+                summary: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The JSON report (docs/json-contract.md). The causes are preflight.causes' (it imports this module, so
+        the caller passes them: preflight.render.json.report_dict); without them the key is left out. ``summary``
+        adds keys to the summary (the number of causes)."""
+        counts: Dict[str, Any] = dict(self.counts())
+        counts["exit_code"] = self.exit_code
+        counts.update(summary or {})
+        out: Dict[str, Any] = {"version": 1, "started_at": self.started_at, "duration_s": round(self.duration_s, 3),
+                               "hosts": [h.to_dict() for h in self.hosts],
+                               "results": [r.to_dict() for r in self.results]}
+        if causes is not None:
+            out["causes"] = list(causes)
+        out["recommendations"] = {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes),
+                                  "diff": dict(self.env_diff)}
+        out["summary"] = counts
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], strict: bool = False) -> "Report":

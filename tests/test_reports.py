@@ -6,7 +6,7 @@ import junitparser
 from preflight.hostside.outcome import Status
 from preflight.results import HostRecord, Report, Result
 from preflight.render.env_file import to_env_file
-from preflight.render.json import to_json
+from preflight.render.json import report_dict, to_json
 from preflight.render.junit import to_junit
 from preflight.render.terminal import matrix, result_line, summary_line
 
@@ -39,7 +39,9 @@ def test_json_contract():
     assert data["recommendations"]["env"]["NCCL_SOCKET_IFNAME"] == "=eth1"
     assert data["recommendations"]["reasons"]["NCCL_SOCKET_IFNAME"] == "fastest"
     # Issue 26: the summary gained "blocked" (0 here: the runner's blocked cells carry blocked_by, below).
-    assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "blocked": 0, "exit_code": 1}
+    # Issue 30: and the causes: FAIL/ERROR causes (node01's libaio, node02 unreachable) and WARN causes apart.
+    assert data["summary"] == {"pass": 2, "warn": 1, "fail": 1, "skip": 1, "error": 2, "blocked": 0, "exit_code": 1,
+                               "causes": 2, "warning_causes": 1}
 
 
 def test_json_is_one_result_per_line():
@@ -50,7 +52,7 @@ def test_json_is_one_result_per_line():
     report.results[0].metrics = {"nested": {"list": [1, 2.5, None, True]}, "odd": object()}
     text = to_json(report)
     data = json.loads(text)
-    assert data == json.loads(json.dumps(report.to_dict(), default=str))
+    assert data == json.loads(json.dumps(report_dict(report), default=str))
     lines = text.splitlines()
     result_lines = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('  {"host"')]
     assert result_lines == data["results"] and len(result_lines) == len(report.results) == 7

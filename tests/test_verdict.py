@@ -150,10 +150,15 @@ def test_unknown_host_keys_on_several_hosts_are_one_line_that_does_not_call_them
     report = cluster_report(n=8, key_unknown=["node03", "node04", "node05"])
     lines = text(report)
     problems = [ln for ln in lines if "::" in ln]
+    # Issue 30: no placeholder where a fact belongs: each host's address and fingerprint on a line of its own.
     assert problems == [
-        "node[03-05]::ssh FAILED - unknown SSH host key for ADDRESS (ssh-ed25519 FINGERPRINT); refusing to connect "
-        "(blocks 6 other checks on each; also launcher_ssh FAILED); fix: pass --accept-new-host-keys to record it "
-        "(or: ssh-keyscan -p 22 ADDRESS >> /root/.ssh/known_hosts)"]
+        "node[03-05]::ssh FAILED - unknown SSH host key for <address> (ssh-ed25519 <fingerprint>); refusing to "
+        "connect (blocks 6 other checks on each; also launcher_ssh FAILED); fix: pass --accept-new-host-keys to "
+        "record it (or: ssh-keyscan -p 22 <address> >> /root/.ssh/known_hosts)"]
+    at = lines.index(problems[0])
+    assert lines[at + 1:at + 4] == [
+        f"    node0{i}: address 198.18.0.{i}, fingerprint SHA256:" + (f"node0{i}" * 8)[:43].replace("e", "Q")
+        for i in (3, 4, 5)]
     assert "unreachable" not in "\n".join(lines)
     assert lines[-2] == "NOT READY: 3 hosts need fixing (node[03-05] ssh)"
     assert lines[-1] == "41 passed, 6 failed, 0 warned, 18 blocked in 12.5s"
@@ -163,7 +168,7 @@ def test_several_dead_hosts_with_one_cause_and_a_second_cause():
     report = cluster_report(n=20, down=["node03", "node04", "node05", "node17"], key_unknown=["node09"])
     problems = [ln for ln in text(report) if "::" in ln]
     assert len(problems) == 2
-    assert problems[0].startswith("node[03-05,17]::ssh ERROR - connection to ADDRESS:22 refused: no SSH server "
+    assert problems[0].startswith("node[03-05,17]::ssh ERROR - connection to <address>:22 refused: no SSH server "
                                   "listening (blocks 6 other checks on each; also launcher_ssh FAILED)")
     assert problems[1].startswith("node09::ssh FAILED - unknown SSH host key for 198.18.0.9 (ssh-ed25519 SHA256:")
     assert verdict(report) == "NOT READY: 5 hosts need fixing (node[03-05,17] unreachable, node09 ssh)"
@@ -178,8 +183,8 @@ def test_the_same_skip_on_several_hosts_is_one_line_after_the_failures():
     problems = [ln for ln in lines if "::" in ln]
     assert problems == [
         "node02::nvme FAILED - nvme path /scratch: does not exist; fix: mkdir -p -- /scratch",
-        "node[01-02,04-06]::gpu SKIPPED - no NVIDIA driver on this host (HOST has no /proc/driver/nvidia); GPU health "
-        "does not apply"]
+        "node[01-02,04-06]::gpu SKIPPED - no NVIDIA driver on this host (node[01-02,04-06] has no /proc/driver/nvidia); "
+        "GPU health does not apply"]  # issue 30: the hosts' names, not HOST
     assert lines[-1] == "43 passed, 1 failed, 0 warned, 5 skipped in 12.5s"
     assert lines[-2] == "NOT READY: 1 host needs fixing (node02 nvme)"
     assert verdict(cluster_report(extra=skips)) == "READY"  # skips are no verdict on the hosts
@@ -411,9 +416,10 @@ def test_a_shared_fix_lists_each_hosts_own_commands_never_a_placeholder():
             r.fix = ("verify the key, then rerun with --accept-new-host-keys, or record it with:\n"
                      f"  ssh-keygen -F {address} -f /k >/dev/null || ssh-keyscan {address} >> /k")
     (cause,) = [c for c in causes(report) if c.check == "ssh"]
-    assert cause.hosts == ["node03", "node04", "node05"] and "ADDRESS" in cause.message
+    assert cause.hosts == ["node03", "node04", "node05"] and "<address>" in cause.message
+    assert cause.details[0].startswith("node03: address 198.18.0.3, fingerprint SHA256:")
     prose, *commands = cause.fix.split("\n")
-    assert prose.startswith("verify the key") and "ADDRESS" not in cause.fix
+    assert prose.startswith("verify the key") and "<address>" not in cause.fix
     assert [c.split()[-3] for c in commands] == ["198.18.0.3", "198.18.0.4", "198.18.0.5"]
     many = cluster_report(n=12, key_unknown=[f"node{i:02d}" for i in range(2, 12)])
     for r in many.results:

@@ -19,6 +19,7 @@ from preflight import checks as registry
 from preflight.hostside.display import CELL, STATUS_COLOURS, absent, badge, esc
 from preflight.hostside.outcome import Status
 from preflight.hostside.seams import CheckSpec
+from preflight.causes import Cause, causes
 from preflight.causes import verdict as verdict_line
 from preflight.render import Settings
 from preflight.render.terminal import summary_line
@@ -110,7 +111,8 @@ def _anchor_ids(results: Sequence[Result]) -> Dict[int, str]:
 def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
     ok = report.exit_code == 0
     counts = report.counts()
-    verdict = verdict_line(report)  # the terminal's last-but-one line: READY, READY with N warnings, NOT READY: ...
+    found = causes(report)
+    verdict = verdict_line(report, found)  # the terminal's last-but-one line: READY, READY with N warnings, ...
     badges = "".join(f"<span>{badge(s)} {counts[s.value]}</span>" for s in DETAIL_ORDER)
     if counts["blocked"]:
         badges += f'<span><span class="badge st-skip">{NO_RESULT} blocked</span> {counts["blocked"]}</span>'
@@ -123,8 +125,19 @@ def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
             f'{len(report.hosts)} host{"s" if len(report.hosts) != 1 else ""}: {esc(hosts)} &middot; '
             f'preflight {esc(__version__)}</div>'
             f'<div class="verdict st-{"pass" if ok else "fail"}">exit code {report.exit_code}: {verdict}</div>'
-            f'<div class="counts">{badges}</div><p>{esc(summary_line(report))}</p>'
+            f'<div class="counts">{badges}</div><p>{esc(summary_line(report))}</p>{_causes(found)}'
             f'<nav>{_contents(sections, bool(_trend_rows(report)))}</nav></section>')
+
+
+def _causes(found: Sequence[Cause]) -> str:
+    """One entry per cause that is not a pass, as the terminal prints it (its victims counted in it, not listed)."""
+    items = "".join(f'<li class="cause" data-status="{c.status.value}">{badge(c.status)} '
+                    f'<code>{esc(c.line())}</code></li>' for c in found if c.status != Status.PASS)
+    bad = sum(1 for c in found if c.status in (Status.FAIL, Status.ERROR))
+    if not items:
+        return ""
+    return (f'<div id="causes"><h3>{bad} cause{"s" if bad != 1 else ""} to fix</h3>'
+            f'<ul class="causes">{items}</ul></div>')
 
 
 def _matrix(report: Report, ids: Dict[int, str]) -> str:
@@ -137,6 +150,7 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
     rows = [h.name for h in report.hosts] + ([CLUSTER] if CLUSTER in cells else [])
     head = "".join(f'<th scope="col">{esc(c)}</th>' for c in columns)
     body = []
+    victims = report.victims()
     records = {h.name: h for h in report.hosts}
     for host in rows:
         if host == CLUSTER:
@@ -152,7 +166,7 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
                 tds.append(f'<td class="none" title="not run on this row">{NO_RESULT}</td>')
                 continue
             i, r = got
-            if r.blocked:
+            if i in victims:
                 tds.append(f'<td class="blocked" data-check="{esc(check)}" title="{esc(r.message)}">'
                            f'<a href="#{ids[i]}">{NO_RESULT}</a></td>')
                 continue
@@ -163,8 +177,8 @@ def _matrix(report: Report, ids: Dict[int, str]) -> str:
     return (f'<section id="matrix-section"><h2>Matrix</h2><div class="scroll"><table id="matrix"><thead><tr>'
             f'<th scope="col">host</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
             f'<p class="caption">Click a cell for its message and fix. The last row holds the cluster-wide '
-            f'checks; {NO_RESULT} = not run on that row (a linked {NO_RESULT}: blocked, as the host could not be '
-            f'reached).</p></section>')
+            f'checks; {NO_RESULT} = not run on that row (a linked {NO_RESULT}: blocked, by its host\'s connection '
+            f'or another result\'s fault, which its message names).</p></section>')
 
 
 def _result_item(same: List[Tuple[int, Result]], ids: Dict[int, str]) -> str:
@@ -184,18 +198,19 @@ def _result_item(same: List[Tuple[int, Result]], ids: Dict[int, str]) -> str:
 
 def _details(report: Report, ids: Dict[int, str]) -> str:
     groups = []
-    # Blocked cells after the errors, collapsed: each host's connection result above says why.
-    for status, blocked in [(s, False) for s in DETAIL_ORDER[:2]] + [(Status.ERROR, True)] + \
+    victims = report.victims()
+    # Blocked cells (victims, whatever their status) after the errors, collapsed: their causes above say why.
+    for status, blocked in [(s, False) for s in DETAIL_ORDER[:2]] + [(None, True)] + \
             [(s, False) for s in DETAIL_ORDER[2:]]:
         same: Dict[Tuple[str, str, str], List[Tuple[int, Result]]] = {}
         for i, r in enumerate(report.results):
-            if r.status == status and r.blocked == blocked:
+            if (i in victims) == blocked and (blocked or r.status == status):
                 same.setdefault((r.check, r.message, r.fix), []).append((i, r))
         items = [_result_item(rs, ids) for rs in same.values()]
         if not items:
             continue
         count = sum(len(rs) for rs in same.values())
-        title = f"{badge(status)} {count} result{'s' if count != 1 else ''}"
+        title = f"{badge(status)} {count} result{'s' if count != 1 else ''}" if status is not None else ""
         if blocked:
             title = f'<span class="badge st-skip">{NO_RESULT} blocked</span> {count} result{"s" if count != 1 else ""}'
         if status == Status.PASS or blocked:
@@ -205,7 +220,8 @@ def _details(report: Report, ids: Dict[int, str]) -> str:
             groups.append(f'<details class="group" data-status="{kind}"><summary><h3 style="display:inline">'
                           f'{title}</h3></summary>{"".join(items)}</details>')
         else:
-            groups.append(f'<div class="group" data-status="{status.value}"><h3>{title}</h3>{"".join(items)}</div>')
+            value = status.value if status else "blocked"
+            groups.append(f'<div class="group" data-status="{value}"><h3>{title}</h3>{"".join(items)}</div>')
     return f'<section id="details"><h2>Results</h2>{"".join(groups) or absent("no results")}</section>'
 
 

@@ -1,5 +1,6 @@
-"""The JSON report (``--json FILE``; its contract is docs/json-contract.md): the Report's ``to_dict``, one host,
-one result and one cause per line, so that a diff shows which changed::
+"""The JSON report (``--json FILE``; its contract is docs/json-contract.md): the Report's ``to_dict`` with its causes
+(``report_dict``: results.py cannot import causes.py, which imports it), one host, one result and one cause per
+line, so that a diff shows which changed::
 
     {
      "version": 1,
@@ -16,14 +17,16 @@ one result and one cause per line, so that a diff shows which changed::
       {"id": "CONNECTION:1", "status": "error", "check": "CONNECTION", "hosts": ["node03"], "nodeset": "node03", ...}
      ],
      ...
-     "summary": {"pass": 10, ..., "error": 1, "blocked": 14, "exit_code": 1}
+     "summary": {"pass": 10, ..., "error": 1, "blocked": 14, "exit_code": 1, "causes": 1, "warning_causes": 0}
     }
 """
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import Any, Dict, TextIO
 
+from preflight.causes import BAD, causes
+from preflight.hostside.outcome import Status
 from preflight.render import Settings
 from preflight.results import Report
 
@@ -32,9 +35,18 @@ from preflight.results import Report
 _ENCODE = json.JSONEncoder(default=str).encode
 
 
+def report_dict(report: Report) -> Dict[str, Any]:
+    """The whole JSON document: the report's results and its causes; the summary counts the causes too
+    (``causes``: FAIL/ERROR causes, what the verdict names; ``warning_causes``: WARN causes)."""
+    found = causes(report)
+    summary = {"causes": sum(1 for c in found if c.status in BAD),
+               "warning_causes": sum(1 for c in found if c.status == Status.WARN)}
+    return report.to_dict([c.to_dict() for c in found], summary)
+
+
 def to_json(report: Report) -> str:
     lines = []
-    for key, value in report.to_dict().items():
+    for key, value in report_dict(report).items():
         if isinstance(value, list) and value:
             items = ",\n".join("  " + _ENCODE(item) for item in value)
             lines.append(f" {_ENCODE(key)}: [\n{items}\n ]")

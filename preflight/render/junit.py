@@ -5,9 +5,15 @@
       <testcase classname="node03" name="CHECK" time="0.000">
         <properties><property name="blocked_by" value="CONNECTION" /></properties>
         <error message="blocked: ..." type="blocked">...
+      <testcase classname="node01" name="CHECK" time="0.000">
+        <properties><property name="blocked_by" value="CHECK" /><property name="blocked_host" value="node02" />
+        </properties><error message="..." type="blocked">...
 
-A blocked cell (its host's connection check failed) stays an error, as every cell that is not a pass is something
-a CI parser must see; its type is "blocked" and its ``blocked_by`` property names the check that blocked it.
+A victim (a FAIL or ERROR that only follows from another (host, check)'s fault: its host's failed connection, or
+another host's, ``Report.victims``) stays an error, as every cell that is not a pass is something a CI parser must
+see; its type is "blocked", its ``blocked_by`` property names the check that blocked it and ``blocked_host`` that
+check's host when it is another ("cluster" for the cluster-wide row). A blocked result whose blocker passed is no
+victim: it is written as its status says.
 """
 from __future__ import annotations
 
@@ -22,12 +28,12 @@ from preflight.text import xml_safe
 
 def to_junit(report: Report) -> str:
     """A WARN is a pass with its text in system-out, or a failure of type "warning" with --strict."""
-    c = report.counts()
-    failures = c["fail"] + (c["warn"] if report.strict else 0)
-    suite = ET.Element("testsuite", name="preflight", tests=str(len(report.results)), failures=str(failures),
-                       errors=str(c["error"] + c["blocked"]), skipped=str(c["skip"]), time=f"{report.duration_s:.3f}",
+    victims = report.victims()
+    bad = (Status.FAIL, Status.ERROR, Status.WARN) if report.strict else (Status.FAIL, Status.ERROR)
+    failures = errors = skipped = 0
+    suite = ET.Element("testsuite", name="preflight", tests=str(len(report.results)), time=f"{report.duration_s:.3f}",
                        timestamp=report.started_at)
-    for r in report.results:
+    for i, r in enumerate(report.results):
         case = ET.SubElement(suite, "testcase", classname=xml_safe(display_host(r.host)), name=xml_safe(r.check),
                              time=f"{r.duration_s:.3f}")
         message = xml_safe(r.message)
@@ -35,17 +41,30 @@ def to_junit(report: Report) -> str:
         if r.blocked_by is not None:
             properties = ET.SubElement(case, "properties")
             ET.SubElement(properties, "property", name="blocked_by", value=xml_safe(r.blocked_by))
-        if r.status == Status.FAIL:
+            if r.blocked_host is not None:
+                ET.SubElement(properties, "property", name="blocked_host",
+                              value=xml_safe(display_host(r.blocked_host)))
+        if i in victims and r.status in bad:
+            ET.SubElement(case, "error", message=message, type="blocked").text = text
+            errors += 1
+        elif r.status == Status.FAIL:
             ET.SubElement(case, "failure", message=message, type="fail").text = text
+            failures += 1
         elif r.status == Status.ERROR:
-            ET.SubElement(case, "error", message=message, type="blocked" if r.blocked else "error").text = text
+            ET.SubElement(case, "error", message=message, type="error").text = text
+            errors += 1
         elif r.status == Status.SKIP:
             ET.SubElement(case, "skipped", message=message)
+            skipped += 1
         elif r.status == Status.WARN:
             if report.strict:
                 ET.SubElement(case, "failure", message=message, type="warning").text = text
+                failures += 1
             else:
                 ET.SubElement(case, "system-out").text = "WARN: " + text
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("skipped", str(skipped))
     suites = ET.Element("testsuites")
     suites.append(suite)
     ET.indent(suites)

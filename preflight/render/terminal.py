@@ -15,6 +15,7 @@ Reads only the Report's structured results (grouped by ``preflight.causes``), li
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -42,7 +43,8 @@ STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", S
 SEVERITY = (Status.FAIL, Status.ERROR, Status.WARN, Status.SKIP, Status.PASS)
 BLOCKED = "BLOCKED"  # the word of a blocked cell's line (-v): its host's connection failed, so it did not run
 NO_CELL = "\u00b7"  # the matrix cell of a blocked check, or of one that does not run on that row
-MATRIX_CAPTION = f"{NO_CELL} = blocked (the host could not be reached), or no result on that row"
+MATRIX_CAPTION = (f"{NO_CELL} = blocked (its host could not be reached, or it follows from another result's fault: "
+                  "its cause's line says which), or no result on that row")
 
 # --------------------------------------------------------------------------------------- progress
 
@@ -122,9 +124,13 @@ class TerminalProgress(Progress):
 
 # --------------------------------------------------------------------------------------- terminal
 
-def result_line(r: Result, verbose: bool = False) -> str:
-    """``node02::CHECK FAILED - message; fix: ...`` (plain text: the caller prints it without markup)."""
-    line = f"{display_host(r.host)}::{r.check} {BLOCKED if r.blocked else WORD[r.status]} - {r.message}"
+def result_line(r: Result, verbose: bool = False, victim: Optional[bool] = None) -> str:
+    """``node02::CHECK FAILED - message; fix: ...`` (plain text: the caller prints it without markup); a victim's
+    word is BLOCKED (``victim``: the report's ``victims()`` says so; by default, any blocked result)."""
+    victim = r.blocked if victim is None else victim
+    line = f"{display_host(r.host)}::{r.check} {BLOCKED if victim else WORD[r.status]} - {r.message}"
+    if victim and r.blocked_host is not None:
+        line += f" (blocked by {display_host(r.blocked_host)}::{r.blocked_by})"
     if r.fix and r.status != Status.PASS:
         line += f"; fix: {r.fix}"
     if verbose and r.metrics.get("traceback"):
@@ -167,14 +173,21 @@ def _grid(report: Report):
     few-host run narrow.
     """
     cells: Dict[str, Dict[str, Result]] = {}
-    for r in report.results:
-        cells.setdefault(r.host, {})[r.check] = r
+    victims = report.victims()
+    for i, r in enumerate(report.results):
+        # A blocked result that is no victim (its blocker passed) shows its status: it is a cause of its own.
+        cells.setdefault(r.host, {})[r.check] = r if r.blocked == (i in victims) else _no_victim(r)
     checks = [c for c in report.checks if any(c in row for row in cells.values())]
     hosts = [h.name for h in report.hosts] + ([CLUSTER] if CLUSTER in cells else [])
     hosts += [h for h in cells if h not in hosts]  # a result for a host not in the list still shows
     if len(checks) > len(hosts):
         return (checks, hosts, lambda row, col: cells.get(col, {}).get(row), "check")
     return (hosts, checks, lambda row, col: cells.get(row, {}).get(col), "host")
+
+
+def _no_victim(r: Result) -> Result:
+    """A blocked result that the report holds as a cause of its own, as the matrix shows it."""
+    return Result(r.host, r.check, r.status, r.message, r.fix, r.metrics, r.duration_s, where=r.where)
 
 
 def _cell(r: Optional[Result]) -> Text:
@@ -291,9 +304,10 @@ def print_report(report: Report, console: Console, verbose: bool = False, quiet:
     found = causes(report)
     if not quiet:
         if verbose:
-            for r in report.results:
-                style = "dim" if r.blocked else STYLE[r.status] if r.status != Status.PASS else ""
-                console.print(Text(result_line(r, verbose), style=style), soft_wrap=True)
+            victims = report.victims()
+            for i, r in enumerate(report.results):
+                style = "dim" if i in victims else STYLE[r.status] if r.status != Status.PASS else ""
+                console.print(Text(result_line(r, verbose, i in victims), style=style), soft_wrap=True)
         else:
             for cause in found:
                 console.print(Text(cause.line(), style=cause_style(cause)), soft_wrap=True)
@@ -338,10 +352,30 @@ def write(report: Report, out: TextIO, settings: Settings) -> None:
                  relaunch=settings.relaunch)
 
 
+class _Console(Console):
+    """rich's Console, except where its reader went away (``preflight run | head -1``): rich's own answer is
+    SystemExit(1), the exit code of NOT READY, whatever the verdict. Here the console goes quiet, its descriptor
+    is pointed at /dev/null (the interpreter's last flush cannot fail either), and the run ends with the verdict's
+    exit code."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        try:
+            fd = self.file.fileno()
+        except (AttributeError, OSError, ValueError):  # a StringIO or a closed stream: nothing to point elsewhere
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
 def console(file: Optional[TextIO] = None, width: Optional[int] = None) -> Console:
     """A console that never interprets text as markup or emoji codes (paths, host names and errors contain
-    ``[...]`` and ``:name:``); colour is styling given by the reporters, never parsed out of strings."""
-    return Console(file=file, width=width, markup=False, emoji=False, highlight=False)
+    ``[...]`` and ``:name:``); colour is styling given by the reporters, never parsed out of strings. A closed
+    reader (``| head``) makes it quiet, never exits the process (``_Console``)."""
+    return _Console(file=file, width=width, markup=False, emoji=False, highlight=False)
 
 
 def stderr_console() -> Console:
