@@ -308,9 +308,13 @@ class Runner:
                     text = str(out) if out is not None else "no answer"
                     outcome = Outcome(Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python))
                     if node.name in self.no_python:  # the one cause: where to fix it when no host has it
-                        outcome.message = f"--python {shlex.quote(self.o.python)}: {_without_prefix(text)}"
-                        if len(self.no_python) == len(reachable):
-                            outcome.where = "every host"
+                        python = shlex.quote(self.o.python)
+                        everywhere = len(self.no_python) == len(reachable)
+                        outcome.message = (f"the job's interpreter {python} (--python) was not "
+                                           f"found{_after_missing(text)}")
+                        outcome.fix = (f"pass --python with the path of the interpreter the job runs, or install the "
+                                       f"job's environment at {python} on {'every host' if everywhere else node.name}")
+                        outcome.where = "every host" if everywhere else None
                     self._add(node.name, module.NAME, outcome)
                 elif "error" in out.get(module.NAME, {"error": "no result"}):
                     entry = out.get(module.NAME, {"error": "no result from the agent"})
@@ -582,11 +586,11 @@ def mark_same_machines(nodes: Sequence[Node]) -> None:
                 n.ssh_facts["same_machine"] = same
 
 
-def _without_prefix(text: str) -> str:
-    """An agent error without the request it was for ("host checks: the Python interpreter ..." -> "the Python
-    interpreter ...")."""
+def _after_missing(text: str) -> str:
+    """What an agent error says after INTERPRETER_MISSING: " on the host (bash: line 1: /opt/venv/bin/python: No such
+    file or directory)"."""
     at = text.find(INTERPRETER_MISSING)
-    return text[at:] if at >= 0 else text
+    return text[at + len(INTERPRETER_MISSING):] if at >= 0 else f": {text}"
 
 
 def _agent_fix(text: str, python: str) -> str:
