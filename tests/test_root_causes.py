@@ -299,6 +299,27 @@ def test_allreduce_left_out_row_is_the_left_out_hosts_when_the_rest_passed():
     assert star.status == Status.FAIL and "--min-busbw" in star.message and star.blocked_by is None
 
 
+def test_allreduce_failed_run_one_host_explains_is_that_hosts():
+    from preflight.checks import allreduce
+    from preflight.hostside.outcome import BlockedBy, Status
+    from tests.test_allreduce import FAILED, THRESHOLDS
+
+    out = allreduce.evaluate(FAILED, THRESHOLDS)  # two suspects (node01 by the errors, node03 by a pair): no one's
+    assert out["*"].status == Status.FAIL and out["*"].blocked_by is None
+    one = dict(FAILED, localization={"suspects": FAILED["localization"]["suspects"][:1]})
+    out = allreduce.evaluate(json.loads(json.dumps(one)), THRESHOLDS)
+    assert out["*"].status == Status.FAIL and out["*"].blocked_by == BlockedBy("node01", "allreduce")
+    assert out["node01"].status == Status.FAIL and out["node01"].blocked_by is None  # the cause itself
+    hint = dict(FAILED, localization={"suspects": [dict(FAILED["localization"]["suspects"][0], source="iperf3")]})
+    assert allreduce.evaluate(json.loads(json.dumps(hint)), THRESHOLDS)["*"].blocked_by is None  # a hint proves none
+    # torch missing on node02: the python check FAILs node02 for it; the all-reduce's row is node02's.
+    from tests.test_allreduce import HEALTHY
+    facts = dict(HEALTHY, status="no_torch", hosts_without_torch=["node02"],
+                 reason="ModuleNotFoundError: No module named 'torch'")
+    star = allreduce.evaluate(facts, THRESHOLDS)["*"]
+    assert star.status == Status.FAIL and star.blocked_by == BlockedBy("node02", "python")
+
+
 def test_checkpoint_shared_filesystem_short_of_room_is_the_cluster_rows(thresholds):
     from preflight.checks import checkpoint
     from preflight.hostside.outcome import BlockedBy, Status

@@ -140,6 +140,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     return result
 
 
+def _sole_suspect(suspects: List[Dict[str, Any]]) -> Optional[BlockedBy]:
+    """A failed run that one host explains (its ranks' errors, the pairwise runs or the probe named it alone; not
+    iperf3's hint): the cluster row follows from that host's row."""
+    if len(suspects) == 1 and suspects[0].get("source") in ("errors", "pairwise", "probe"):
+        return BlockedBy(str(suspects[0]["host"]), NAME)
+    return None
+
+
 def _proven_by(entry: Dict[str, Any]) -> Optional[BlockedBy]:
     """The (host, check) whose result proved a left-out host unreachable: ports, else iperf3 (known_unreachable's
     "sources")."""
@@ -212,7 +220,9 @@ def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
         fix = "pass --python with the job's interpreter, or pip install torch on every host"
         # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
         if limits(thresholds, "python")["require_torch"]:
-            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
+            # The python check FAILs those hosts for the same reason: this row is theirs, not the cluster's.
+            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics,
+                                 blocked_by=BlockedBy(str(hosts[0]), "python") if hosts else None)}
         return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
     if status == "error":
         reason = facts.get("reason") or (facts.get("failure") or {}).get("message")
@@ -232,7 +242,7 @@ def _failed(facts: Dict[str, Any], suspects: List[Dict[str, Any]], metrics: Dict
     fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
         port=facts.get("master_port"), master=facts.get("master"))
     metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
-    by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
+    by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics, blocked_by=_sole_suspect(suspects))}
     for s in suspects:
         by_host[s["host"]] = Outcome(Status.FAIL, f"all-reduce: {s['reason']}", _host_fix(s, facts, fix))
     return by_host
