@@ -92,8 +92,11 @@ def block_outbound(cluster: NetCluster, host: str, request: Any) -> None:
 
 
 @needs_cluster
+@pytest.mark.parametrize("blocked", ["outbound", "inbound"])
 def test_six_host_broken_cluster_names_five_hosts_nothing_cluster_wide_and_the_launch(netcluster_factory, tmp_path,
-                                                                                       request):
+                                                                                       request, blocked):
+    """node02's outbound TCP to high ports dropped (the issue's scenario), or its inbound (tests/test_verdict.py's):
+    either way iperf3's failed tests and the all-reduce's row are node02's."""
     from tests.test_host_checks_cluster import libaio_runtime
     lib = libaio_runtime()
     # Not under /tmp: each host mounts a private tmpfs there before the setup commands run.
@@ -103,7 +106,10 @@ def test_six_host_broken_cluster_names_five_hosts_nothing_cluster_wide_and_the_l
     for h in cluster.hosts:
         if h.name != "node06":  # node06 lacks the NVMe path
             cluster.exec(h, ["mkdir", "-p", NVME], check=True)
-    block_outbound(cluster, "node02", request)  # node02 opens no TCP connection to a high port: NCCL hangs at init
+    if blocked == "outbound":
+        block_outbound(cluster, "node02", request)  # node02 opens no TCP connection to a high port: NCCL hangs at init
+    else:
+        cluster.firewall("node02")  # inbound TCP to node02's high ports dropped
     os.kill(cluster.host("node03").pid, signal.SIGTERM)  # a dead sshd: connection refused
     hung = cluster.host("node04").pid
     os.kill(hung, signal.SIGSTOP)  # a hung sshd: TCP accepted, no banner ever

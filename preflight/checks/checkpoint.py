@@ -10,7 +10,8 @@ it sees, and ``cleanup`` removes its own. Facts, e.g.::
      "seen": {"node01": ["node01", "node02"], "node02": ["node01", "node02"]}}
 
 A DeepSpeed ZeRO checkpoint holds 16 bytes/param of optimizer state (fp32 master weights, Adam's two moments)
-plus 2 bytes/param of bf16/fp16 weights, spread over the ranks.
+plus 2 bytes/param of bf16/fp16 weights, spread over the ranks. One shared filesystem short of room for it is one
+cause, the cluster row's FAIL; the hosts' cells repeat it as its victims (``blocked_by`` the cluster row).
 Thresholds: [checkpoint] in checkpoint.toml beside this module.
 """
 from __future__ import annotations
