@@ -112,7 +112,21 @@ MIGRATIONS: Tuple[str, ...] = (
         SELECT h.name AS host, n.check_name AS check_name, n.key AS key, m.run AS run, m.value AS value
         FROM metrics m JOIN hosts h ON h.id = m.host JOIN names n ON n.id = m.name;
     """,
+    # Issue 30: each non-pass cell's cause within its run (preflight.causes' id, "ssh:1"), and whether it is a
+    # victim (blocked: it follows from another cell's fault); each run's number of FAIL/ERROR causes. `history`
+    # and `diff` count causes, not cells: one unreachable host is one new cause, not 15 new failures.
+    """
+    ALTER TABLE results ADD COLUMN cause TEXT;
+    ALTER TABLE results ADD COLUMN blocked INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN causes INTEGER;
+    DROP VIEW result_rows;
+    CREATE VIEW result_rows AS
+        SELECT h.name AS host, r.check_name AS check_name, r.run AS run, r.status AS status, r.context AS context,
+               r.message AS message, r.cause AS cause, r.blocked AS blocked
+        FROM results r JOIN hosts h ON h.id = r.host;
+    """,
 )
+CAUSES_SCHEMA = 2  # the first schema with results.cause, results.blocked and runs.causes
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -238,6 +252,8 @@ class Cell:
     context: str = ""
     figures: List[Tuple[str, float]] = field(default_factory=list)
     drops: int = 0  # its figures named against its own past: this run is then no part of its next baselines
+    cause: Optional[str] = None  # the id of its cause in the run (preflight.causes), for a cell that is no pass
+    blocked: bool = False  # a victim: it follows from another cell's fault, counted in that one's cause
 
 
 @dataclass(frozen=True)
@@ -510,8 +526,8 @@ class Store:
 
     # -- writing --------------------------------------------------------------------------------------------
     def record(self, started: float, kind: str, hosts: Sequence[str], exit_code: Optional[int],
-               cells: Sequence[Cell]) -> str:
-        """One run in one short transaction; its run id."""
+               cells: Sequence[Cell], causes: Optional[int] = None) -> str:
+        """One run in one short transaction; its run id. ``causes``: its number of FAIL/ERROR causes."""
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -520,19 +536,19 @@ class Store:
                     if not self.db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                         break
                 cur = self.db.execute(
-                    "INSERT INTO runs (run_id, started, kind, version, commit_id, hosts, exit_code) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, started, kind, __version__, _commit_id(), json.dumps(list(hosts)), exit_code))
+                    "INSERT INTO runs (run_id, started, kind, version, commit_id, hosts, exit_code, causes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, started, kind, __version__, _commit_id(), json.dumps(list(hosts)), exit_code, causes))
                 row = int(cur.lastrowid or 0)
                 hosts_ids = self._ids("hosts", ("name",), sorted({(c.host,) for c in cells}))
                 name_ids = self._ids("names", ("check_name", "key"),
                                      sorted({(c.check, key) for c in cells for key, _ in c.figures}))
                 self.db.executemany(
-                    "INSERT OR REPLACE INTO results (host, check_name, run, status, context, message, drops) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO results (host, check_name, run, status, context, message, drops, cause, "
+                    "blocked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(hosts_ids[(c.host,)], c.check, row, Status(c.target.status).value, c.context,
                       str(c.target.message)[:MAX_MESSAGE_CHARS] if Status(c.target.status).value in KEEP_MESSAGE
-                      else None, c.drops)
+                      else None, c.drops, c.cause, int(c.blocked))
                      for c in cells])
                 self.db.executemany(
                     "INSERT OR REPLACE INTO metrics (host, name, run, value) VALUES (?, ?, ?, ?)",
@@ -673,11 +689,12 @@ class Recorder:
         return found
 
     def record(self, kind: str, hosts: Sequence[str], cells: Sequence[Cell], exit_code: Optional[int],
-               started: Optional[float] = None) -> Optional[str]:
+               started: Optional[float] = None, causes: Optional[int] = None) -> Optional[str]:
         if self.store is None:
             return None
         try:
-            run_id = self.store.record(time.time() if started is None else started, kind, hosts, exit_code, cells)
+            run_id = self.store.record(time.time() if started is None else started, kind, hosts, exit_code, cells,
+                                       causes)
         except HistoryError as exc:
             self.warn(str(exc))
             return None
@@ -719,9 +736,17 @@ def record_report(report: Any, thresholds: Mapping[str, Any], path: Optional[Pat
         return None
     hosts = [h.name for h in report.hosts]
     cells = recorder.cells(((r.host, r.check, r) for r in report.results), hosts)
-    recorder.judge(cells)
+    recorder.judge(cells)  # first: a baseline WARN is part of the causes
+    from preflight.causes import BAD as CAUSE_BAD
+    from preflight.causes import causes as group
+    found = group(report)
+    victims = report.victims()
+    for cause in found:
+        for i in cause.results:
+            cells[i].cause, cells[i].blocked = cause.id, i in victims
     started = _parse_time(getattr(report, "started_at", ""))
-    return recorder.record(kind, hosts, cells, report.exit_code, started)
+    bad = sum(1 for c in found if c.status in CAUSE_BAD)
+    return recorder.record(kind, hosts, cells, report.exit_code, started, bad)
 
 
 def record_outcomes(node: str, outcomes: Sequence[Tuple[str, Any]], thresholds: Mapping[str, Any],
@@ -735,7 +760,11 @@ def record_outcomes(node: str, outcomes: Sequence[Tuple[str, Any]], thresholds: 
         return None
     cells = recorder.cells(((node, check, outcome) for check, outcome in outcomes), [node])
     recorder.judge(cells)
-    return recorder.record("node-check", [node], cells, exit_code())
+    for cell in cells:  # one node: each cell that is not a pass is a cause of its own
+        if Status(cell.target.status) != Status.PASS:
+            cell.cause = f"{cell.check}:1"
+    bad = sum(1 for c in cells if Status(c.target.status).value in BAD)
+    return recorder.record("node-check", [node], cells, exit_code(), causes=bad)
 
 
 def _parse_time(text: str) -> Optional[float]:
@@ -833,10 +862,27 @@ def previous_run(store: Store, run: Run) -> Run:
     raise HistoryError(f"{store.path}: no {run.kind} run before {run.run_id} with any of its hosts")
 
 
-def _cells(store: Store, run: Run) -> Dict[Tuple[str, str], Tuple[str, str, str]]:
-    """{(host, check): (status, message, context)} of a run."""
-    return {(h, c): (s, m or "", ctx) for h, c, s, m, ctx in store.query(
-        "SELECT host, check_name, status, message, context FROM result_rows WHERE run = ?", (run.row,))}
+@dataclass(frozen=True)
+class Recorded:
+    """One (host, check) of a recorded run: its status, message, context, cause id and whether it is a victim."""
+
+    status: str
+    message: str
+    context: str
+    cause: Optional[str] = None
+    blocked: bool = False
+
+
+def _cells(store: Store, run: Run) -> Dict[Tuple[str, str], Recorded]:
+    """{(host, check): Recorded} of a run. A store written before causes were recorded (schema 1): each cell that
+    is no pass is a cause of its own, and none is blocked."""
+    if store.version >= CAUSES_SCHEMA:
+        rows = store.query("SELECT host, check_name, status, message, context, cause, blocked FROM result_rows "
+                           "WHERE run = ?", (run.row,))
+    else:
+        rows = [(*r, None, 0) for r in store.query(
+            "SELECT host, check_name, status, message, context FROM result_rows WHERE run = ?", (run.row,))]
+    return {(h, c): Recorded(s, m or "", ctx, cause, bool(blocked)) for h, c, s, m, ctx, cause, blocked in rows}
 
 
 def _figures(store: Store, run: Run) -> Dict[Tuple[str, str], Dict[str, float]]:
@@ -850,27 +896,78 @@ def _word(status: str) -> str:
     return status.upper()
 
 
+def _bad_causes(cells: Mapping[Tuple[str, str], Recorded]) -> Dict[str, List[Tuple[str, str]]]:
+    """{cause id: its cells} of the cells that FAILed or ERRORed: the cells of the check the cause is named after
+    first (``ssh:1``), then the other checks that noticed it, its victims last. A cell recorded without a cause
+    (schema 1) is a cause of its own."""
+    out: Dict[str, List[Tuple[str, str]]] = {}
+    for key, cell in sorted(cells.items()):
+        if cell.status in BAD:
+            out.setdefault(cell.cause or f"{key[0]}::{key[1]}", []).append(key)
+    for cause, keys in out.items():
+        named = cause.rsplit(":", 1)[0] if "::" not in cause else keys[0][1]
+        keys.sort(key=lambda k: (cells[k].blocked, k[1] != named))
+    return out
+
+
+def _cause_line(keys: Sequence[Tuple[str, str]], cells: Mapping[Tuple[str, str], Recorded], change: str,
+                message: bool = True) -> str:
+    """``node03::ssh ERROR (was PASS) - message (also launcher_ssh; and 6 blocked cells)``: a cause by the cells
+    of the check it is named after (their hosts as a NodeSet), the first one's message, the other checks that
+    noticed it and how many victims it holds."""
+    from preflight.causes import nodeset
+    own = [k for k in keys if not cells[k].blocked] or list(keys)
+    check = own[0][1]
+    first = cells[own[0]]
+    line = f"  {nodeset([h for h, c in own if c == check])}::{check} {change}"
+    if message and first.message:
+        line += f" - {first.message[:200]}"
+    notes = []
+    others = list(dict.fromkeys(c for _, c in own if c != check))
+    if others:
+        notes.append(f"also {', '.join(others)}")
+    blocked = len(keys) - len(own) if len(own) < len(keys) else 0
+    if blocked:
+        notes.append(f"and {blocked} blocked cell{'s' if blocked != 1 else ''}")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def diff_lines(store: Store, a: Run, b: Run, settings: Settings) -> List[str]:
-    """What changed from run a to run b: new failures, fixed hosts (and cells), and the declared figures that
-    moved significantly (judged as a baseline is: against the host's own past spread, or the noise floor)."""
+    """What changed from run a to run b, by cause: new causes (one unreachable host is one, however many cells it
+    blocked), fixed hosts and causes, and the declared figures that moved significantly (judged as a baseline is:
+    against the host's own past spread, or the noise floor)."""
     before, after = _cells(store, a), _cells(store, b)
     lines = [f"preflight diff: {a.title()} -> {b.title()}"]
-    new = [(k, v) for k, v in sorted(after.items()) if v[0] in BAD and (k not in before or before[k][0] not in BAD)]
-    lines.append(f"new failures: {len(new)}")
-    for (host, check), (status, message, _) in new:
-        was = before.get((host, check), ("not run",))[0]
-        lines.append(f"  {display_host(host)}::{check} {_word(status)} (was {was.upper()}) - {message[:200]}")
-    fixed_cells = [(k, before[k][0], v[0]) for k, v in sorted(after.items())
-                   if k in before and before[k][0] in BAD and v[0] not in BAD]
-    bad_before = {h for (h, _), v in before.items() if v[0] in BAD}
-    bad_after = {h for (h, _), v in after.items() if v[0] in BAD}
+
+    def was_bad(key: Tuple[str, str]) -> bool:
+        return key in before and before[key].status in BAD
+
+    # A cause of b is new when one of its own cells (not a victim) was not bad in a.
+    new = {cause: keys for cause, keys in _bad_causes(after).items()
+           if any(not was_bad(k) for k in ([k for k in keys if not after[k].blocked] or keys))}
+    cells = sum(len(keys) for keys in new.values())
+    blocked = sum(1 for keys in new.values() for k in keys if after[k].blocked)
+    counted = f" ({cells} failed cells, {blocked} of them blocked)" if cells != len(new) else ""
+    lines.append(f"new causes: {len(new)}{counted}")
+    for keys in new.values():
+        first = next((k for k in keys if not after[k].blocked), keys[0])
+        was = before[first].status if first in before else "not run"
+        lines.append(_cause_line(keys, after, f"{_word(after[first].status)} (was {was.upper()})"))
+    bad_before = {h for (h, _), v in before.items() if v.status in BAD}
+    bad_after = {h for (h, _), v in after.items() if v.status in BAD}
     hosts_b = {h for h, _ in after}
     fixed_hosts = [h for h in b.hosts + [CLUSTER] if h in bad_before and h in hosts_b and h not in bad_after]
     named = f" ({', '.join(display_host(h) for h in fixed_hosts)})" if fixed_hosts else ""
     lines.append(f"fixed hosts: {len(fixed_hosts)}{named}")
-    for (host, check), was, now in fixed_cells:
+    # A cause of a is fixed when none of its own cells is bad in b (its victims are then fixed with it).
+    for keys in _bad_causes(before).values():
+        own = [k for k in keys if not before[k].blocked] or keys
+        if any(k in after and after[k].status in BAD for k in own) or not any(k in after for k in own):
+            continue
+        host, _ = own[0]
+        now = after[own[0]].status if own[0] in after else "not run"
         still = "" if host not in bad_after else " (the host still fails elsewhere)"
-        lines.append(f"  {display_host(host)}::{check} {was.upper()} -> {now.upper()}{still}")
+        lines.append(_cause_line(keys, before, f"{_word(before[own[0]].status)} -> {now.upper()}{still}", False))
     moved = _moved(store, a, b, before, after, settings)
     lines.append(f"metrics that moved: {len(moved)}")
     lines.extend("  " + m for m in moved)
@@ -880,14 +977,14 @@ def diff_lines(store: Store, a: Run, b: Run, settings: Settings) -> List[str]:
     return lines
 
 
-def _moved(store: Store, a: Run, b: Run, before: Mapping[Tuple[str, str], Tuple[str, str, str]],
-           after: Mapping[Tuple[str, str], Tuple[str, str, str]], settings: Settings) -> List[str]:
+def _moved(store: Store, a: Run, b: Run, before: Mapping[Tuple[str, str], Recorded],
+           after: Mapping[Tuple[str, str], Recorded], settings: Settings) -> List[str]:
     fa, fb = _figures(store, a), _figures(store, b)
     out = []
     for (host, check), figures in sorted(fb.items()):
         patterns = declared(check)
         old = fa.get((host, check), {})
-        ctx = after.get((host, check), ("", "", ""))[2]
+        ctx = after[(host, check)].context if (host, check) in after else ""
         keys = [k for k in figures if k in old and direction(patterns, k)]
         if not keys:
             continue
@@ -918,14 +1015,25 @@ def history_lines(store: Store, host: Optional[str], check: Optional[str], since
         if not found:
             return [f"no runs recorded{' in that period' if since else ''} in {store.path}"]
         width = max(len(r.run_id) for r in found)
-        lines = [f"{'run':<{width}}  {'time':<19}  {'kind':<10}  {'hosts':>5}  failed cells"]
-        bad = dict(store.query("SELECT run, COUNT(*) FROM results WHERE status IN ('fail', 'error') GROUP BY run"))
+        lines = [f"{'run':<{width}}  {'time':<19}  {'kind':<10}  {'hosts':>5}  {'causes':>6}  failed cells"]
+        if store.version >= CAUSES_SCHEMA:
+            causes = dict(store.query("SELECT id, causes FROM runs"))
+            cells = {run: (n, blocked or 0) for run, n, blocked in store.query(
+                "SELECT run, COUNT(*), SUM(blocked) FROM results WHERE status IN ('fail', 'error') GROUP BY run")}
+        else:
+            causes, cells = {}, {run: (n, 0) for run, n in store.query(
+                "SELECT run, COUNT(*) FROM results WHERE status IN ('fail', 'error') GROUP BY run")}
         for r in found:
-            lines.append(f"{r.run_id:<{width}}  {r.when()}  {r.kind:<10}  {len(r.hosts):>5}  {bad.get(r.row, 0)}")
+            n, blocked = cells.get(r.row, (0, 0))
+            counted = causes.get(r.row)
+            number = "?" if counted is None and n else str(counted or 0)  # "?": recorded before causes were
+            failed = f"{n}" + (f" ({blocked} blocked)" if blocked else "")
+            lines.append(f"{r.run_id:<{width}}  {r.when()}  {r.kind:<10}  {len(r.hosts):>5}  {number:>6}  {failed}")
         return lines
     key = CLUSTER if host == "cluster" else host
-    sql = ("SELECT r.id, r.run_id, r.started, x.check_name, x.status, x.message FROM result_rows x JOIN runs r "
-           "ON r.id = x.run WHERE x.host = ?")
+    blocked = "x.blocked" if store.version >= CAUSES_SCHEMA else "0"
+    sql = (f"SELECT r.id, r.run_id, r.started, x.check_name, x.status, x.message, {blocked} FROM result_rows x "
+           "JOIN runs r ON r.id = x.run WHERE x.host = ?")
     params: List[Any] = [key]
     if check:
         sql += " AND x.check_name = ?"
@@ -947,7 +1055,7 @@ def history_lines(store: Store, host: Optional[str], check: Optional[str], since
     width = max(len(r[3]) for r in rows)
     lines = [f"{host}: {len(runs_of)} run{'' if len(runs_of) == 1 else 's'}"]
     patterns: Dict[str, List[Tuple["re.Pattern[str]", str]]] = {}
-    for run, run_id, started, c, status, message in rows:
+    for run, run_id, started, c, status, message, victim in rows:
         if c not in patterns:
             patterns[c] = declared(c)
         shown = [(k, v) for k, v in sorted(figures.get((run, c), [])) if check or direction(patterns[c], k)]
@@ -955,7 +1063,8 @@ def history_lines(store: Store, host: Optional[str], check: Optional[str], since
         if status in KEEP_MESSAGE and message:
             text = (text + "  " if text else "") + "- " + message[:160]
         when = _dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M:%S")
-        lines.append(f"{when}  {run_id}  {c:<{width}}  {status.upper():<5}  {text}".rstrip())
+        word = "BLOCKED" if victim else status.upper()  # a victim of another cell's fault, not a cause
+        lines.append(f"{when}  {run_id}  {c:<{width}}  {word:<5}  {text}".rstrip())
     return lines
 
 

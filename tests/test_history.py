@@ -177,21 +177,22 @@ def test_schema_has_a_version_and_later_migrations_apply_in_order(tmp_path, monk
     db = tmp_path / "h.db"
     store = history.Store(db)
     store.close()
-    assert rows(db, "SELECT version FROM schema_version") == [(1,)]
+    current = history.SCHEMA_VERSION  # 2 since issue 30 (each cell's cause, blocked cells, each run's causes)
+    assert rows(db, "SELECT version FROM schema_version") == [(v,) for v in range(1, current + 1)]
     assert rows(db, "PRAGMA journal_mode") == [("wal",)]
     history.record_report(nvme_report({"node01": 3.0}, time.time()), {}, db)
     # A later preflight adds a migration: the file is brought up to date when next opened, its runs kept
     monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS + ("ALTER TABLE runs ADD COLUMN note TEXT",))
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(history, "SCHEMA_VERSION", current + 1)
     history.Store(db).close()
-    assert rows(db, "SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+    assert rows(db, "SELECT version FROM schema_version ORDER BY version") == [(v,) for v in range(1, current + 2)]
     assert rows(db, "SELECT COUNT(*), COUNT(note) FROM runs") == [(1, 0)]
     # ... and this preflight does not write a file a newer one migrated past it, but still reads it
-    monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS[:1])
-    monkeypatch.setattr(history, "SCHEMA_VERSION", 1)
+    monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS[:current])
+    monkeypatch.setattr(history, "SCHEMA_VERSION", current)
     with pytest.raises(history.HistoryError, match="written by a newer preflight"):
         history.Store(db)
-    assert history.Store(db, readonly=True).version == 2
+    assert history.Store(db, readonly=True).version == current + 1
 
 
 def test_a_file_of_something_else_is_left_alone(tmp_path):
@@ -234,7 +235,7 @@ def test_parallel_writers_lose_nothing(tmp_path):
     assert rows(db, "SELECT COUNT(*) FROM results") == [(400,)]
     assert rows(db, "SELECT COUNT(*) FROM metrics") == [(200 * (5 + 2),)]
     assert rows(db, "SELECT COUNT(DISTINCT host) FROM results") == [(8,)]
-    assert rows(db, "SELECT COUNT(*) FROM schema_version") == [(1,)]
+    assert rows(db, "SELECT COUNT(*) FROM schema_version") == [(history.SCHEMA_VERSION,)]  # each migration once
 
 
 def test_a_run_id_drawn_twice_is_drawn_again(tmp_path, monkeypatch):
@@ -303,11 +304,11 @@ def test_history_and_diff_read_back_what_was_recorded(tmp_path):
     proc = cli("diff", "--against", "last", "--history", str(db))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "new failures: 0" in out and "fixed hosts: 1 (node02)" in out and "node02::nvme FAIL -> PASS" in out
+    assert "new causes: 0" in out and "fixed hosts: 1 (node02)" in out and "node02::nvme FAIL -> PASS" in out
     assert re.search(r"node01::nvme paths\[/local_nvme\]\.write_Bps 3\.1 GB/s -> 2 GB/s \(-35%, worse; z -\d+", out)
     ids = [r[0] for r in rows(db, "SELECT run_id FROM runs ORDER BY id")]
     proc = cli("diff", ids[5], ids[6], "--history", str(db))
-    assert "new failures: 1" in proc.stdout and "node02::nvme FAIL (was PASS)" in proc.stdout
+    assert "new causes: 1" in proc.stdout and "node02::nvme FAIL (was PASS)" in proc.stdout
     assert "fixed hosts: 0" in proc.stdout
 
 
@@ -516,5 +517,5 @@ def test_diff_against_last_lists_a_fixed_host(cluster4, tmp_path):
     assert proc.returncode == 0, proc.stdout
     proc = cli("diff", "--against", "last", "--history", str(db))
     assert proc.returncode == 0, proc.stderr
-    assert "new failures: 0" in proc.stdout and "fixed hosts: 1 (node04)" in proc.stdout, proc.stdout
+    assert "new causes: 0" in proc.stdout and "fixed hosts: 1 (node04)" in proc.stdout, proc.stdout
     assert "node04::ports FAIL -> PASS" in proc.stdout

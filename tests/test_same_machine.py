@@ -191,3 +191,68 @@ def test_a_normal_cluster_is_not_flagged(cluster, tmp_path):
     for cell in cells.values():
         assert cell["status"] == "pass" and "same_machine" not in cell["metrics"], cell
     assert "one machine" not in proc.stdout
+
+
+# --- one cause, and the launch keeps the name the fix keeps (issue 30) ---------------------------------------
+
+def two_names_report(strict: bool = True):
+    """node1 and 10.77.0.1 are one machine (the connection check's WARN on both, the same words), node2 apart."""
+    from preflight.results import HostRecord, Report, Result
+    group = same(["node1", "10.77.0.1"], [1, 1], [[0], [0]], None)
+    results = []
+    for name, address in (("node1", "10.77.0.1"), ("10.77.0.1", "10.77.0.1"), ("node2", "10.77.0.2")):
+        facts = dict(CONNECTED, hostname=name if name != "10.77.0.1" else "node1", address=address)
+        if name != "node2":
+            facts["same_machine"] = group
+        results.append(Result.from_outcome(name, "ssh", ssh.evaluate(facts, THRESHOLDS)))
+        results.append(Result(name, "memlock", Status.PASS, "unlimited"))
+    hosts = [HostRecord("node1", "10.77.0.1", 1, True), HostRecord("10.77.0.1", "10.77.0.1", 1, True),
+             HostRecord("node2", "10.77.0.2", 1, True)]
+    return Report("t", 1.0, hosts, results, ["ssh", "memlock"], strict=strict)
+
+
+def test_two_names_are_one_cause_and_the_launch_keeps_the_name_the_fix_keeps(tmp_path):
+    import io
+
+    from preflight import launchable
+    from preflight.causes import causes, verdict
+    report = two_names_report()
+    (cause,) = causes(report)
+    assert cause.hosts == ["node1", "10.77.0.1"] and "keep node1, without 10.77.0.1" in cause.fix
+    assert verdict(report) == "NOT READY: 1 warning, and --strict fails on warnings (10.77.0.1,node1 ssh)"
+    launch = launchable.launchable(report)
+    assert launch.exclude_spec() == "10.77.0.1" and [h for h, _ in launch.hosts] == ["node1", "node2"]
+    hostfile = str(tmp_path / "hostfile")
+    assert launchable.ready_command(report, launchable.Context(hostfile)) == \
+        f"deepspeed --hostfile {hostfile} -e 10.77.0.1 ..."
+    out = io.StringIO()
+    launchable.write(report, out)
+    assert out.getvalue().splitlines()[1:] == ["node1 slots=1", "node2 slots=1"]
+
+
+def test_strict_run_of_one_machine_under_three_names_keeps_one(cluster, tmp_path):
+    """On namespace hosts, as a user runs it: --strict makes the WARN NOT READY; the cause is one line, the printed
+    -e leaves out the two other names, and --write-hostfile keeps node01 (the name the fix keeps)."""
+    node01 = cluster.host("node01")
+    second = node01.addresses[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host alias01\n    HostName {node01.addresses[0]}\n\n" + cluster.ssh_config.read_text())
+    hostfile = cluster.hostfile(tmp_path / "hf", names=["node01", "node02", "node03", second, "alias01"])
+    healthy = tmp_path / "healthy.txt"
+    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(hostfile), "--python", sys.executable,
+            "--ssh-config", str(config), "--ssh-key", str(cluster.user_key), "--known-hosts",
+            str(cluster.known_hosts), "--checks", "memlock", "--strict", "--write-hostfile", str(healthy)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"})
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    causes = [ln for ln in proc.stdout.splitlines() if "::" in ln]
+    assert len(causes) == 1 and "are one machine" in causes[0], proc.stdout
+    verdict = proc.stdout.splitlines()[-2]
+    assert verdict.endswith(f"; launch now: deepspeed --hostfile {healthy} ..."), verdict
+    names = [ln.split()[0] for ln in healthy.read_text().splitlines() if not ln.startswith("#")]
+    assert names == ["node01", "node02", "node03"], healthy.read_text()
+    proc = subprocess.run([a for a in argv if a not in ("--write-hostfile", str(healthy))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    verdict = proc.stdout.splitlines()[-2]
+    assert verdict.endswith(f"; launch now: deepspeed --hostfile {hostfile} -e {second}@alias01 ..."), verdict

@@ -88,7 +88,7 @@ def test_other_count_warns_with_the_hostfile_fix(thresholds):
     out = run(cluster(3, node01=eight), thresholds)
     assert out.status == Status.WARN
     assert "GPU count differs: node01 has 8, expected 1" in out.message and "slots=N" in out.message
-    assert "'HOST slots=N' for node01" in out.fix
+    assert "write each host's own count in the hostfile (node01 slots=8)" in out.fix  # issue 30: no HOST
 
 
 def test_a_host_mixing_models_differs_from_uniform_hosts(thresholds):

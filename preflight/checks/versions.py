@@ -67,7 +67,7 @@ _FIXES = {
 
 # GPUs, from the gpu check's facts (driver_cuda's gpu_count where the gpu check recorded nothing):
 # field -> (label, why a difference matters, fix: a str.format template filled in later with {value} = the
-# majority's, {hosts} = the odd hosts).
+# majority's, {hosts} = the odd hosts, {own} = each odd host's own hostfile line, "node02 slots=4").
 HARDWARE: Dict[str, Tuple[str, str, str]] = {
     "gpu_model": ("GPU model", "mixed GPU models in one job: synchronous data-parallel steps go at the slowest GPU's "
                   "pace", "run the job on hosts with {value} only (leave {hosts} out of the hostfile), or accept the "
@@ -78,7 +78,7 @@ HARDWARE: Dict[str, Tuple[str, str, str]] = {
                    "smallest GPU memory in the job"),
     "gpu_count": ("GPU count", "each host's hostfile line must give its own count (slots=N), and layouts that "
                   "assume the same GPUs per node (pipeline or tensor parallel groups) break",
-                  "write each host's own count in the hostfile ('HOST slots=N' for {hosts}), or restore the missing "
+                  "write each host's own count in the hostfile ({own}), or restore the missing "
                   "GPUs there (nvidia-smi -L; the gpu check's result says which GPU is gone)"),
     "gpu_cc": ("GPU compute capability", "kernels built for one compute capability (TORCH_CUDA_ARCH_LIST, DeepSpeed's "
                "pre-built ops) may not run on another, and bf16 needs 8.0 or higher",
@@ -201,6 +201,7 @@ def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], sta
     if len(ranked[1][1]) == len(top_hosts):
         parts = "; ".join(f"{_show(v, field)} on {_hosts(n)}" for v, n in ranked)
         message = f"{label} differs between hosts with no majority: {parts}"
+        odd = ranked
         odd_names = [n for _v, names in ranked for n in names]
         named_for_fix = "every host"
     else:
@@ -214,7 +215,11 @@ def _differs(field: str, label: str, groups: Dict[Optional[str], List[str]], sta
         odd_hosts.setdefault(n, []).append(field)
     if field in HARDWARE:
         _label, why, fix = HARDWARE[field]
-        return Finding(status, f"{message}: {why}", fix.format(value=_show(top_value, field), hosts=named_for_fix))
+        lines = [f"{n} slots={v}" for v, names in odd if v is not None and str(v).isdigit() for n in sorted(names)]
+        own = ", ".join(lines[:8]) + (f" and {len(lines) - 8} more" if len(lines) > 8 else "")
+        own = own or f"slots= the GPUs each of {named_for_fix} has"
+        return Finding(status, f"{message}: {why}", fix.format(value=_show(top_value, field), hosts=named_for_fix,
+                                                               own=own))
     return Finding(status, message, _FIXES[field].format(value=_show(top_value), hosts=named_for_fix))
 
 
