@@ -299,6 +299,21 @@ def test_allreduce_left_out_row_is_the_left_out_hosts_when_the_rest_passed():
     out = allreduce.evaluate(facts, THRESHOLDS)
     assert out["node03"].status == Status.FAIL and out["node03"].blocked_by == BlockedBy("node03", "ports")
     assert out["*"].status == Status.FAIL and out["*"].blocked_by == BlockedBy("node03", "ports"), out["*"]
+    # A straggler among the others (under load, say) is its own host's WARN row: the row is still node05's.
+    from tests.test_allreduce import HEALTHY, ROUNDS, _slowed
+    left_out = [{"host": "node05", "reason": "ports: inbound TCP to node05 (198.18.0.5) port 40000 from node01 timed "
+                 "out: a firewall drops the packets", "sources": ["ports"], "kind": "mesh"}]
+    slow = dict(json.loads(json.dumps(HEALTHY)), stragglers=_slowed(ROUNDS["clean"], "node01", 0.8), excluded=left_out)
+    slow_out = allreduce.evaluate(slow, THRESHOLDS)
+    assert slow_out["node01"].status == Status.WARN and "straggler" in slow_out["*"].message
+    assert slow_out["*"].status == Status.FAIL and slow_out["*"].blocked_by == BlockedBy("node05", "ports")
+    # ... but a WARN that no host's row carries (failed straggler pairs pointing at no one) stays the cluster's.
+    broken = _slowed(ROUNDS["clean"], "node01", 1.0)
+    for pair in broken["pairs"][:1]:
+        pair.update(ok=False, iter_s=None, error="connection reset")
+    unexplained = allreduce.evaluate(dict(slow, stragglers=broken), THRESHOLDS)
+    assert unexplained["*"].status == Status.FAIL and "pairs failed" in unexplained["*"].message
+    assert unexplained["*"].blocked_by is None, unexplained
     # A failure among the others is a cause of its own: the row stays the cluster's.
     failing = dict(facts, min_busbw=1e9)
     star = allreduce.evaluate(failing, THRESHOLDS)["*"]

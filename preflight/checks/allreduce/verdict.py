@@ -133,9 +133,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     metrics = dict(rest.metrics, excluded=excluded)
     result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
                           else fix, metrics, rest.findings)
-    if rest.status in (Status.PASS, Status.SKIP) and not rest.blocked_by:
-        # Among the others all is well: the FAIL is the left-out host's fault (the check that proved it), not the
-        # cluster's. A host of the others at fault keeps the row a cause of its own.
+    left = {e["host"] for e in excluded}
+    named = any(o.status in (Status.WARN, Status.FAIL) for h, o in result.items() if h != "*" and h not in left)
+    if not rest.blocked_by and (rest.status in (Status.PASS, Status.SKIP) or rest.status == Status.WARN and named):
+        # Among the others all is well, or what is not is a WARN that a host's own row says (a straggler): the FAIL
+        # is the left-out host's fault (the check that proved it), not the cluster's. A FAIL among the others, or a
+        # WARN no host's row carries, keeps the row a cause of its own.
         result["*"].blocked_by = _proven_by(excluded[0])
     return result
 
