@@ -578,13 +578,19 @@ def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
         if not (args.expand and "ranges expanded" in note):  # expanding them is what --expand asks for
             print(f"preflight: warning: {note}", file=err)
     if args.expand:
-        out.write(expanded_text(hosts, path))
-        return EXIT_OK
-    width = max(len("host"), *(len(h.name) for h in hosts))
-    lines = [f"{'line':>5}  {'host':<{width}}  slots"]
-    lines += [f"{h.line:>5}  {h.name:<{width}}  {h.slots}" for h in hosts]
-    lines.append(f"{path}: {len(hosts)} host{'s' if len(hosts) != 1 else ''}, {sum(h.slots for h in hosts)} slots")
-    out.write("\n".join(lines) + "\n")
+        text = expanded_text(hosts, path)
+    else:
+        width = max(len("host"), *(len(h.name) for h in hosts))
+        lines = [f"{'line':>5}  {'host':<{width}}  slots"]
+        lines += [f"{h.line:>5}  {h.name:<{width}}  {h.slots}" for h in hosts]
+        lines.append(f"{path}: {len(hosts)} host{'s' if len(hosts) != 1 else ''}, "
+                     f"{sum(h.slots for h in hosts)} slots")
+        text = "\n".join(lines) + "\n"
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:  # `preflight hostfile big.txt | head`
+        _drop_stdout()
     return EXIT_OK
 
 

@@ -45,7 +45,8 @@ class Context:
 class Launchable:
     """The hosts a job can still start on. hosts: (name, slots) in the report's order, those with excluded GPUs
     included; slots_out: host -> excluded slots; left_out: host -> why (the cause labels); cluster_wide: the labels
-    of failures no host is blamed for (then no subset is known to be healthy)."""
+    of failures no host is blamed for, and of those fixed in no host (``launcher_ssh (launch shell)``): then no
+    subset is known to be healthy; placed: those fixed in no host alone."""
 
     hosts: List[Tuple[str, int]] = field(default_factory=list)
     slots_out: Dict[str, List[int]] = field(default_factory=dict)
@@ -53,6 +54,7 @@ class Launchable:
     cluster_wide: List[str] = field(default_factory=list)
     total: int = 0
     left_out_gpu: Dict[str, List[str]] = field(default_factory=dict)  # host with excluded slots -> why
+    placed: List[str] = field(default_factory=list)
 
     @property
     def usable(self) -> bool:
@@ -88,6 +90,7 @@ def launchable(report: Report) -> Launchable:
             continue
         if cause.fixed_in:  # the launch shell, the coordinator or every host: no host can be left out for it
             out.cluster_wide.append(f"{cause.label} ({cause.fixed_in})")
+            out.placed.append(f"{cause.label} ({cause.fixed_in})")
             continue
         named = [h for h in cause.hosts if h != CLUSTER]
         if not named:
@@ -131,9 +134,12 @@ def _kept_name(report: Report, cause: Cause) -> str:
 def _failed_gpus(report: Report, host: str, bad: set, slots: int) -> List[int]:
     """The GPU indices every bad result of ``host`` names, when each names some and a slot stays usable; else []."""
     found: set = set()
-    for r in report.results:
+    victims = report.victims()
+    for i, r in enumerate(report.results):
         if r.host != host or r.status not in bad:
             continue
+        if i in victims and report.results[victims[i]].host != host:
+            continue  # another host's fault, left out with that host: no GPU of this one is to blame
         gpus = r.metrics.get(GPU_METRIC) if isinstance(r.metrics, dict) else None
         if r.blocked or not isinstance(gpus, list) or not gpus:
             return []
@@ -150,8 +156,11 @@ def write(report: Report, out: TextIO, settings: object = None) -> None:
     line = f"# preflight left out: {why}"
     if launch.gpu_spec():
         line += f": launch with -e {launch.gpu_spec()}"
-    if launch.cluster_wide:
-        line += f"; failed cluster-wide, no host named: {', '.join(dict.fromkeys(launch.cluster_wide))}"
+    wide = [label for label in launch.cluster_wide if label not in launch.placed]
+    if wide:
+        line += f"; failed cluster-wide, no host named: {', '.join(dict.fromkeys(wide))}"
+    if launch.placed:
+        line += f"; to fix in no host, whichever hosts run: {', '.join(dict.fromkeys(launch.placed))}"
     out.write(" ".join(line.split()) + "\n")  # one line, whatever a cause label holds
     for name, slots in launch.hosts:
         out.write(f"{name} slots={slots}\n")

@@ -85,3 +85,12 @@ def test_no_launch_suggestion_below_min_hosts(tmp_path):
     # Without --min-hosts the healthy subset is printed whenever it exists.
     assert launchable.ready_command(report, launchable.Context(hostfile)) == \
         f"deepspeed --hostfile {hostfile} -e node02 ..."
+
+
+def test_hostfile_into_head_ends_quietly_with_0(tmp_path):
+    hostfile = tmp_path / "big.txt"
+    hostfile.write_text("".join(f"node{i} slots=8\n" for i in range(1, 5001)))
+    for command in ("hostfile", "hostfile --expand"):
+        proc = piped(f"{sys.executable} -m preflight {command} {hostfile}")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
+        assert len(proc.stdout.splitlines()) == 1

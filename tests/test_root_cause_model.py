@@ -212,3 +212,40 @@ def test_a_where_cause_beside_a_hosts_cause_and_a_warning():
                                "from the launch shell) ...); 1 host needs fixing (node02 libaio)")
     report.strict = True
     assert verdict(report).endswith("; and 1 warning, which --strict fails on")
+
+
+def test_the_html_page_lists_the_one_cause_and_shows_its_victims_as_blocked():
+    from preflight.render.html import to_html
+    page = to_html(config_missing_on_node02())
+    assert "1 cause to fix" in page and page.count('<li class="cause') == 1
+    assert "node02::rehearse FAILED - cannot open the DeepSpeed config /job/ds.json (blocks rehearse on " \
+           "node[01,03])" in page
+    row = page[page.index('data-host="node01"'):page.index('data-host="node02"')]
+    assert '<td class="blocked" data-check="rehearse"' in row
+    assert '<details class="group" data-status="blocked">' in page
+
+
+def test_a_victim_on_a_host_with_a_failed_gpu_still_leaves_only_that_gpu_out():
+    """node05's GPU 3 failed, and its rank waited for node02's: node02 out, node05 without GPU 3."""
+    report = cluster_report(6, extra=[
+        Result("node05", "gpu", Status.FAIL, "GPU 3: Xid 79", "drain the host", {"failed_gpus": [3]}),
+        Result("node02", "libaio", Status.FAIL, "libaio.so.1 not found", "apt-get install libaio1"),
+        Result.from_outcome("node05", "allreduce", Outcome(Status.FAIL, "rank 40 waited for node02",
+                                                           blocked_by=BlockedBy("node02", "libaio")))])
+    launch = launchable.launchable(report)
+    assert launch.exclude_spec() == "node02@node05:3", launch
+
+
+def test_prometheus_counts_causes_and_marks_victims():
+    from preflight.render import prometheus
+    text = prometheus.render(config_missing_on_node02(), now=0.0)
+    assert 'preflight_causes{command="run"} 1' in text
+    assert 'preflight_check_blocked{host="node01",check="rehearse"} 1' in text
+    assert 'preflight_check_blocked{host="node02"' not in text
+
+
+def test_the_written_hostfile_says_a_where_cause_is_no_hosts():
+    out = io.StringIO()
+    launchable.write(inherited_ifname(), out)
+    assert out.getvalue().splitlines()[0] == ("# preflight left out: nothing; to fix in no host, whichever hosts run: "
+                                              "launcher_ssh (launch shell)")

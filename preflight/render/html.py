@@ -131,7 +131,7 @@ def _summary(report: Report, sections: Sequence[CheckSpec]) -> str:
 
 def _causes(found: Sequence[Cause]) -> str:
     """One entry per cause that is not a pass, as the terminal prints it (its victims counted in it, not listed)."""
-    items = "".join(f'<li class="cause" data-status="{c.status.value}">{badge(c.status)} '
+    items = "".join(f'<li class="cause st-border-{c.status.value}">{badge(c.status)} '
                     f'<code>{esc(c.line())}</code></li>' for c in found if c.status != Status.PASS)
     bad = sum(1 for c in found if c.status in (Status.FAIL, Status.ERROR))
     if not items:

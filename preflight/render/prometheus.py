@@ -38,6 +38,9 @@ MAX_LABEL = 256  # a host-reported path or name longer than this is cut: a label
 
 STATUS = ("preflight_check_status", "preflight check result per host and check: 0 pass, 1 warn, 2 fail, 3 error, "
           "4 skip (a blocked check is 3)")
+BLOCKED = ("preflight_check_blocked", "1 where the result only follows from another result's fault (a victim, "
+           "counted in that one's cause; its status stays as it was)")
+CAUSES = ("preflight_causes", "FAIL and ERROR causes of the run (what the verdict names; a victim is none)")
 DURATION = ("preflight_check_duration_seconds", "how long the check took on the host")
 LAST_RUN = ("preflight_last_run_timestamp_seconds", "when preflight last finished a run (Unix time), by command")
 
@@ -142,9 +145,15 @@ def render(report: Report, command: str = "run", now: Optional[float] = None) ->
     node_exporter reads both a ``run``'s file and a ``node-check``'s keeps the two apart."""
     out = _Families()
     out.add(PromSample(*LAST_RUN, "gauge", {"command": command}, finished_at(report, now)), "run")
+    from preflight.causes import BAD, causes
+    out.add(PromSample(*CAUSES, "gauge", {"command": command},
+                       sum(1 for c in causes(report) if c.status in BAD)), "run")
     for r in report.results:
         labels = {"host": display_host(r.host), "check": r.check}
         out.add(PromSample(*STATUS, "gauge", labels, STATUS_VALUES[r.status]), r.check)
+    for i in sorted(report.victims()):  # an alert can leave victims out: `unless on(host, check) ... == 1`
+        r = report.results[i]
+        out.add(PromSample(*BLOCKED, "gauge", {"host": display_host(r.host), "check": r.check}, 1), r.check)
     for r in report.results:
         if r.duration_s > 0:  # 0: not measured (a blocked cell, a cluster row)
             out.add(PromSample(*DURATION, "gauge", {"host": display_host(r.host), "check": r.check},

@@ -4,11 +4,14 @@ the summary line.
 Reads only the Report's structured results (grouped by ``preflight.causes``), like every renderer. Sample
 (HOSTS::CHECK STATUS - message; fix, the hosts as a NodeSet):
 
-    node[03-04]::CONNECTION ERROR - could not reach ADDRESS ... (blocks 12 other checks on each); fix: ...
-    node02::CHECK FAILED - what was found, against what was expected; fix: the command that fixes it
+    node[03-04]::CONNECTION ERROR - could not reach <address> ... (blocks 12 other checks on each); fix: ...
+        node03: address 198.18.0.3
+        node04: address 198.18.0.4
+    node02::CHECK FAILED - what was found, against what was expected (blocks CHECK on cluster); fix: the command
+    every host::CHECK FAILED - a fault fixed in no host (seen on node[01-04]); fix: ...
     ...matrix...
     export NCCL_SOCKET_IFNAME==eth1
-    NOT READY: 3 hosts need fixing (node02 CHECK, node03 unreachable, node04 unreachable)
+    NOT READY: fix on every host (CHECK: ...); 3 hosts need fixing (node02 CHECK, node[03-04] unreachable)
     5 passed, 1 failed, 2 skipped, 1 error, 28 blocked in 4.2s
 
 ``-v`` prints every (host, check) line instead of the causes; ``-q`` only the last two lines.
