@@ -96,6 +96,9 @@ KILL_BY_TOKEN_TIMEOUT_S = 10.0
 # How long a host's interpreter may take from its start to the agent's hello when the config does not say
 # ([agent] start_s in defaults.toml holds the documented value; the runner adds the connect timeout to it).
 DEFAULT_START_S = 30.0
+# What an AgentError says when --python does not exist on the host (the runner looks for it: one cause, not one
+# per check).
+INTERPRETER_MISSING = "the Python interpreter was not found"
 
 
 def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
@@ -123,7 +126,7 @@ def _parse_result(res: CommandResult, what: str) -> Dict[str, Any]:
     if res.timed_out:
         raise AgentError(f"{what} timed out after {res.duration:.0f}s", res.stderr[-2000:])
     if res.rc == 127 or "not found" in tail:
-        raise AgentError(f"{what}: the Python interpreter was not found on the host ({tail})", res.stderr)
+        raise AgentError(f"{what}: {INTERPRETER_MISSING} on the host ({tail})", res.stderr)
     raise AgentError(f"{what} exited with rc={res.rc} without a result: {tail or 'no output'}", res.stderr[-2000:])
 
 

@@ -23,8 +23,8 @@ from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
 from preflight.results import CLUSTER, HostRecord, Report, Result
 from preflight.selfcheck import COORDINATOR, Kernel, SelfCheck
-from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, Agent, AgentError, Service, collect_budget,
-                             serve_input)
+from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, INTERPRETER_MISSING, Agent, AgentError, Service,
+                             collect_budget, serve_input)
 from preflight import transport as transports
 from preflight.transport import (CommandResult, SharedStep, SrunTransport, SSHOptions, Transport, TransportError,
                                  raise_fd_limit)
@@ -164,6 +164,9 @@ class Runner:
         self.nodes: List[Node] = []
         self.step: Optional[SharedStep] = None
         self.preload = False  # whether a selected check imports torch on the hosts (USES_TORCH)
+        # Hosts where --python is not there (reached, but the agent could not start): {host: the check whose
+        # cell says so}. Their other cells, and the cluster checks' cells of them, are that cell's victims.
+        self.no_python: Dict[str, str] = {}
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
@@ -291,17 +294,28 @@ class Runner:
         self.progress.phase("host checks", len(reachable))
         by_host = self._collect(reachable, modules)
         self._leave_out_unstarted(reachable)
+        self._note_missing_python(reachable, by_host, modules)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
             for module in modules:
                 if not node.reachable:  # its connection check failed: a blocked cell, its cause printed once
                     self._add_blocked(node.name, module.NAME)
+                elif node.name in self.no_python and module.NAME != self.no_python[node.name]:
+                    self._add_blocked(node.name, module.NAME, by=self.no_python[node.name])
                 elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
                     text = str(out) if out is not None else "no answer"
-                    self._add(node.name, module.NAME, Outcome(
-                        Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python)))
+                    outcome = Outcome(Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python))
+                    if node.name in self.no_python:  # the one cause: where to fix it when no host has it
+                        python = shlex.quote(self.o.python)
+                        everywhere = len(self.no_python) == len(reachable)
+                        outcome.message = (f"the job's interpreter {python} (--python) was not "
+                                           f"found{_after_missing(text)}")
+                        outcome.fix = (f"pass --python with the path of the interpreter the job runs, or install the "
+                                       f"job's environment at {python} on {'every host' if everywhere else node.name}")
+                        outcome.where = "every host" if everywhere else None
+                    self._add(node.name, module.NAME, outcome)
                 elif "error" in out.get(module.NAME, {"error": "no result"}):
                     entry = out.get(module.NAME, {"error": "no result from the agent"})
                     self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",
@@ -313,6 +327,16 @@ class Runner:
                     self.facts[node.name][module.NAME] = entry["facts"]
                     self._add(node.name, module.NAME,
                               _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+
+    def _note_missing_python(self, nodes: List[Node], by_host: Dict[str, Any], modules: List[ModuleType]) -> None:
+        """Hosts reached whose --python does not exist: the python check's cell (else the first host check's) is
+        the cause there, and every other check of the host, host-side or cluster-wide, is blocked by it."""
+        names = [m.NAME for m in modules]
+        holder = "python" if "python" in names else (names[0] if names else "")
+        for node in nodes:
+            out = by_host.get(node.name)
+            if holder and node.reachable and isinstance(out, AgentError) and INTERPRETER_MISSING in str(out):
+                self.no_python[node.name] = holder
 
     def _leave_out_unstarted(self, nodes: List[Node]) -> None:
         """A host whose agent gave no hello by its start-up deadline (its interpreter hangs before it runs the agent)
@@ -365,6 +389,8 @@ class Runner:
 
     def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
+        # A host without the job's interpreter runs nothing: the cluster checks go on without it (its cells blocked).
+        cluster.hosts = [h for h in cluster.hosts if h.name not in self.no_python]
         # In ORDER, one after the other: a later check may read an earlier one's facts (the all-reduce reads
         # ports' and iperf3's), and a measuring check (clock, compute, iperf3, all-reduce) has the hosts to
         # itself. Neighbours in ORDER that are both QUIET (they measure nothing that load disturbs and load the
@@ -408,24 +434,31 @@ class Runner:
         return outcomes, time.monotonic() - start
 
     def _add_outcomes(self, module: ModuleType, outcomes: Dict[str, Outcome], elapsed: float) -> None:
-        down = {n.name for n in self.nodes if not n.reachable}
-        if not any(n.reachable for n in self.nodes):
-            down.add(CLUSTER)  # no host to run on: the cluster-wide cell is blocked as well
+        connection = connection_check()
+        down: Dict[str, Tuple[str, Optional[str]]] = {n.name: (connection, None) for n in self.nodes
+                                                       if not n.reachable}
+        down.update((h, (check, None)) for h, check in self.no_python.items())
+        if not any(n.reachable and n.name not in self.no_python for n in self.nodes):
+            # no host to run on: the cluster-wide cell is blocked as well, by the first host's cause
+            first = next(iter(self.no_python.items()), None)
+            down[CLUSTER] = (first[1], first[0]) if first else (connection, None)
         for host, outcome in outcomes.items():
             if host in down and outcome.status == Status.ERROR:  # a cluster check's "not run" on a host it lacks
-                self._add_blocked(host, module.NAME, elapsed)
+                self._add_blocked(host, module.NAME, elapsed, *down[host])
             else:
                 self._add(host, module.NAME, outcome, elapsed)
 
     def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
         self.results.append(Result.from_outcome(host, check, outcome, duration))
 
-    def _add_blocked(self, host: str, check: str, duration: float = 0.0) -> None:
+    def _add_blocked(self, host: str, check: str, duration: float = 0.0, by: Optional[str] = None,
+                     by_host: Optional[str] = None) -> None:
         """A cell its host's failed connection kept from running: ERROR, blocked by the connection check (a
-        check of scope "connection" in the registry), so that the report counts and prints it under that cause."""
-        connection = connection_check()
-        self.results.append(Result(host, check, Status.ERROR, blocked_message(check, connection, host),
-                                   duration_s=duration, blocked_by=connection))
+        check of scope "connection" in the registry), so that the report counts and prints it under that cause;
+        or blocked by ``by`` (of ``by_host``: another host's cell) when that is what kept it from running."""
+        by = by or connection_check()
+        self.results.append(Result(host, check, Status.ERROR, blocked_message(check, by, host),
+                                   duration_s=duration, blocked_by=by, blocked_host=by_host))
 
     def _check_self(self, check: SelfCheck) -> None:
         """This machine's limits against the run's, before the first connect: each one the run would exceed is a
@@ -551,6 +584,13 @@ def mark_same_machines(nodes: Sequence[Node]) -> None:
                     "machine_id": machine.get("machine_id", ""), "boot_id": machine.get("boot_id", "")}
             for n in group:
                 n.ssh_facts["same_machine"] = same
+
+
+def _after_missing(text: str) -> str:
+    """What an agent error says after INTERPRETER_MISSING: " on the host (bash: line 1: /opt/venv/bin/python: No such
+    file or directory)"."""
+    at = text.find(INTERPRETER_MISSING)
+    return text[at + len(INTERPRETER_MISSING):] if at >= 0 else f": {text}"
 
 
 def _agent_fix(text: str, python: str) -> str:

@@ -10,7 +10,8 @@ it sees, and ``cleanup`` removes its own. Facts, e.g.::
      "seen": {"node01": ["node01", "node02"], "node02": ["node01", "node02"]}}
 
 A DeepSpeed ZeRO checkpoint holds 16 bytes/param of optimizer state (fp32 master weights, Adam's two moments)
-plus 2 bytes/param of bf16/fp16 weights, spread over the ranks.
+plus 2 bytes/param of bf16/fp16 weights, spread over the ranks. One shared filesystem short of room for it is one
+cause, the cluster row's FAIL; the hosts' cells repeat it as its victims (``blocked_by`` the cluster row).
 Thresholds: [checkpoint] in checkpoint.toml beside this module.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
 from ..hostside import tempfiles
@@ -159,6 +160,10 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     per_param = float(lim["optimizer_bytes_per_param"]) + float(lim["weight_bytes_per_param"])
     total = float(params) * per_param if params else None
     world = int(facts.get("world_size") or 0) or 1
+    # One filesystem that several hosts write to: its lack of room is one cause, the cluster row's, and each host's
+    # cell only repeats it (a victim, blocked by that row), as "3 hosts need fixing" would send the user to 3 hosts.
+    one_fs = shared and len(writers) >= 2
+    short: List[str] = []
     for h, p in probes.items():
         findings: List[Finding] = []
         metrics = {k: p.get(k) for k in ("free_bytes", "size_bytes", "fstype", "source", "st_dev", "fsid")}
@@ -176,6 +181,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             need *= float(lim["free_margin"])
             metrics["needed_bytes"] = int(need)
             if p.get("free_bytes") is not None and p["free_bytes"] < need:
+                if one_fs and h in writers:
+                    short.append(h)
                 if shared:
                     whose = "the whole checkpoint: shared filesystem"
                 else:
@@ -186,9 +193,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                                         "path) at a larger filesystem"))
         ok = f"{path} writable on {h} ({p.get('fstype') or '?'}, {_gib(p.get('free_bytes') or 0)} free)"
         out[h] = combine(findings, ok, metrics)
+        if h in short and len(findings) == 1:  # only the shared filesystem's lack of room: the cluster row's cause
+            out[h].blocked_by = BlockedBy(CLUSTER, NAME)
     summary_metrics = {"shared": shared, "writers": writers, "seen": seen,
                        "checkpoint_bytes": int(total) if total is not None else None}
-    if len(probes) >= 2 and writers and not shared:
+    if short:
+        out[CLUSTER] = _shared_too_small(facts, probes, writers, short, total or 0.0, lim, summary_metrics)
+    elif len(probes) >= 2 and writers and not shared:
         lonely = sorted(h for h in writers if set(seen.get(h) or []) < set(writers))
         status = Status.WARN if lim["require_shared"] else Status.PASS
         verb_s = "s" if len(lonely) == 1 else ""
@@ -206,6 +217,26 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         size = f"; a checkpoint of {float(params or 0):.3g} params takes {_gib(total)}" if total else ""
         out[CLUSTER] = Outcome(Status.PASS, f"{path} is {state}{size}", metrics=summary_metrics)
     return out
+
+
+def _shared_too_small(facts: Dict[str, Any], probes: Dict[str, Dict[str, Any]], writers: List[str], short: List[str],
+                      total: float, lim: Dict[str, Any], metrics: Dict[str, Any]) -> Outcome:
+    """The cluster row when one shared filesystem lacks room for the whole checkpoint: its real free space (the least
+    any host reported: the same filesystem, read at slightly different moments) against what is needed, and where."""
+    path = facts.get("path")
+    free = min(int(probes[h].get("free_bytes") or 0) for h in short)
+    need = total * float(lim["free_margin"])
+    first = probes[short[0]]
+    fs = " ".join(str(x) for x in (first.get("fstype"), first.get("source")) if x) or "?"
+    target = first.get("target") or path
+    params = float(facts.get("model_params") or 0)
+    metrics = dict(metrics, free_bytes=free, needed_bytes=int(need), fstype=first.get("fstype"),
+                   source=first.get("source"), target=target)
+    return Outcome(Status.FAIL, f"{path} is one shared filesystem ({fs}) on all {len(writers)} hosts with "
+                                f"{_gib(free)} free; a checkpoint of {params:.3g} params needs {_gib(need)} there "
+                                f"(the whole checkpoint, all {int(facts.get('world_size') or 0) or 1} ranks' shards)",
+                   f"free space on the shared filesystem (df -h {target}), or point --checkpoint-dir (the job's "
+                   "save_checkpoint path) at a larger filesystem", metrics)
 
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the

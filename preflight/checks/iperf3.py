@@ -40,14 +40,14 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..hostside import validate
-from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
+from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, limits, skip
 from ..hostside.display import STATUS_COLOURS, absent, badge, esc
 from ..hostside.seams import (CheckSpec, ClusterView, EnvVar, HostContext, HtmlSection, PromSample, Recommendation,
                               RecommendInput)
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
 from ..hostside.robust import p_text
-from ..hostside.mesh import blame_failures, blocked_hosts, find_stragglers
+from ..hostside.mesh import blame_failures, blocked_hosts, find_stragglers, short_list, sole_culprits
 from ..hostside import ncclenv
 from ..hostside.netinfo import host_subnets, trusted_interfaces
 
@@ -612,6 +612,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         out[h] = Outcome(Status.ERROR, msg, "rerun with -v for the host-side error" if installed
                          else f"install iperf3 on {h} (apt-get install iperf3 / dnf install iperf3)")
     networks: List[Dict[str, Any]] = facts.get("networks") or []
+    unlisted = [h for h in hosts if h in errors and h not in (facts.get("subnets") or {})]
+    if not networks and unlisted and len(facts.get("subnets") or {}) < 2:
+        # Not a finding about the subnets: fewer than 2 hosts' interfaces are known, those hosts' errors say why.
+        out[CLUSTER] = Outcome(Status.ERROR, f"no network compared: the interfaces of {short_list(unlisted)} could "
+                                             "not be listed (see their iperf3 results)", "see those hosts' results",
+                               blocked_by=BlockedBy(unlisted[0], NAME))
+        return out
     if not networks:
         listing = "; ".join(f"{h}: {', '.join(s) or 'none'}" for h, s in (facts.get("subnets") or {}).items())
         out[CLUSTER] = Outcome(Status.FAIL, "no IPv4 network is shared by all hosts (usable subnets per host: "
@@ -631,8 +638,26 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     for h in measured:
         if h not in out:
             out[h] = _host_outcome(h, judged, networks, stragglers, doubt, blamed, t)
-    out[CLUSTER] = _cluster_outcome(chosen, networks, judged, stragglers, len(measured), facts, t)
+    culprit = _culprit(judged, hosts, measured, blamed, out)
+    out[CLUSTER] = _cluster_outcome(chosen, networks, judged, stragglers, len(measured), facts, t, culprit)
     return out
+
+
+def _culprit(judged: Dict[str, Any], hosts: List[str], measured: List[str], blamed: Dict[str, List[Dict[str, Any]]],
+             out: Dict[str, Outcome]) -> Optional[BlockedBy]:
+    """The host whose own fault explains every failed test of the judged network (each test blamed on it alone, and
+    every host no test reached among them), whose own row says so (FAIL/ERROR): the cluster row's failed tests, or
+    its "no network reaches all hosts", are then that host's, blocked by its ports result when the ports check proved
+    its TCP blocked, else by its iperf3 result. None when the failures point at no one host."""
+    found = sole_culprits(judged.get("links") or [], blamed)
+    if not found or any(out.get(h) is None or out[h].status not in (Status.FAIL, Status.ERROR) for h in found):
+        return None
+    good = ok_links(judged)
+    if any(h not in found and not any(h in (ln["src"], ln["dst"]) for ln in good) for h in measured):
+        return None  # a host that no test reached, and no failure blamed on it: not explained
+    order = {h: i for i, h in enumerate(hosts)}
+    first = min(found, key=lambda h: order.get(h, len(order)))
+    return BlockedBy(first, "ports" if first in (judged.get("blocked") or ()) else NAME)
 
 
 def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]],
@@ -672,6 +697,7 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
                       for ln in mine if not ln.get("error"))
     ok_msg = (f"median {rate(med)} over {len(mine_ok)} links on {where} via {dev} ({peers or 'none'}); cluster "
               f"median {rate(judged.get('median_gbps'))}")
+    proven = h in blamed and len(findings) == 1 and h in (judged.get("blocked") or ())
     if h in doubt:
         # Below the straggler fraction, but the other hosts' links disagree too much for that to be evidence
         # (measured again first: coordinate's confirm rounds): said, not named.
@@ -691,7 +717,10 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
     elif h in doubt:
         metrics.update(reference_gbps=doubt[h]["reference_gbps"], ratio=round(doubt[h]["ratio"], 3),
                        z=round(doubt[h]["z"], 2), detected_by=None, unsure=True)
-    return combine(findings, ok_msg, metrics)
+    out = combine(findings, ok_msg, metrics)
+    if proven:  # its failed tests are what the ports check proved of its TCP: that result is the cause
+        out.blocked_by = BlockedBy(h, "ports")
+    return out
 
 
 def _straggler_finding(h: str, s: Dict[str, Any], judged: Dict[str, Any], dev: Any, t: Dict[str, Any]) -> Finding:
@@ -714,9 +743,10 @@ def _straggler_finding(h: str, s: Dict[str, Any], judged: Dict[str, Any], dev: A
 
 def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, Any]], judged: Dict[str, Any],
                      stragglers: Dict[str, Dict[str, Any]], measured: int, facts: Dict[str, Any],
-                     t: Dict[str, Any]) -> Outcome:
+                     t: Dict[str, Any], culprit: Optional[BlockedBy] = None) -> Outcome:
     """The cluster row: the chosen network and its median, the stragglers, and whether the best network is fast
-    enough and its tests all passed; FAIL when no network reaches every host."""
+    enough and its tests all passed; FAIL when no network reaches every host. Blocked by ``culprit`` when that
+    host's fault is all it reports (failed tests, no network reaching all hosts)."""
     min_gbps = float(t["min_gbps"])
     links = judged.get("links") or []
     good = ok_links(judged)
@@ -731,7 +761,8 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
     metrics.update(floor_gbps=floor, floor=floor_basis)
     if not chosen:
         return Outcome(Status.FAIL, f"no network reaches all hosts with iperf3 ({summary})",
-                       "see the hosts' iperf3 results: a firewall or a down interface blocks the tests", metrics)
+                       "see the hosts' iperf3 results: a firewall or a down interface blocks the tests", metrics,
+                       blocked_by=culprit)
     devs = sorted(set(chosen["devices"]))
     message = (f"chosen {chosen['network']} via {','.join(devs)}: cluster median {rate(chosen['median_gbps'])} "
                f"({len(good)} of {len(links)} tests ok); measured {summary}")
@@ -759,7 +790,9 @@ def _cluster_outcome(chosen: Optional[Dict[str, Any]], networks: List[Dict[str, 
         problems.append(f"{len(links) - len(good)} of {len(links)} tests on the chosen network failed (see the "
                         "hosts' results)")
         fixes.append("see the failing hosts' iperf3 results")
-    return Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics)
+    only_failed = len(problems) == 1 and len(good) < len(links)  # the failed tests are all it reports
+    return Outcome(status, "; ".join(problems + [message]), "; ".join(fixes), metrics,
+                   blocked_by=culprit if only_failed else None)
 
 
 # --- the HTML report's section (SPEC.html): a heat map of the measured links ------------------------------------

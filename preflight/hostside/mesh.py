@@ -135,6 +135,26 @@ def blame_failures(links: List[Dict[str, Any]], blocked: Iterable[str] = ()) -> 
     return blamed
 
 
+def sole_culprits(links: List[Dict[str, Any]], blamed: Dict[str, List[Dict[str, Any]]]) -> Optional[List[str]]:
+    """The hosts that every failed test is blamed on, each test on one host alone (blame_failures' result), in the
+    order they are first blamed; None when a failed test has two suspects or none (then no host explains them).
+    A cluster-wide verdict that follows only from these failures is those hosts' fault, not the cluster's."""
+    owners: Dict[int, List[str]] = {}
+    for h, bad in blamed.items():
+        for ln in bad:
+            owners.setdefault(id(ln), []).append(h)
+    found: List[str] = []
+    for ln in links:
+        if not ln.get("error"):
+            continue
+        who = owners.get(id(ln)) or []
+        if len(who) != 1:
+            return None
+        if who[0] not in found:
+            found.append(who[0])
+    return found
+
+
 def unreachable_hosts(facts: Dict[str, Any], addresses: Dict[str, str]) -> Dict[str, str]:
     """{host: why} for hosts that no iperf3 test could connect to, on the network whose addresses are given
     ({host: address}): every inbound test to the host failed (two at least), the failures are blamed on it (its

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...hostside.fixes import firewall_fix, pip_install, python_word
-from ...hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
+from ...hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ...hostside.fmt import gbps, human_bytes
 from .common import NAME, bandwidth_table, names
 from .stragglers import describe as describe_straggler
@@ -124,7 +124,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     fix = _host_fix(excluded[0], facts, "")
     for e in excluded:
         result[e["host"]] = Outcome(Status.FAIL, f"all-reduce: left out, already found unreachable: {e['reason']}",
-                                    _host_fix(e, facts, fix))
+                                    _host_fix(e, facts, fix), blocked_by=_proven_by(e))
     rest = result["*"]
     others = len(facts.get("hosts") or [])
     plural = "" if others == 1 else "s"
@@ -139,7 +139,29 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     metrics = dict(rest.metrics, excluded=excluded)
     result["*"] = Outcome(Status.FAIL, message, rest.fix if rest.status in (Status.FAIL, Status.WARN) and rest.fix
                           else fix, metrics, rest.findings)
+    left = {e["host"] for e in excluded}
+    named = any(o.status in (Status.WARN, Status.FAIL) for h, o in result.items() if h != "*" and h not in left)
+    if not rest.blocked_by and (rest.status in (Status.PASS, Status.SKIP) or rest.status == Status.WARN and named):
+        # Among the others all is well, or what is not is a WARN that a host's own row says (a straggler): the FAIL
+        # is the left-out host's fault (the check that proved it), not the cluster's. A FAIL among the others, or a
+        # WARN no host's row carries, keeps the row a cause of its own.
+        result["*"].blocked_by = _proven_by(excluded[0])
     return result
+
+
+def _sole_suspect(suspects: List[Dict[str, Any]]) -> Optional[BlockedBy]:
+    """A failed run that one host explains (its ranks' errors, the pairwise runs or the probe named it alone; not
+    iperf3's hint): the cluster row follows from that host's row."""
+    if len(suspects) == 1 and suspects[0].get("source") in ("errors", "pairwise", "probe"):
+        return BlockedBy(str(suspects[0]["host"]), NAME)
+    return None
+
+
+def _proven_by(entry: Dict[str, Any]) -> Optional[BlockedBy]:
+    """The (host, check) whose result proved a left-out host unreachable: ports, else iperf3 (known_unreachable's
+    "sources")."""
+    sources = [s for s in entry.get("sources") or [] if isinstance(s, str)]
+    return BlockedBy(str(entry["host"]), sources[0]) if sources else None
 
 
 def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
@@ -207,7 +229,9 @@ def _not_run(status: Any, facts: Dict[str, Any], thresholds: Dict[str, Any],
         fix = _torch_fix(hosts, facts.get("executables") or {})
         # The job is a PyTorch job: without torch it cannot start, so this FAILs like [python] require_torch does.
         if limits(thresholds, "python")["require_torch"]:
-            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics)}
+            # The python check FAILs those hosts for the same reason: this row is theirs, not the cluster's.
+            return {"*": Outcome(Status.FAIL, msg, fix, metrics=base_metrics,
+                                 blocked_by=BlockedBy(str(hosts[0]), "python") if hosts else None)}
         return {"*": skip(msg + " ([python] require_torch = false)", **base_metrics)}
     if status == "error":
         reason = facts.get("reason") or (facts.get("failure") or {}).get("message")
@@ -242,7 +266,7 @@ def _failed(facts: Dict[str, Any], suspects: List[Dict[str, Any]], metrics: Dict
     fix = _FIX.get(kind, "rerun with -v for every rank's error").format(
         port=facts.get("master_port"), master=facts.get("master"))
     metrics.update(errors=facts.get("errors"), failure_kind=kind, ranks=facts.get("ranks"))
-    by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics)}
+    by_host = {"*": Outcome(Status.FAIL, msg, fix, metrics=metrics, blocked_by=_sole_suspect(suspects))}
     for s in suspects:
         by_host[s["host"]] = Outcome(Status.FAIL, f"all-reduce: {s['reason']}", _host_fix(s, facts, fix))
     return by_host
