@@ -434,6 +434,9 @@ class NetCluster:
         ssh_port: the one port every sshd listens on (and the ssh config's and
             known_hosts' port: [addr]:port entries off 22).
         """
+        if unit := os.environ.get("PREFLIGHT_TEST_NO_NAMESPACES"):  # tests/conftest.py sets it around a unit test
+            raise NetClusterError(f"{unit} is marked unit (tests/conftest.py) but builds namespace hosts: mark it "
+                                  "cluster there (NEEDS_ROOT), or give it a cluster fixture")
         self.ssh_port = int(ssh_port)
         names = list(names) if names is not None else [f"node{i + 1:02d}" for i in range(n)]
         setup = dict(setup or {})
