@@ -124,6 +124,13 @@ def code_in_run(coordinator: bool = False) -> Iterator[Path]:
         shutil.rmtree(code, ignore_errors=True)
 
 
+def _under_tmp(paths: Iterable[Path]) -> list[Path]:
+    """The paths under /tmp, outermost only (a .venv inside a checkout comes with it)."""
+    tmp = Path("/tmp")
+    found = sorted({p for p in paths if tmp in p.parents})
+    return [p for p in found if not any(q in p.parents for q in found)]
+
+
 def _search_path() -> str:
     # Non-login root shells often lack the sbin dirs that ip/sshd live in.
     return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
@@ -923,9 +930,17 @@ Subsystem sftp internal-sftp
         lines = ["set -eux", f"hostname {q(h.name)}",
                  # The private copy of /run/netns would pin every namespace that
                  # exists now, other clusters' included, for this host's lifetime.
-                 f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi",
-                 "mount -t tmpfs -o mode=1777 tmpfs /tmp",
-                 f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts"]
+                 f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi"]
+        # A checkout under /tmp (`git clone . /tmp/fresh`) and its .venv, the interpreter the tests give the hosts as
+        # --python, stay visible through the private /tmp: held aside under /run, then bound back at their path.
+        through = _under_tmp([Path(__file__).resolve().parent.parent, Path(sys.prefix)])
+        for i, path in enumerate(through):
+            lines.append(f"mkdir -p {q(str(hdir / f'through{i}'))} && mount --bind {q(str(path))} "
+                         f"{q(str(hdir / f'through{i}'))}")
+        lines.append("mount -t tmpfs -o mode=1777 tmpfs /tmp")
+        for i, path in enumerate(through):
+            lines.append(f"mkdir -p {q(str(path))} && mount --bind {q(str(hdir / f'through{i}'))} {q(str(path))}")
+        lines.append(f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts")
         if _needs_home_overlay():
             options = f"lowerdir={_ROOT_HOME},upperdir={hdir / 'home_upper'},workdir={hdir / 'home_work'}"
             lines.append(f"mount -t overlay overlay -o {q(options)} {q(str(_ROOT_HOME))}")
