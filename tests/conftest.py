@@ -109,8 +109,12 @@ ALL = None  # every test of the module that is not cluster, slurm or gpu
 # Tests that need root without building a NetCluster: a private mount namespace (`unshare -m`), module -> tests.
 # (Found by running the unit and slow tiers as nobody.)
 NEEDS_ROOT = {
+    "test_bad_input": ("test_output_in_a_read_only_directory_is_exit_2_at_once",),
     "test_ds_config": ("test_the_unusable_nvme_path_fix_works_when_pasted_with_an_odd_path",),  # its fix chowns
+    "test_gpu_expected": ("test_a_real_device_node_is_evidence",),
     "test_inputs": ("test_the_null_device_reads_as_empty_as_openssh_reads_dash_F_dev_null",),  # mknod
+    "test_libaio": ("test_runtime_only_host_for_real", "test_library_bind_mounted_over_with_empty_file_for_real"),
+    "test_nvme": ("test_no_o_direct_on_real_ramfs_is_detected",),
     "test_proxyjump": ("test_proxy_values_are_expanded_like_openssh",),  # expects %r to be root
 }
 # The tests that took 0.3 s or more (setup, call and teardown together) on the 2-core machine under load
