@@ -239,10 +239,19 @@ def _tier(item) -> str:
     return "unit"
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist's --dist loadgroup (.ci/run with PREFLIGHT_CI_JOBS=2): the tests that build namespace hosts
+    # are one group, run one after the other on one worker as in a serial run (their timings are measured against
+    # each other); every other module is a group of its own (its module-scoped fixtures are built once), and those
+    # share the other worker.
+    grouped = getattr(config.option, "loadgroup", False)  # what xdist sets in a worker for --dist loadgroup
     for item in items:
-        item.add_marker(getattr(pytest.mark, _tier(item)))
+        tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group("namespace" if tier in ("cluster", "slurm", "gpu")
+                                                    else item.path.stem))
 
 
 @pytest.hookimpl(hookwrapper=True)
