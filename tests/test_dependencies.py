@@ -83,3 +83,17 @@ def test_the_requirement_names_are_read_as_pip_reads_them():
     assert _distribution("tomli>=2; python_version < '3.11'") == "tomli"
     assert _distribution("ClusterShell>=1.9") == "ClusterShell"
     assert _distribution("nvidia-ml-py") == "nvidia-ml-py" and _import_names("nvidia-ml-py") >= {"pynvml"}
+
+
+def test_readme_step_2_is_what_ci_runs_and_installs_into_the_virtualenv():
+    readme = (REPO / "README.md").read_text()
+    step = re.search(r"^# 2\. .*\n(.+)$", readme, re.M)
+    assert step, "README.md lost its step 2"
+    install, run = step.group(1).split(" && ")
+    assert install == "bash tests/install-deps.sh" and run.startswith(".venv/bin/python -m pytest")
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f"\n{install}\n" in ci and f"\n{run} " in ci  # the same two commands (CI adds its xdist options)
+    script = (REPO / "tests" / "install-deps.sh").read_text()
+    assert "python3 -m venv .venv" in script and ".venv/bin/python -m pip install" in script
+    # PEP 668: nothing goes into the system interpreter.
+    assert not re.search(r"^(?!\.venv/bin/)\S*(pip3?|python3? -m pip) install", script, re.M), script
