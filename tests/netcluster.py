@@ -922,6 +922,16 @@ PrintMotd no
 Subsystem sftp internal-sftp
 """
 
+    @staticmethod
+    def _through_tmp() -> list[Path]:
+        return _under_tmp([Path(__file__).resolve().parent.parent, Path(sys.prefix)])
+
+    @property
+    def tmp_entries(self) -> set[str]:
+        """The names in a host's /tmp that are this checkout or its .venv bound through (see _boot_script), not
+        something a test left there."""
+        return {p.relative_to("/tmp").parts[0] for p in self._through_tmp()}
+
     def _boot_script(self, h: Host, setup: Sequence[SetupCommand]) -> str:
         """Shell run in the host's fresh uts+mount namespaces; ends by exec'ing sshd."""
         hdir = self._host_dir(h)
@@ -933,7 +943,7 @@ Subsystem sftp internal-sftp
                  f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi"]
         # A checkout under /tmp (`git clone . /tmp/fresh`) and its .venv, the interpreter the tests give the hosts as
         # --python, stay visible through the private /tmp: held aside under /run, then bound back at their path.
-        through = _under_tmp([Path(__file__).resolve().parent.parent, Path(sys.prefix)])
+        through = self._through_tmp()
         for i, path in enumerate(through):
             lines.append(f"mkdir -p {q(str(hdir / f'through{i}'))} && mount --bind {q(str(path))} "
                          f"{q(str(hdir / f'through{i}'))}")
