@@ -1,7 +1,11 @@
-"""Shared pytest fixtures, and CI's rule that a test may not skip for lack of root, namespaces or a tool."""
+"""Shared pytest fixtures, the test tiers (unit, cluster, slurm, gpu: docs/testing.md), and CI's rule that a test
+may not skip for lack of root, namespaces or a tool."""
 
 import contextlib
+import functools
+import inspect
 import os
+import re
 import signal
 
 import pytest
@@ -84,3 +88,178 @@ def pytest_make_collect_report(collector):
     # no test report is made: without this, a missing package would silently drop a whole module under CI.
     outcome = yield
     _strict(outcome.get_result())
+
+
+# ------------------------------------------------------------------ tiers
+# Every test gets exactly one tier marker, here, from what it uses (docs/testing.md):
+#   unit     no root, no namespace host, no Slurm, and quick: `python3 -m pytest -m unit` is the fast loop
+#   slow     no root and no namespace host either, but seconds each: it starts preflight, pytest, pip, mypy or a
+#            browser as real processes, or waits out a deadline (SLOW below)
+#   cluster  namespace hosts with real sshd (tests/netcluster.py), or root for a private mount namespace
+#   slurm    a Slurm cluster on namespace hosts (tests/slurmcluster.py)
+#   gpu      a real NVIDIA GPU (tests/test_gpu_device.py)
+# A test is cluster (or slurm) when it or one of its fixtures builds a NetCluster (SlurmCluster): found by reading
+# their code, so a new module-local fixture needs no entry here. A test marked unit that builds namespace hosts
+# anyway fails: NetCluster refuses while PREFLIGHT_TEST_NO_NAMESPACES is set, which it is around each unit test.
+TIERS = ("unit", "slow", "cluster", "slurm", "gpu")
+NO_NAMESPACES = "PREFLIGHT_TEST_NO_NAMESPACES"
+CLUSTER_FIXTURES = {"netcluster_factory", "cluster3"}
+_BUILDS = {"slurm": re.compile(r"\bSlurmCluster\("), "cluster": re.compile(r"\bNetCluster\(")}
+ALL = None  # every test of the module that is not cluster, slurm or gpu
+# Tests that need root without building a NetCluster: a private mount namespace (`unshare -m`), module -> tests.
+# (Found by running the unit and slow tiers as nobody.)
+NEEDS_ROOT = {
+    "test_bad_input": ("test_output_in_a_read_only_directory_is_exit_2_at_once",),
+    "test_ds_config": ("test_the_unusable_nvme_path_fix_works_when_pasted_with_an_odd_path",),  # its fix chowns
+    "test_gpu_expected": ("test_a_real_device_node_is_evidence",),
+    "test_inputs": ("test_the_null_device_reads_as_empty_as_openssh_reads_dash_F_dev_null",),  # mknod
+    "test_libaio": ("test_runtime_only_host_for_real", "test_library_bind_mounted_over_with_empty_file_for_real"),
+    "test_nvme": ("test_no_o_direct_on_real_ramfs_is_detected",),
+    "test_proxyjump": ("test_proxy_values_are_expanded_like_openssh",),  # expects %r to be root
+}
+# The tests that took 0.3 s or more (setup, call and teardown together) on the 2-core machine under load
+# (`python3 -m pytest -m unit --durations=0`): module -> test functions (every parametrization of each). The rest of
+# the unit tier, ~900 tests, runs in under 60 s there; a new test that starts a process belongs here.
+SLOW = {
+    "test_allreduce": ("test_supervisor_bounds_a_rank_that_never_comes_and_kills_the_rest",
+        "test_supervisor_runs_one_process_per_slot",),
+    "test_argv_safety": ("test_every_argv_with_a_host_value_has_dashdash",),
+    "test_bad_input": ALL,
+    "test_check_deps": ("test_no_check_imports_another",),
+    "test_cli_cluster": ("test_local_run_without_hostfile_needs_no_ssh",),
+    "test_cli_help": ("test_the_ssh_options_help_is_printed", "test_typos_are_one_line_exit_2_with_did_you_mean",),
+    "test_cluster_phase": ("test_a_local_run_preloads_torch_at_connect_as_a_remote_one_does",
+        "test_a_quiet_check_that_never_returns_costs_its_own_cell_only",),
+    "test_compute": ("test_collect_measures_this_cpu_for_real",),
+    "test_config": ("test_a_status_typo_in_a_config_is_exit_2_naming_key_and_values_before_any_host",
+        "test_config_without_what_to_print_is_a_usage_error", "test_the_printed_defaults_load_back_as_a_config",),
+    "test_coordinator_scale": ALL,
+    "test_ds_config": ("test_cli_stops_on_a_config_that_does_not_parse_with_file_line_col",),
+    "test_ds_report": ("test_collect_in_a_forked_child_reports_what_a_fresh_interpreter_reports",
+        "test_fork_python_inherits_this_processs_imports_and_is_bounded",
+        "test_the_forked_probe_finishes_inside_an_agent_worker",),
+    "test_fault_isolation": ALL,
+    "test_gpu_expected": ("test_a_real_device_node_is_evidence",),
+    "test_healthy_hostfile": ("test_a_bad_min_hosts_is_exit_2_in_one_line",
+        "test_write_hostfile_in_a_missing_directory_is_exit_2_before_any_host",),
+    "test_history": ("test_a_corrupt_or_unwritable_store_never_fails_the_gate",
+        "test_a_host_below_its_own_past_warns_on_its_cell_and_the_reports_stay_valid",
+        "test_a_locked_store_never_fails_the_gate", "test_bad_history_input_is_one_line_and_exit_2",
+        "test_eight_node_checks_writing_one_store_at_once_all_succeed_and_lose_nothing",
+        "test_history_and_diff_read_back_what_was_recorded", "test_node_check_warns_against_its_own_past",
+        "test_parallel_writers_lose_nothing", "test_prune_keeps_the_recent_runs_and_gives_the_space_back",
+        "test_reading_a_store_that_is_not_there_is_exit_2_and_creates_nothing",
+        "test_the_default_store_and_turning_it_off", "test_the_size_the_docs_state_is_measured",),
+    "test_host_cleanup": ("test_a_kept_file_removed_by_a_later_request_is_forgotten_by_the_ledger",),
+    "test_hostfile": ("test_cli_hostfile_bad_input_is_one_line_and_exit_2",
+        "test_cli_hostfile_file_bad_input_is_one_line_and_exit_2",
+        "test_cli_hostfile_file_lists_the_parsed_hosts_without_expand", "test_cli_hostfile_wants_exactly_one_file",
+        "test_expand_output_is_read_by_deepspeeds_fetch_hostfile",),
+    "test_hostfile_differential": ALL,
+    "test_html": ("test_browser_renders_a_64_host_report", "test_cli_html_option_is_validated_and_written",),
+    "test_install": ALL,
+    "test_launch_path": ("test_master_addr_option_is_validated",),
+    "test_launcher_ssh": ("test_probe_respects_the_overall_deadline",
+        "test_probe_runs_concurrently_bounded_and_kills_slow_ssh",),
+    "test_layout": ("test_no_module_under_preflight_uses_another_modules_private_name",),
+    "test_libaio": ("test_collect_compile_timeout_leaves_nothing", "test_collect_here_passes_and_is_json",
+        "test_collect_signal_during_compile_leaves_nothing",
+        "test_library_bind_mounted_over_with_empty_file_for_real", "test_runtime_only_host_for_real",),
+    "test_node_check": ("test_a_bad_checks_section_is_one_line_naming_the_file_and_key",
+        "test_an_interpreter_that_never_answers_is_killed_at_the_deadline_and_nothing_is_left",
+        "test_bad_input_is_one_line_and_exit_2", "test_the_checks_node_check_and_run_run_come_from_the_same_config",
+        "test_thresholds_come_from_the_config_run_takes_and_the_test_file_is_removed",),
+    "test_nvme": ("test_collect_dd_timeout_leaves_nothing", "test_no_o_direct_on_real_ramfs_is_detected",
+        "test_signal_during_dd_leaves_nothing",),
+    "test_ports": ("test_probe_times_out_and_stays_within_its_budget_against_a_silent_port",),
+    "test_prometheus": ("test_node_check_refuses_a_path_it_cannot_write_before_it_runs",
+        "test_prometheus_scraping_node_exporter_returns_the_status_node_check_wrote",
+        "test_run_writes_the_metrics_of_its_report",),
+    "test_proxyjump": ("test_unparsable_ssh_config_is_a_usage_error",),
+    "test_pytest_plugin": ("test_bad_input_is_one_usage_error_and_nothing_runs",
+        "test_dash_k_runs_only_the_checks_it_selects", "test_local_run_through_dash_p_without_autoload",
+        "test_without_preflight_options_the_plugin_adds_nothing",),
+    "test_python_check": ALL,
+    "test_readme_example": ("test_the_module_its_toml_and_one_registry_line_are_all_a_check_needs",
+        "test_the_pages_commands_pass_in_the_copy",),
+    "test_readme_first_command": ALL,
+    "test_rehearse": ("test_bad_input_is_one_line_and_exit_2",
+        "test_the_launch_check_is_opt_in_and_selected_by_rehearse",),
+    "test_renderers": ("test_a_renderer_registered_by_another_module_is_a_pytest_option_that_writes_its_file",
+        "test_a_renderer_registered_by_another_module_writes_its_file_in_a_real_cli_run",),
+    "test_severity": ("test_every_compute_peer_finding_is_significant",),
+    "test_slurm": ("test_an_srun_that_never_reads_its_stdin_cannot_hold_the_agent_past_its_deadline",
+        "test_closing_the_srun_transport_leaves_no_srun_that_ignores_its_lifeline",),
+    "test_strict_skips": ALL,
+    "test_terminal": ("test_the_progress_line_keeps_ticking_while_one_phase_waits",),
+    "test_tiers": ("test_each_test_gets_its_tier_from_what_it_uses",),
+    "test_testing": ("test_the_module_sample_runs",),
+    "test_transport_local": ("test_a_command_that_stops_reading_its_stdin_fails_the_send_and_is_killed",
+        "test_agent_collects_facts_and_reports_check_errors_per_check", "test_deadline_kills_the_whole_process_tree",
+        "test_one_persistent_agent_serves_every_request_and_preloads_torch",),
+    "test_trends": ("test_the_report_draws_each_hosts_figures_against_its_own_past",),
+    "test_typing_seam": ("test_a_correct_check_passes", "test_a_wrong_attribute_on_the_seam_fails",
+        "test_an_unannotated_coordinate_fails_instead_of_going_unchecked",
+        "test_the_public_fake_cluster_is_a_cluster_view_to_mypy",),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _builds(func) -> str | None:
+    """'slurm' or 'cluster' when this function's own code builds such a cluster, else None."""
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return None
+    for tier, pattern in _BUILDS.items():  # slurm first: a SlurmCluster is also namespace hosts
+        if pattern.search(source):
+            return tier
+    return None
+
+
+def _tier(item) -> str:
+    if item.get_closest_marker("gpu"):
+        return "gpu"
+    found = {_builds(getattr(item, "function", None))}
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info else ()):
+        if name in CLUSTER_FIXTURES:
+            found.add("cluster")
+        found.update(_builds(d.func) for d in defs)
+    if "slurm" in found:
+        return "slurm"
+    if "cluster" in found:
+        return "cluster"
+    module = item.path.stem
+    name = getattr(item, "originalname", item.name)
+    if module in NEEDS_ROOT and (NEEDS_ROOT[module] is ALL or name in NEEDS_ROOT[module]):
+        return "cluster"
+    if module in SLOW and (SLOW[module] is ALL or name in SLOW[module]):
+        return "slow"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist's --dist loadgroup (.ci/run with PREFLIGHT_CI_JOBS=2): the tests that build namespace hosts
+    # are one group, run one after the other on one worker as in a serial run (their timings are measured against
+    # each other); every other module is a group of its own (its module-scoped fixtures are built once), and those
+    # share the other worker.
+    grouped = getattr(config.option, "loadgroup", False)  # what xdist sets in a worker for --dist loadgroup
+    for item in items:
+        tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group("namespace" if tier in ("cluster", "slurm", "gpu")
+                                                    else item.path.stem))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # Set for a unit test's setup, call and teardown (and every process it starts), unset for every other test.
+    if item.get_closest_marker("unit"):
+        os.environ[NO_NAMESPACES] = item.nodeid
+    try:
+        yield
+    finally:
+        os.environ.pop(NO_NAMESPACES, None)

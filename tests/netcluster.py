@@ -124,6 +124,13 @@ def code_in_run(coordinator: bool = False) -> Iterator[Path]:
         shutil.rmtree(code, ignore_errors=True)
 
 
+def _under_tmp(paths: Iterable[Path]) -> list[Path]:
+    """The paths under /tmp, outermost only (a .venv inside a checkout comes with it)."""
+    tmp = Path("/tmp")
+    found = sorted({p for p in paths if tmp in p.parents})
+    return [p for p in found if not any(q in p.parents for q in found)]
+
+
 def _search_path() -> str:
     # Non-login root shells often lack the sbin dirs that ip/sshd live in.
     return os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
@@ -434,6 +441,9 @@ class NetCluster:
         ssh_port: the one port every sshd listens on (and the ssh config's and
             known_hosts' port: [addr]:port entries off 22).
         """
+        if unit := os.environ.get("PREFLIGHT_TEST_NO_NAMESPACES"):  # tests/conftest.py sets it around a unit test
+            raise NetClusterError(f"{unit} is marked unit (tests/conftest.py) but builds namespace hosts: mark it "
+                                  "cluster there (NEEDS_ROOT), or give it a cluster fixture")
         self.ssh_port = int(ssh_port)
         names = list(names) if names is not None else [f"node{i + 1:02d}" for i in range(n)]
         setup = dict(setup or {})
@@ -912,6 +922,16 @@ PrintMotd no
 Subsystem sftp internal-sftp
 """
 
+    @staticmethod
+    def _through_tmp() -> list[Path]:
+        return _under_tmp([Path(__file__).resolve().parent.parent, Path(sys.prefix)])
+
+    @property
+    def tmp_entries(self) -> set[str]:
+        """The names in a host's /tmp that are this checkout or its .venv bound through (see _boot_script), not
+        something a test left there."""
+        return {p.relative_to("/tmp").parts[0] for p in self._through_tmp()}
+
     def _boot_script(self, h: Host, setup: Sequence[SetupCommand]) -> str:
         """Shell run in the host's fresh uts+mount namespaces; ends by exec'ing sshd."""
         hdir = self._host_dir(h)
@@ -920,9 +940,17 @@ Subsystem sftp internal-sftp
         lines = ["set -eux", f"hostname {q(h.name)}",
                  # The private copy of /run/netns would pin every namespace that
                  # exists now, other clusters' included, for this host's lifetime.
-                 f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi",
-                 "mount -t tmpfs -o mode=1777 tmpfs /tmp",
-                 f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts"]
+                 f"if mountpoint -q {NETNS_DIR}; then umount -l {NETNS_DIR}; fi"]
+        # A checkout under /tmp (`git clone . /tmp/fresh`) and its .venv, the interpreter the tests give the hosts as
+        # --python, stay visible through the private /tmp: held aside under /run, then bound back at their path.
+        through = self._through_tmp()
+        for i, path in enumerate(through):
+            lines.append(f"mkdir -p {q(str(hdir / f'through{i}'))} && mount --bind {q(str(path))} "
+                         f"{q(str(hdir / f'through{i}'))}")
+        lines.append("mount -t tmpfs -o mode=1777 tmpfs /tmp")
+        for i, path in enumerate(through):
+            lines.append(f"mkdir -p {q(str(path))} && mount --bind {q(str(hdir / f'through{i}'))} {q(str(path))}")
+        lines.append(f"mount --bind {q(str(hdir / 'etc_hosts'))} /etc/hosts")
         if _needs_home_overlay():
             options = f"lowerdir={_ROOT_HOME},upperdir={hdir / 'home_upper'},workdir={hdir / 'home_work'}"
             lines.append(f"mount -t overlay overlay -o {q(options)} {q(str(_ROOT_HOME))}")

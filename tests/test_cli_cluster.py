@@ -41,7 +41,7 @@ def leftovers(cluster):
             # sshd's per-connection processes linger a moment after a session closes.
             if not args.startswith("sshd"):
                 extra.append(args)
-        tmp = cluster.exec(h, ["ls", "-A", "/tmp"]).stdout.split()
+        tmp = [n for n in cluster.exec(h, ["ls", "-A", "/tmp"]).stdout.split() if n not in cluster.tmp_entries]
         if extra or tmp:
             found[h.name] = {"processes": extra, "tmp": tmp}
     return found
