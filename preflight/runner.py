@@ -12,12 +12,12 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
-from preflight.hostside.seams import CheckOptions
+from preflight.hostside.seams import CheckOptions, CheckSpec
+from preflight.answer import evaluate_safely, host_outcome
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
@@ -136,20 +136,20 @@ class Cluster:
         return self._nodes[host].transport
 
 
-def _select_modules(names: Sequence[str]) -> List[ModuleType]:
-    return [registry.load(n) for n in names]
+def _select_specs(names: Sequence[str]) -> List[CheckSpec]:
+    return [registry.spec(n) for n in names]
 
 
 def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def _safe_evaluate(module: ModuleType, facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Any:
-    try:
-        return module.evaluate(facts, thresholds)
-    except Exception as exc:  # a bug in evaluate must cost one cell, not the run
-        return Outcome(Status.ERROR, f"preflight internal error while evaluating: {type(exc).__name__}: {exc}",
-                       "please report this with the JSON report attached")
+def _connection_outcome(facts: Dict[str, Any], thresholds: Dict[str, Dict[str, Any]]) -> Outcome:
+    """The connection check's one outcome for a host, from its connect facts."""
+    outcome = evaluate_safely(registry.spec("ssh"), facts, thresholds)
+    return outcome if isinstance(outcome, Outcome) else Outcome(
+        Status.ERROR, "preflight internal error: the connection check returned more than one outcome",
+        "please report this with the JSON report attached")
 
 
 class Runner:
@@ -272,7 +272,7 @@ class Runner:
                 node.ssh_facts = {"connected": False, "status": "error",
                                   "error": f"connecting did not finish: {res}", "fix": "check the host"}
 
-    def _host_params(self, node: Node, modules: List[ModuleType]) -> Dict[str, Any]:
+    def _host_params(self, node: Node, specs: List[CheckSpec]) -> Dict[str, Any]:
         master = self.nodes[0]
         # What this host needs, and no list of every host: that went to every host, O(N^2) bytes a run
         # (1,000 addresses to each of 1,000 hosts), and no host-side check read it. A check that needs the
@@ -280,39 +280,33 @@ class Runner:
         params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
                   "master": master.transport.address, "master_name": master.name}
         # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
-        for module in modules:
-            if module.SPEC.host_params:
-                params.update(module.SPEC.host_params(self.o.thresholds))
+        for spec in specs:
+            if spec.host_params:
+                params.update(spec.host_params(self.o.thresholds))
         params.update(self.o.host_params)
         return params
 
-    def _host_checks(self, modules: List[ModuleType]) -> None:
+    def _host_checks(self, specs: List[CheckSpec]) -> None:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
-        by_host = self._collect(reachable, modules)
+        by_host = self._collect(reachable, specs)
         self._leave_out_unstarted(reachable)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
-            for module in modules:
+            for spec in specs:
                 if not node.reachable:  # its connection check failed: a blocked cell, its cause printed once
-                    self._add_blocked(node.name, module.NAME)
+                    self._add_blocked(node.name, spec.name)
                 elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
                     text = str(out) if out is not None else "no answer"
-                    self._add(node.name, module.NAME, Outcome(
+                    self._add(node.name, spec.name, Outcome(
                         Status.ERROR, f"not run: {text}", _agent_fix(text + detail, self.o.python)))
-                elif "error" in out.get(module.NAME, {"error": "no result"}):
-                    entry = out.get(module.NAME, {"error": "no result from the agent"})
-                    self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",
-                                                              "see --verbose for the host-side traceback",
-                                                              {"traceback": entry.get("traceback", "")}),
-                              entry.get("duration_s", 0.0))
                 else:
-                    entry = out[module.NAME]
-                    self.facts[node.name][module.NAME] = entry["facts"]
-                    self._add(node.name, module.NAME,
-                              _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+                    answer = host_outcome(spec, out, self.o.thresholds)
+                    if answer.facts is not None:
+                        self.facts[node.name][spec.name] = answer.facts
+                    self._add(node.name, spec.name, answer.outcome, answer.duration_s)
 
     def _leave_out_unstarted(self, nodes: List[Node]) -> None:
         """A host whose agent gave no hello by its start-up deadline (its interpreter hangs before it runs the agent)
@@ -325,19 +319,19 @@ class Runner:
             node.ssh_facts.update(connected=False, status="error", error=f"authenticated, but {text}",
                                   fix=_agent_fix(text, self.o.python))
             self.results = [r for r in self.results if (r.host, r.check) != (node.name, "ssh")]
-            self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds))
+            self._add(node.name, "ssh", _connection_outcome(node.ssh_facts, self.o.thresholds))
 
-    def _collect(self, nodes: List[Node], modules: List[ModuleType]) -> Dict[str, Any]:
+    def _collect(self, nodes: List[Node], specs: List[CheckSpec]) -> Dict[str, Any]:
         """Every host's collect at once (--parallel limits connection set-up, not waiting), and no thread per
         host: the requests all go out, each answer arrives on its connection's reader, and the progress advances
         then. {host: collect value, or the exception}."""
-        names = [m.NAME for m in modules]
+        names = [s.name for s in specs]
         # The request may wait behind the agent's preload of torch (sent at connect)
         budget = collect_budget(names, self.o.timeout) + (self.o.timeout if self.preload else 0.0)
         sent: List[Tuple[Node, Any, float]] = []
         for node in nodes:
             try:
-                request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
+                request = node.agent.collect_start(names, self._host_params(node, specs), self.o.timeout)
             except Exception as exc:  # that host's ERROR, below
                 sent.append((node, exc, 0.0))
                 self.progress.advance(node.name)
@@ -363,59 +357,60 @@ class Runner:
         except Exception:
             pass
 
-    def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
+    def _cluster_checks(self, specs: List[CheckSpec]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
         # In ORDER, one after the other: a later check may read an earlier one's facts (the all-reduce reads
         # ports' and iperf3's), and a measuring check (clock, compute, iperf3, all-reduce) has the hosts to
         # itself. Neighbours in ORDER that are both QUIET (they measure nothing that load disturbs and load the
         # hosts little: ports and launcher_ssh) run together, and read no facts of each other.
-        groups: List[List[ModuleType]] = []
-        for module in modules:
-            if groups and module.SPEC.quiet and all(m.SPEC.quiet for m in groups[-1]):
-                groups[-1].append(module)
+        groups: List[List[CheckSpec]] = []
+        for spec in specs:
+            if groups and spec.quiet and all(s.quiet for s in groups[-1]):
+                groups[-1].append(spec)
             else:
-                groups.append([module])
+                groups.append([spec])
         for group in groups:
-            self.progress.phase(", ".join(m.NAME for m in group), len(group))
+            self.progress.phase(", ".join(s.name for s in group), len(group))
             if len(group) == 1:
                 self._add_outcomes(group[0], *self._cluster_check(cluster, group[0]))
                 continue
             # A backstop only: each check bounds its own calls by the per-check timeout.
             backstop = self.QUIET_BACKSTOP_S or 4 * self.o.timeout + 60
-            for module, done in zip(group, parallel_map(lambda m: self._cluster_check(cluster, m), group,
-                                                        len(group), backstop)):
+            for spec, done in zip(group, parallel_map(lambda s: self._cluster_check(cluster, s), group,
+                                                      len(group), backstop)):
                 if isinstance(done, BaseException):  # only if the backstop ran out; the check's thread is left
                     done = ({CLUSTER: Outcome(Status.ERROR, f"could not run: did not finish within {backstop:.0f}s",
                                               "rerun with -v for details")}, backstop)
-                self._add_outcomes(module, *done)
+                self._add_outcomes(spec, *done)
         return cluster
 
-    def _cluster_check(self, cluster: Cluster, module: ModuleType) -> Tuple[Dict[str, Outcome], float]:
+    def _cluster_check(self, cluster: Cluster, spec: CheckSpec) -> Tuple[Dict[str, Outcome], float]:
         """One cluster check: ({host or "*": outcome}, seconds). Never raises."""
         start = time.monotonic()
         if not cluster.hosts:
             return {CLUSTER: Outcome(Status.ERROR, "not run: no host is reachable")}, 0.0
         try:
-            facts = module.coordinate(cluster)
-            self.facts.setdefault(CLUSTER, {})[module.NAME] = facts
-            outcomes = _safe_evaluate(module, facts, self.o.thresholds)
-            if isinstance(outcomes, Outcome):
-                outcomes = {CLUSTER: outcomes}
+            if spec.coordinate is None:
+                raise TypeError(f"{spec.name} has scope {spec.scope!r} and no coordinate function")
+            facts = spec.coordinate(cluster)
+            self.facts.setdefault(CLUSTER, {})[spec.name] = facts
+            evaluation = evaluate_safely(spec, facts, self.o.thresholds)
+            outcomes = {CLUSTER: evaluation} if isinstance(evaluation, Outcome) else evaluation
         except Exception as exc:  # a coordination failure is this check's ERROR, never the run's crash
             outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
                                          "rerun with -v for details")}
-        self._advance_quietly(module.NAME)
+        self._advance_quietly(spec.name)
         return outcomes, time.monotonic() - start
 
-    def _add_outcomes(self, module: ModuleType, outcomes: Dict[str, Outcome], elapsed: float) -> None:
+    def _add_outcomes(self, spec: CheckSpec, outcomes: Dict[str, Outcome], elapsed: float) -> None:
         down = {n.name for n in self.nodes if not n.reachable}
         if not any(n.reachable for n in self.nodes):
             down.add(CLUSTER)  # no host to run on: the cluster-wide cell is blocked as well
         for host, outcome in outcomes.items():
             if host in down and outcome.status == Status.ERROR:  # a cluster check's "not run" on a host it lacks
-                self._add_blocked(host, module.NAME, elapsed)
+                self._add_blocked(host, spec.name, elapsed)
             else:
-                self._add(host, module.NAME, outcome, elapsed)
+                self._add(host, spec.name, outcome, elapsed)
 
     def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
         self.results.append(Result.from_outcome(host, check, outcome, duration))
@@ -484,8 +479,8 @@ class Runner:
         t0 = time.monotonic()
         raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
-        modules = _select_modules(self.o.checks)
-        self.preload = any(m.SPEC.uses_torch for m in modules)
+        specs = _select_specs(self.o.checks)
+        self.preload = any(s.uses_torch for s in specs)
         check = SelfCheck([n.transport for n in self.nodes], self.o.kernel)
         # Imported now, while descriptors are free: a run at this machine's open-file limit has none left later.
         from preflight.recommend import add_to_inherited_row, advise
@@ -495,12 +490,12 @@ class Runner:
             self._name_local_causes(check)
             mark_same_machines(self.nodes)
             for node in self.nodes:
-                outcome = _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds)
+                outcome = _connection_outcome(node.ssh_facts, self.o.thresholds)
                 if "connect_error" in node.ssh_facts:  # the host's own error, under this machine's cause
                     outcome.metrics["connect_error"] = node.ssh_facts["connect_error"]
                 self._add(node.name, "ssh", outcome)
-            self._host_checks([m for m in modules if m.SPEC.scope == "host"])
-            cluster = self._cluster_checks([m for m in modules if m.SPEC.scope == "cluster"])
+            self._host_checks([s for s in specs if s.scope == "host"])
+            cluster = self._cluster_checks([s for s in specs if s.scope == "cluster"])
             # The recommendation, and how it differs from what the launcher passes the ranks today.
             advice = advise(cluster, self.results)
             env, reasons, notes = advice.env, advice.reasons, advice.notes
