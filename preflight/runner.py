@@ -12,7 +12,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
@@ -26,7 +26,7 @@ from preflight.selfcheck import COORDINATOR, Kernel, SelfCheck
 from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, Agent, AgentError, Service, collect_budget,
                              serve_input)
 from preflight import transport as transports
-from preflight.transport import (CommandResult, SharedStep, SrunTransport, SSHOptions, Transport, TransportError,
+from preflight.transport import (CommandResult, SharedSession, SSHOptions, Transport, TransportError,
                                  raise_fd_limit)
 
 
@@ -45,7 +45,9 @@ class RunOptions:
     parallel: int = 32
     strict: bool = False
     transport: str = "ssh"          # how remote hosts are reached: a name in preflight.transport.TRANSPORTS
-    srun_steps: str = "shared"      # with srun: "shared" (every node's agent in one step) or "per-node"
+    # Each transport's own flags by dest (preflight.transport.options(), e.g. how its agents start); a transport
+    # reads its own, and an absent one is at its default.
+    transport_options: Dict[str, Any] = field(default_factory=transports.defaults)
     # Added to every host's collect params (nvme_paths, required_ops): what the host-side checks read.
     host_params: Dict[str, Any] = field(default_factory=dict)
     # For the user, before the run: where the hosts came from, what preflight decided, warnings about the input.
@@ -162,12 +164,13 @@ class Runner:
         self.results: List[Result] = []
         self.facts: Dict[str, Dict[str, Any]] = {}
         self.nodes: List[Node] = []
-        self.step: Optional[SharedStep] = None
+        self.sessions: List[SharedSession] = []  # the transports' shared sessions (open_shared)
         self.preload = False  # whether a selected check imports torch on the hosts (USES_TORCH)
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
-        transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh)
+        transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh,
+                                      self.o.transport_options)
         mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
         max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
         return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output, self.start_deadline_s))
@@ -175,7 +178,7 @@ class Runner:
     @property
     def start_deadline_s(self) -> float:
         """How long a host's agent has from its start to its hello: the connect timeout (opening its channel, or an
-        srun step's launch) plus [agent] start_s (the interpreter's start-up). Past it, the host is one ERROR ("the
+        shared session's launch) plus [agent] start_s (the interpreter's start-up). Past it, the host is one ERROR ("the
         agent never started") and the run goes on without it, instead of waiting out every request's budget."""
         start = self.o.thresholds.get("agent", {}).get("start_s")
         return self.o.ssh.connect_timeout + (DEFAULT_START_S if start is None else float(start))
@@ -199,7 +202,7 @@ class Runner:
         started = time.monotonic()
         hello = node.agent.open(self.o.ssh.connect_timeout)
         if hello is None and node.agent.adopted:
-            # Its task in the shared step did not come up: a step of its own. (When the whole step failed
+            # Its end of the shared session did not come up: an agent of its own. (When the whole session failed
             # before this, open() has already started one.)
             node.agent.close()
             started = time.monotonic()
@@ -219,10 +222,10 @@ class Runner:
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if hello is not None and isinstance(hello.get("machine"), dict):
             node.ssh_facts["machine"] = hello["machine"]  # which machine it is (agent.machine_identity)
-        if isinstance(transport, SrunTransport):
-            node.ssh_facts.update(via="srun", step=step)
-        elif transport.via:
+        if transport.via:
             node.ssh_facts["via"] = transport.via
+        if transport.SHARES_SESSIONS:
+            node.ssh_facts["step"] = step
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{(probe.stderr.strip() or probe.error)[:200]}",
@@ -240,22 +243,26 @@ class Runner:
         except Exception:  # the host checks' request will meet the same broken channel and say so
             pass
 
-    def _start_shared_step(self) -> None:
-        """With srun, every node's agent starts at once as one step (SharedStep); each node's agent adopts
-        its task. A node whose task does not come up gets a step of its own in _connect."""
-        srun_nodes = [n for n in self.nodes if isinstance(n.transport, SrunTransport)]
-        if not srun_nodes or self.o.srun_steps != "shared":
-            return
-        first = srun_nodes[0]
-        assert isinstance(first.transport, SrunTransport)
-        self.step = SharedStep([n.name for n in srun_nodes], first.agent.argv(), serve_input(step=True),
-                               first.transport.job_id)
-        for node in srun_nodes:
-            node.agent.adopt(self.step.channels[node.name])
+    def _open_shared_sessions(self) -> None:
+        """A transport that serves all its hosts with one session (Transport.open_shared) starts every one of
+        their agents at once; each node's agent adopts its end. A node whose end does not come up gets an agent of
+        its own in _connect."""
+        kinds: Dict[Type[Transport], List[Node]] = {}
+        for node in self.nodes:
+            kinds.setdefault(type(node.transport), []).append(node)
+        for cls, nodes in kinds.items():
+            session = cls.open_shared([n.transport for n in nodes], nodes[0].agent.argv(), serve_input(step=True),
+                                      self.o.transport_options)
+            if session is None:
+                continue
+            self.sessions.append(session)
+            for node in nodes:
+                if node.name in session.channels:
+                    node.agent.adopt(session.channels[node.name])
 
     def _connect_all(self) -> None:
         self.progress.phase("connecting", len(self.nodes))
-        self._start_shared_step()
+        self._open_shared_sessions()
 
         def one(node: Node) -> None:
             self._connect(node)
@@ -470,8 +477,8 @@ class Runner:
 
         # Closing does not wait on the hosts; --parallel at a time is plenty.
         parallel_map(close, self.nodes, max(1, self.o.parallel), max(5.0, started + 30 - time.monotonic()))
-        if self.step is not None:
-            self.step.close()
+        for session in self.sessions:
+            session.close()
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from preflight.transport.base import (RC_TIMEOUT, FailedCommand, RunningCommand, StdinStalled, Transport,
                                       TransportError)
@@ -152,6 +152,12 @@ class SSHTransport(Transport):
     """One authenticated paramiko connection; commands run as channels on it."""
 
     kill_reaches_host = False
+    HELP = "SSH to each host (the default with --hostfile)"
+    READS_SSH_CONFIG = True
+
+    @classmethod
+    def from_options(cls, host: str, ssh: SSHOptions, options: Mapping[str, Any]) -> Transport:
+        return cls(host, ssh)
 
     def __init__(self, name: str, options: SSHOptions):
         self.name = name
