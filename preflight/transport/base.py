@@ -392,7 +392,7 @@ class ProcessCommand(RunningCommand):
         self._stdin_poll.register(stdin_pipe.fileno(), select.POLLOUT)
         self._begin_stdin(stdin, keep_stdin_open)
 
-    def _pump(self, stream, is_err: bool) -> None:
+    def _pump(self, stream: Any, is_err: bool) -> None:  # a binary pipe (read1)
         for chunk in iter(lambda: stream.read1(65536), b""):
             self._feed(chunk, is_err)
 

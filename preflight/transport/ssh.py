@@ -41,7 +41,7 @@ _IDLE_WAKE_S = 30.0
 
 
 class _SSHCommand(RunningCommand):
-    def __init__(self, channel, stdin: bytes, keep_stdin_open: bool, max_output: Optional[int] = None,
+    def __init__(self, channel: Any, stdin: bytes, keep_stdin_open: bool, max_output: Optional[int] = None,
                  owner: Optional["SSHTransport"] = None):
         super().__init__(max_output)
         self._chan = channel
@@ -311,8 +311,11 @@ class SSHTransport(Transport):
         return best
 
     def _tcp_info(self) -> Optional[bytes]:
+        client = self._client
+        if client is None:
+            return None
         try:
-            sock = self._client.get_transport().sock  # type: ignore[union-attr,attr-defined]
+            sock = client.get_transport().sock
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         except (AttributeError, OSError):
             return None
@@ -333,12 +336,12 @@ class SSHTransport(Transport):
             self._commands.pop(id(cmd), None)
 
     # -- dead-peer detection (OpenSSH's ServerAliveInterval / ServerAliveCountMax)
-    def _watch(self, transport) -> None:
+    def _watch(self, transport: Any) -> None:  # the connection's paramiko Transport
         self._last_rx = time.monotonic()
         packetizer = transport.packetizer
         read_message = packetizer.read_message
 
-        def counting_read_message():  # every packet from the server proves it alive
+        def counting_read_message() -> Any:  # every packet from the server proves it alive
             msg = read_message()
             self._last_rx = time.monotonic()
             return msg
@@ -376,7 +379,7 @@ class SSHTransport(Transport):
             LIVENESS.probe(self, client.get_transport())
         return min(self._last_probe + interval - now, limit - silent)
 
-    def send_keepalive(self, transport) -> None:
+    def send_keepalive(self, transport: Any) -> None:
         # A global request that wants a reply (OpenSSH answers unknown ones with a failure), sent without
         # waiting for it: any packet back resets the silence clock. Sent by LIVENESS's prober threads: a
         # send to a dead peer can block until paramiko's own socket timeout.
