@@ -452,7 +452,7 @@ def build_options(args: argparse.Namespace):
         # Optional files (a missing one means none), but an existing one is read whole: bounded, regular.
         if not local and path and os.path.lexists(os.path.expanduser(path)):
             _check_input_file(option, path, MAX_SSH_FILE_BYTES)
-    if not local and transport != "srun":
+    if not local and transports.kind(transport).READS_SSH_CONFIG:
         from preflight import sshconfig
         try:  # read once here: a line it cannot parse stops the run; Match/Include it cannot honour are warned about
             notes.extend(sshconfig.load(args.ssh_config).warnings)
@@ -460,7 +460,8 @@ def build_options(args: argparse.Namespace):
             raise UsageError(f"--ssh-config {exc}") from None
     return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
                       timeout=args.timeout, parallel=args.parallel, strict=args.strict, transport=transport,
-                      srun_steps=args.srun_steps, host_params=host_params, host_source=host_source, info_notes=info,
+                      transport_options={o.dest: getattr(args, o.dest) for o in transports.options()},
+                      host_params=host_params, host_source=host_source, info_notes=info,
                       input_notes=notes, check_options=check_options)
 
 
@@ -667,11 +668,11 @@ def _add_slurm_options(run: argparse.ArgumentParser) -> None:
                    help="take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set "
                         "(inside a job this is automatic; --hostfile still wins)")
     g.add_argument("--transport", choices=TRANSPORT_CHOICES, default=None,
-                   help="how to reach the hosts: ssh (default with --hostfile) or srun job steps (default inside "
-                        "a Slurm allocation without --hostfile; needs no SSH keys)")
-    g.add_argument("--srun-steps", choices=["shared", "per-node"], default="shared",
-                   help="with --transport srun: every node's agent in one step (shared, the default: faster to "
-                        "launch, one step for slurmctld) or a step per node")
+                   help="how to reach the hosts: " + "; ".join(f"{name}: {transports.kind(name).HELP}"
+                                                              for name in TRANSPORT_CHOICES))
+    for option in transports.options():  # each transport's own flags (Transport.OPTIONS)
+        g.add_argument(option.flag, dest=option.dest, choices=list(option.choices) or None, default=option.default,
+                       help=option.help)
     g.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
                    help="slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)")
 
@@ -682,10 +683,10 @@ def _slurm_selection(args: argparse.Namespace):
 
     env = os.environ
     inside = args.slurm or slurm.in_allocation(env)
-    transport = args.transport or ("srun" if inside and not args.hostfile else DEFAULT_TRANSPORT)
-    if transport == "srun" and not env.get("SLURM_JOB_ID"):
-        raise UsageError("--transport srun runs job steps in an allocation, and SLURM_JOB_ID is not set: "
-                         "run inside salloc/sbatch")
+    transport = args.transport or transports.default_kind(inside, bool(args.hostfile), DEFAULT_TRANSPORT)
+    unusable = transports.kind(transport).unusable(env)
+    if unusable:
+        raise UsageError(unusable)
     if args.hostfile:
         note = f"hosts: --hostfile {args.hostfile}" + (" (wins over the Slurm allocation)" if inside else "")
         return None, transport, note + f"; transport: {transport}"

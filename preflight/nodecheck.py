@@ -24,7 +24,9 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
+from preflight.answer import host_outcome
 from preflight.hostside.outcome import Outcome, Status
+from preflight.hostside.seams import CheckSpec
 from preflight.remote import Agent, AgentError
 from preflight.results import HostRecord, Report, Result
 from preflight.transport import LocalTransport, RunningCommand, Transport
@@ -110,12 +112,12 @@ class _DeadlineTransport(LocalTransport):
         self._timer.cancel()
 
 
-def _params(modules: Sequence[Any], options: NodeCheckOptions, name: str) -> Dict[str, Any]:
+def _params(specs: Sequence[CheckSpec], options: NodeCheckOptions, name: str) -> Dict[str, Any]:
     params: Dict[str, Any] = {"host": name, "slots": options.slots, "gpus": list(range(options.slots)),
                               "master": "", "master_name": name, "hosts": [name]}
-    for module in modules:
-        if module.SPEC.host_params:
-            params.update(module.SPEC.host_params(options.thresholds))
+    for spec in specs:
+        if spec.host_params:
+            params.update(spec.host_params(options.thresholds))
     params.update(options.host_params)
     return params
 
@@ -127,6 +129,8 @@ def _is_bad(status: Status, strict: bool) -> bool:
 def _clause(check: str, outcome: Outcome) -> str:
     # One clause per check: the first sentence of its message, on one line (reasons are shown in one column).
     text = re.sub(r"\s+", " ", outcome.message).strip()
+    if outcome.status == Status.ERROR:  # the label says "could not check" already: the reason stays short
+        text = text.removeprefix("could not run: ")
     text = re.split(r"(?<=[^\d\s])\. |; ", text, maxsplit=1)[0].rstrip(".")
     label = check if outcome.status != Status.ERROR else f"{check} (could not check)"
     return f"{label}: {text}"
@@ -154,7 +158,7 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
     """Run the host checks here within options.deadline and evaluate them."""
     name = node_name(options.node_name)
     started_at, t0 = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"), time.monotonic()
-    modules = [registry.load(n) for n in options.checks]
+    specs = [registry.spec(n) for n in options.checks]
     own = transport is None
     t = transport or _DeadlineTransport(name, options.deadline)
     outcomes: List[Tuple[str, Outcome]] = []
@@ -163,7 +167,7 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
         # Each check's own deadline leaves the agent time to start and to report the others' results.
         per_check = max(1.0, min(options.timeout, options.deadline - 5))
         try:
-            out = agent.collect([m.NAME for m in modules], _params(modules, options, name), per_check)
+            out = agent.collect([s.name for s in specs], _params(specs, options, name), per_check)
         except AgentError as exc:
             expired = isinstance(t, _DeadlineTransport) and t.expired
             why = (f"did not finish within the {options.deadline:g}s deadline" if expired else str(exc))
@@ -177,18 +181,12 @@ def run_checks(options: NodeCheckOptions, transport: Optional[Transport] = None)
         if own:
             t.close()
     durations: Dict[str, float] = {}
-    for module in modules:
-        entry = out.get(module.NAME, {"error": "no result from the agent"})
-        if isinstance(entry.get("duration_s"), (int, float)):
-            durations[module.NAME] = float(entry["duration_s"])
-        if "error" in entry:
-            outcome = Outcome(Status.ERROR, str(entry["error"]))
-        else:
-            try:
-                outcome = module.evaluate(entry["facts"], options.thresholds)
-            except Exception as exc:  # a bug in evaluate costs one check, not the health check
-                outcome = Outcome(Status.ERROR, f"preflight internal error: {type(exc).__name__}: {exc}")
-        outcomes.append((module.NAME, outcome))
+    for spec in specs:
+        answer = host_outcome(spec, out, options.thresholds)  # as a run reads it (preflight.answer)
+        entry = out.get(spec.name)
+        if isinstance(entry, dict) and "duration_s" in entry:
+            durations[spec.name] = answer.duration_s
+        outcomes.append((spec.name, answer.outcome))
     if options.history is not None:  # a figure well below the node's own past is a WARN on its check
         from preflight import history
         history.record_outcomes(name, outcomes, options.thresholds, options.history,

@@ -12,12 +12,12 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
-from preflight.hostside.seams import CheckOptions
+from preflight.hostside.seams import CheckOptions, CheckSpec
+from preflight.answer import evaluate_safely, host_outcome
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
@@ -26,7 +26,7 @@ from preflight.selfcheck import COORDINATOR, Kernel, SelfCheck
 from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, INTERPRETER_MISSING, Agent, AgentError, Service,
                              collect_budget, serve_input)
 from preflight import transport as transports
-from preflight.transport import (CommandResult, SharedStep, SrunTransport, SSHOptions, Transport, TransportError,
+from preflight.transport import (CommandResult, SharedSession, SSHOptions, Transport, TransportError,
                                  raise_fd_limit)
 
 
@@ -45,7 +45,9 @@ class RunOptions:
     parallel: int = 32
     strict: bool = False
     transport: str = "ssh"          # how remote hosts are reached: a name in preflight.transport.TRANSPORTS
-    srun_steps: str = "shared"      # with srun: "shared" (every node's agent in one step) or "per-node"
+    # Each transport's own flags by dest (preflight.transport.options(), e.g. how its agents start); a transport
+    # reads its own, and an absent one is at its default.
+    transport_options: Dict[str, Any] = field(default_factory=transports.defaults)
     # Added to every host's collect params (nvme_paths, required_ops): what the host-side checks read.
     host_params: Dict[str, Any] = field(default_factory=dict)
     # For the user, before the run: where the hosts came from, what preflight decided, warnings about the input.
@@ -136,20 +138,20 @@ class Cluster:
         return self._nodes[host].transport
 
 
-def _select_modules(names: Sequence[str]) -> List[ModuleType]:
-    return [registry.load(n) for n in names]
+def _select_specs(names: Sequence[str]) -> List[CheckSpec]:
+    return [registry.spec(n) for n in names]
 
 
 def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def _safe_evaluate(module: ModuleType, facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Any:
-    try:
-        return module.evaluate(facts, thresholds)
-    except Exception as exc:  # a bug in evaluate must cost one cell, not the run
-        return Outcome(Status.ERROR, f"preflight internal error while evaluating: {type(exc).__name__}: {exc}",
-                       "please report this with the JSON report attached")
+def _connection_outcome(facts: Dict[str, Any], thresholds: Dict[str, Dict[str, Any]]) -> Outcome:
+    """The connection check's one outcome for a host, from its connect facts."""
+    outcome = evaluate_safely(registry.spec("ssh"), facts, thresholds)
+    return outcome if isinstance(outcome, Outcome) else Outcome(
+        Status.ERROR, "preflight internal error: the connection check returned more than one outcome",
+        "please report this with the JSON report attached")
 
 
 class Runner:
@@ -162,7 +164,7 @@ class Runner:
         self.results: List[Result] = []
         self.facts: Dict[str, Dict[str, Any]] = {}
         self.nodes: List[Node] = []
-        self.step: Optional[SharedStep] = None
+        self.sessions: List[SharedSession] = []  # the transports' shared sessions (open_shared)
         self.preload = False  # whether a selected check imports torch on the hosts (USES_TORCH)
         # Hosts where --python is not there (reached, but the agent could not start): {host: the check whose
         # cell says so}. Their other cells, and the cluster checks' cells of them, are that cell's victims.
@@ -170,7 +172,8 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
-        transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh)
+        transport = transports.create("local" if self.o.local else self.o.transport, spec.name, self.o.ssh,
+                                      self.o.transport_options)
         mib = self.o.thresholds.get("agent", {}).get("max_output_mib")
         max_output = int(mib * 2**20) if mib else DEFAULT_MAX_OUTPUT
         return Node(spec, transport, Agent(transport, self.o.python, self.token, max_output, self.start_deadline_s))
@@ -178,7 +181,7 @@ class Runner:
     @property
     def start_deadline_s(self) -> float:
         """How long a host's agent has from its start to its hello: the connect timeout (opening its channel, or an
-        srun step's launch) plus [agent] start_s (the interpreter's start-up). Past it, the host is one ERROR ("the
+        shared session's launch) plus [agent] start_s (the interpreter's start-up). Past it, the host is one ERROR ("the
         agent never started") and the run goes on without it, instead of waiting out every request's budget."""
         start = self.o.thresholds.get("agent", {}).get("start_s")
         return self.o.ssh.connect_timeout + (DEFAULT_START_S if start is None else float(start))
@@ -202,7 +205,7 @@ class Runner:
         started = time.monotonic()
         hello = node.agent.open(self.o.ssh.connect_timeout)
         if hello is None and node.agent.adopted:
-            # Its task in the shared step did not come up: a step of its own. (When the whole step failed
+            # Its end of the shared session did not come up: an agent of its own. (When the whole session failed
             # before this, open() has already started one.)
             node.agent.close()
             started = time.monotonic()
@@ -222,10 +225,10 @@ class Runner:
                           "probe_ms": round(probe.duration * 1000, 1), "user": transport.user}
         if hello is not None and isinstance(hello.get("machine"), dict):
             node.ssh_facts["machine"] = hello["machine"]  # which machine it is (agent.machine_identity)
-        if isinstance(transport, SrunTransport):
-            node.ssh_facts.update(via="srun", step=step)
-        elif transport.via:
+        if transport.via:
             node.ssh_facts["via"] = transport.via
+        if transport.SHARES_SESSIONS:
+            node.ssh_facts["step"] = step
         if probe.rc != 0:
             node.ssh_facts.update(error=f"authenticated, but running a command failed (rc={probe.rc}): "
                                         f"{(probe.stderr.strip() or probe.error)[:200]}",
@@ -243,22 +246,26 @@ class Runner:
         except Exception:  # the host checks' request will meet the same broken channel and say so
             pass
 
-    def _start_shared_step(self) -> None:
-        """With srun, every node's agent starts at once as one step (SharedStep); each node's agent adopts
-        its task. A node whose task does not come up gets a step of its own in _connect."""
-        srun_nodes = [n for n in self.nodes if isinstance(n.transport, SrunTransport)]
-        if not srun_nodes or self.o.srun_steps != "shared":
-            return
-        first = srun_nodes[0]
-        assert isinstance(first.transport, SrunTransport)
-        self.step = SharedStep([n.name for n in srun_nodes], first.agent.argv(), serve_input(step=True),
-                               first.transport.job_id)
-        for node in srun_nodes:
-            node.agent.adopt(self.step.channels[node.name])
+    def _open_shared_sessions(self) -> None:
+        """A transport that serves all its hosts with one session (Transport.open_shared) starts every one of
+        their agents at once; each node's agent adopts its end. A node whose end does not come up gets an agent of
+        its own in _connect."""
+        kinds: Dict[Type[Transport], List[Node]] = {}
+        for node in self.nodes:
+            kinds.setdefault(type(node.transport), []).append(node)
+        for cls, nodes in kinds.items():
+            session = cls.open_shared([n.transport for n in nodes], nodes[0].agent.argv(), serve_input(step=True),
+                                      self.o.transport_options)
+            if session is None:
+                continue
+            self.sessions.append(session)
+            for node in nodes:
+                if node.name in session.channels:
+                    node.agent.adopt(session.channels[node.name])
 
     def _connect_all(self) -> None:
         self.progress.phase("connecting", len(self.nodes))
-        self._start_shared_step()
+        self._open_shared_sessions()
 
         def one(node: Node) -> None:
             self._connect(node)
@@ -275,7 +282,7 @@ class Runner:
                 node.ssh_facts = {"connected": False, "status": "error",
                                   "error": f"connecting did not finish: {res}", "fix": "check the host"}
 
-    def _host_params(self, node: Node, modules: List[ModuleType]) -> Dict[str, Any]:
+    def _host_params(self, node: Node, specs: List[CheckSpec]) -> Dict[str, Any]:
         master = self.nodes[0]
         # What this host needs, and no list of every host: that went to every host, O(N^2) bytes a run
         # (1,000 addresses to each of 1,000 hosts), and no host-side check read it. A check that needs the
@@ -283,26 +290,26 @@ class Runner:
         params = {"host": node.name, "slots": node.spec.slots, "gpus": node.spec.gpus,
                   "master": master.transport.address, "master_name": master.name}
         # A check whose host side needs thresholds (e.g. nvme's test size) derives its params from them.
-        for module in modules:
-            if module.SPEC.host_params:
-                params.update(module.SPEC.host_params(self.o.thresholds))
+        for spec in specs:
+            if spec.host_params:
+                params.update(spec.host_params(self.o.thresholds))
         params.update(self.o.host_params)
         return params
 
-    def _host_checks(self, modules: List[ModuleType]) -> None:
+    def _host_checks(self, specs: List[CheckSpec]) -> None:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
-        by_host = self._collect(reachable, modules)
+        by_host = self._collect(reachable, specs)
         self._leave_out_unstarted(reachable)
-        self._note_missing_python(reachable, by_host, modules)
+        self._note_missing_python(reachable, by_host, specs)
         for node in self.nodes:
             self.facts[node.name] = {"ssh": node.ssh_facts}
             out = by_host.get(node.name)
-            for module in modules:
+            for spec in specs:
                 if not node.reachable:  # its connection check failed: a blocked cell, its cause printed once
-                    self._add_blocked(node.name, module.NAME)
-                elif node.name in self.no_python and module.NAME != self.no_python[node.name]:
-                    self._add_blocked(node.name, module.NAME, by=self.no_python[node.name])
+                    self._add_blocked(node.name, spec.name)
+                elif node.name in self.no_python and spec.name != self.no_python[node.name]:
+                    self._add_blocked(node.name, spec.name, by=self.no_python[node.name])
                 elif out is None or isinstance(out, BaseException):
                     detail = out.detail if isinstance(out, AgentError) else ""
                     text = str(out) if out is not None else "no answer"
@@ -315,23 +322,17 @@ class Runner:
                         outcome.fix = (f"pass --python with the path of the interpreter the job runs, or install the "
                                        f"job's environment at {python} on {'every host' if everywhere else node.name}")
                         outcome.where = "every host" if everywhere else None
-                    self._add(node.name, module.NAME, outcome)
-                elif "error" in out.get(module.NAME, {"error": "no result"}):
-                    entry = out.get(module.NAME, {"error": "no result from the agent"})
-                    self._add(node.name, module.NAME, Outcome(Status.ERROR, f"could not run: {entry['error']}",
-                                                              "see --verbose for the host-side traceback",
-                                                              {"traceback": entry.get("traceback", "")}),
-                              entry.get("duration_s", 0.0))
+                    self._add(node.name, spec.name, outcome)
                 else:
-                    entry = out[module.NAME]
-                    self.facts[node.name][module.NAME] = entry["facts"]
-                    self._add(node.name, module.NAME,
-                              _safe_evaluate(module, entry["facts"], self.o.thresholds), entry["duration_s"])
+                    answer = host_outcome(spec, out, self.o.thresholds)
+                    if answer.facts is not None:
+                        self.facts[node.name][spec.name] = answer.facts
+                    self._add(node.name, spec.name, answer.outcome, answer.duration_s)
 
-    def _note_missing_python(self, nodes: List[Node], by_host: Dict[str, Any], modules: List[ModuleType]) -> None:
+    def _note_missing_python(self, nodes: List[Node], by_host: Dict[str, Any], specs: List[CheckSpec]) -> None:
         """Hosts reached whose --python does not exist: the python check's cell (else the first host check's) is
         the cause there, and every other check of the host, host-side or cluster-wide, is blocked by it."""
-        names = [m.NAME for m in modules]
+        names = [s.name for s in specs]
         holder = "python" if "python" in names else (names[0] if names else "")
         for node in nodes:
             out = by_host.get(node.name)
@@ -349,19 +350,19 @@ class Runner:
             node.ssh_facts.update(connected=False, status="error", error=f"authenticated, but {text}",
                                   fix=_agent_fix(text, self.o.python))
             self.results = [r for r in self.results if (r.host, r.check) != (node.name, "ssh")]
-            self._add(node.name, "ssh", _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds))
+            self._add(node.name, "ssh", _connection_outcome(node.ssh_facts, self.o.thresholds))
 
-    def _collect(self, nodes: List[Node], modules: List[ModuleType]) -> Dict[str, Any]:
+    def _collect(self, nodes: List[Node], specs: List[CheckSpec]) -> Dict[str, Any]:
         """Every host's collect at once (--parallel limits connection set-up, not waiting), and no thread per
         host: the requests all go out, each answer arrives on its connection's reader, and the progress advances
         then. {host: collect value, or the exception}."""
-        names = [m.NAME for m in modules]
+        names = [s.name for s in specs]
         # The request may wait behind the agent's preload of torch (sent at connect)
         budget = collect_budget(names, self.o.timeout) + (self.o.timeout if self.preload else 0.0)
         sent: List[Tuple[Node, Any, float]] = []
         for node in nodes:
             try:
-                request = node.agent.collect_start(names, self._host_params(node, modules), self.o.timeout)
+                request = node.agent.collect_start(names, self._host_params(node, specs), self.o.timeout)
             except Exception as exc:  # that host's ERROR, below
                 sent.append((node, exc, 0.0))
                 self.progress.advance(node.name)
@@ -387,7 +388,7 @@ class Runner:
         except Exception:
             pass
 
-    def _cluster_checks(self, modules: List[ModuleType]) -> Cluster:
+    def _cluster_checks(self, specs: List[CheckSpec]) -> Cluster:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
         # A host without the job's interpreter runs nothing: the cluster checks go on without it (its cells blocked).
         cluster.hosts = [h for h in cluster.hosts if h.name not in self.no_python]
@@ -395,45 +396,46 @@ class Runner:
         # ports' and iperf3's), and a measuring check (clock, compute, iperf3, all-reduce) has the hosts to
         # itself. Neighbours in ORDER that are both QUIET (they measure nothing that load disturbs and load the
         # hosts little: ports and launcher_ssh) run together, and read no facts of each other.
-        groups: List[List[ModuleType]] = []
-        for module in modules:
-            if groups and module.SPEC.quiet and all(m.SPEC.quiet for m in groups[-1]):
-                groups[-1].append(module)
+        groups: List[List[CheckSpec]] = []
+        for spec in specs:
+            if groups and spec.quiet and all(s.quiet for s in groups[-1]):
+                groups[-1].append(spec)
             else:
-                groups.append([module])
+                groups.append([spec])
         for group in groups:
-            self.progress.phase(", ".join(m.NAME for m in group), len(group))
+            self.progress.phase(", ".join(s.name for s in group), len(group))
             if len(group) == 1:
                 self._add_outcomes(group[0], *self._cluster_check(cluster, group[0]))
                 continue
             # A backstop only: each check bounds its own calls by the per-check timeout.
             backstop = self.QUIET_BACKSTOP_S or 4 * self.o.timeout + 60
-            for module, done in zip(group, parallel_map(lambda m: self._cluster_check(cluster, m), group,
-                                                        len(group), backstop)):
+            for spec, done in zip(group, parallel_map(lambda s: self._cluster_check(cluster, s), group,
+                                                      len(group), backstop)):
                 if isinstance(done, BaseException):  # only if the backstop ran out; the check's thread is left
                     done = ({CLUSTER: Outcome(Status.ERROR, f"could not run: did not finish within {backstop:.0f}s",
                                               "rerun with -v for details")}, backstop)
-                self._add_outcomes(module, *done)
+                self._add_outcomes(spec, *done)
         return cluster
 
-    def _cluster_check(self, cluster: Cluster, module: ModuleType) -> Tuple[Dict[str, Outcome], float]:
+    def _cluster_check(self, cluster: Cluster, spec: CheckSpec) -> Tuple[Dict[str, Outcome], float]:
         """One cluster check: ({host or "*": outcome}, seconds). Never raises."""
         start = time.monotonic()
         if not cluster.hosts:
             return {CLUSTER: Outcome(Status.ERROR, "not run: no host is reachable")}, 0.0
         try:
-            facts = module.coordinate(cluster)
-            self.facts.setdefault(CLUSTER, {})[module.NAME] = facts
-            outcomes = _safe_evaluate(module, facts, self.o.thresholds)
-            if isinstance(outcomes, Outcome):
-                outcomes = {CLUSTER: outcomes}
+            if spec.coordinate is None:
+                raise TypeError(f"{spec.name} has scope {spec.scope!r} and no coordinate function")
+            facts = spec.coordinate(cluster)
+            self.facts.setdefault(CLUSTER, {})[spec.name] = facts
+            evaluation = evaluate_safely(spec, facts, self.o.thresholds)
+            outcomes = {CLUSTER: evaluation} if isinstance(evaluation, Outcome) else evaluation
         except Exception as exc:  # a coordination failure is this check's ERROR, never the run's crash
             outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
                                          "rerun with -v for details")}
-        self._advance_quietly(module.NAME)
+        self._advance_quietly(spec.name)
         return outcomes, time.monotonic() - start
 
-    def _add_outcomes(self, module: ModuleType, outcomes: Dict[str, Outcome], elapsed: float) -> None:
+    def _add_outcomes(self, spec: CheckSpec, outcomes: Dict[str, Outcome], elapsed: float) -> None:
         connection = connection_check()
         down: Dict[str, Tuple[str, Optional[str]]] = {n.name: (connection, None) for n in self.nodes
                                                        if not n.reachable}
@@ -444,9 +446,9 @@ class Runner:
             down[CLUSTER] = (first[1], first[0]) if first else (connection, None)
         for host, outcome in outcomes.items():
             if host in down and outcome.status == Status.ERROR:  # a cluster check's "not run" on a host it lacks
-                self._add_blocked(host, module.NAME, elapsed, *down[host])
+                self._add_blocked(host, spec.name, elapsed, *down[host])
             else:
-                self._add(host, module.NAME, outcome, elapsed)
+                self._add(host, spec.name, outcome, elapsed)
 
     def _add(self, host: str, check: str, outcome: Outcome, duration: float = 0.0) -> None:
         self.results.append(Result.from_outcome(host, check, outcome, duration))
@@ -508,8 +510,8 @@ class Runner:
 
         # Closing does not wait on the hosts; --parallel at a time is plenty.
         parallel_map(close, self.nodes, max(1, self.o.parallel), max(5.0, started + 30 - time.monotonic()))
-        if self.step is not None:
-            self.step.close()
+        for session in self.sessions:
+            session.close()
 
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:
@@ -517,8 +519,8 @@ class Runner:
         t0 = time.monotonic()
         raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
-        modules = _select_modules(self.o.checks)
-        self.preload = any(m.SPEC.uses_torch for m in modules)
+        specs = _select_specs(self.o.checks)
+        self.preload = any(s.uses_torch for s in specs)
         check = SelfCheck([n.transport for n in self.nodes], self.o.kernel)
         # Imported now, while descriptors are free: a run at this machine's open-file limit has none left later.
         from preflight.recommend import add_to_inherited_row, advise
@@ -528,12 +530,12 @@ class Runner:
             self._name_local_causes(check)
             mark_same_machines(self.nodes)
             for node in self.nodes:
-                outcome = _safe_evaluate(registry.load("ssh"), node.ssh_facts, self.o.thresholds)
+                outcome = _connection_outcome(node.ssh_facts, self.o.thresholds)
                 if "connect_error" in node.ssh_facts:  # the host's own error, under this machine's cause
                     outcome.metrics["connect_error"] = node.ssh_facts["connect_error"]
                 self._add(node.name, "ssh", outcome)
-            self._host_checks([m for m in modules if m.SPEC.scope == "host"])
-            cluster = self._cluster_checks([m for m in modules if m.SPEC.scope == "cluster"])
+            self._host_checks([s for s in specs if s.scope == "host"])
+            cluster = self._cluster_checks([s for s in specs if s.scope == "cluster"])
             # The recommendation, and how it differs from what the launcher passes the ranks today.
             advice = advise(cluster, self.results)
             env, reasons, notes = advice.env, advice.reasons, advice.notes

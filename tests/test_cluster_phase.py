@@ -51,10 +51,10 @@ def test_quiet_neighbours_run_together_and_a_measuring_check_alone_in_order():
         return {"ok": True}
 
     runner = _runner()
-    runner._cluster_checks([fake_check("ports", quiet("ports"), quiet=True),
-                            fake_check("launcher_ssh", quiet("launcher_ssh"), quiet=True),
-                            fake_check("measuring", measuring),
-                            fake_check("checkpoint", quiet("checkpoint", False), quiet=True)])
+    runner._cluster_checks([fake_check("ports", quiet("ports"), quiet=True).SPEC,
+                            fake_check("launcher_ssh", quiet("launcher_ssh"), quiet=True).SPEC,
+                            fake_check("measuring", measuring).SPEC,
+                            fake_check("checkpoint", quiet("checkpoint", False), quiet=True).SPEC])
     cells = {r.check: r for r in runner.results}
     assert cells["ports"].status == Status.PASS and cells["launcher_ssh"].status == Status.PASS, cells
     assert cells["measuring"].status == Status.PASS and cells["checkpoint"].status == Status.PASS
@@ -77,8 +77,8 @@ def test_a_quiet_check_that_never_returns_costs_its_own_cell_only(monkeypatch):
     monkeypatch.setattr(Runner, "QUIET_BACKSTOP_S", 1.0)
     start = time.monotonic()
     try:
-        runner._cluster_checks([fake_check("ports", hangs, quiet=True), fake_check("launcher_ssh", fine, quiet=True),
-                                fake_check("measuring", fine)])
+        runner._cluster_checks([fake_check("ports", hangs, quiet=True).SPEC,
+                                fake_check("launcher_ssh", fine, quiet=True).SPEC, fake_check("measuring", fine).SPEC])
     finally:
         release.set()
     cells = {r.check: r for r in runner.results}

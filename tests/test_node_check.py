@@ -153,3 +153,27 @@ def test_a_bad_checks_section_is_one_line_naming_the_file_and_key(tmp_path, text
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, (command, proc.stdout, proc.stderr)
         assert str(config) in lines[0] and wanted in lines[0], (command, lines)
+
+
+def test_run_and_node_check_read_the_same_bad_answer_the_same_way():
+    """One host-side failure (nvme's collect raises on this host: its paths are a number, not a list) through
+    `preflight run` on this machine and through `node-check`: one interpretation (preflight.answer), so the same
+    cell, word for word; the drain reason keeps it short."""
+    from preflight.config import load_defaults
+    from preflight.hostfile import HostSpec
+    from preflight.nodecheck import NodeCheckOptions, run_checks
+    from preflight.runner import RunOptions, Runner
+
+    thresholds = load_defaults()
+    broken = {"nvme_paths": 5}
+    report = Runner(RunOptions(hosts=[HostSpec("localhost", 1, 0)], checks=["nvme"], thresholds=thresholds, local=True,
+                               python=sys.executable, host_params=broken)).run()
+    ran = next(r for r in report.results if r.check == "nvme")
+    verdict = run_checks(NodeCheckOptions(checks=["nvme"], thresholds=thresholds, python=sys.executable,
+                                          host_params=broken, node_name="localhost"))
+    (check, judged), = verdict.outcomes
+    assert check == "nvme" and judged.status == ran.status == Status.ERROR
+    assert judged.message == ran.message and judged.message.startswith("could not run: TypeError")
+    assert judged.fix == ran.fix and "traceback" in judged.fix
+    assert ran.metrics["traceback"] == judged.metrics["traceback"] != ""
+    assert verdict.failed and verdict.line.startswith("preflight: nvme (could not check): TypeError")

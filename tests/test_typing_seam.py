@@ -90,3 +90,41 @@ def test_every_cluster_check_takes_a_cluster_view(name):
     coordinate = checks.spec(name).coordinate
     assert coordinate is not None
     assert typing.get_type_hints(coordinate)["cluster"] is ClusterView, name
+
+
+COORDINATOR_UNANNOTATED = '''"""A coordinator module with an unannotated helper."""
+
+
+def address(node):
+    return node.transport.adress
+'''
+
+SPEC_NOT_MODULE = '''"""The runner's way to a check: its CheckSpec, whose attributes mypy knows (a module's NAME it would not)."""
+from preflight import checks as registry
+from preflight.hostside.seams import CheckSpec
+
+
+def names(specs: list[CheckSpec]) -> list[str]:
+    return [s.NAME for s in specs] + [registry.spec("gpu").nme]
+'''
+
+
+@pytest.mark.parametrize("where", ["preflight/probe.py", "preflight/transport/probe.py", "preflight/render/probe.py"])
+def test_the_coordinator_is_strict_too(tmp_path, where):
+    res = mypy_on(tmp_path, COORDINATOR_UNANNOTATED, where)
+    assert res.returncode == 1 and "no-untyped-def" in res.stdout, res.stdout + res.stderr
+
+
+def test_the_runner_reaches_the_checks_through_a_typed_spec(tmp_path):
+    res = mypy_on(tmp_path, SPEC_NOT_MODULE, "preflight/probe.py")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert '"CheckSpec" has no attribute "NAME"' in res.stdout and '"CheckSpec" has no attribute "nme"' in res.stdout
+
+
+def test_only_the_cli_is_left_out_of_strict_typing():
+    import tomllib
+    overrides = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = [o for o in overrides if o.get("disallow_untyped_defs") is True]
+    loose = [o for o in overrides if o.get("disallow_untyped_defs") is False]
+    assert [o["module"] for o in strict] == [["preflight", "preflight.*"]]
+    assert [o["module"] for o in loose] == [["preflight.cli"]]

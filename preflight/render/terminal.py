@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from rich import box
 from rich.console import Console
@@ -37,6 +37,9 @@ from preflight.render import Settings
 from preflight.results import CLUSTER, Report, Result, display_host
 from preflight.runner import Progress
 from preflight.text import plain
+
+# A matrix cell by (row label, column label): the Result there, or None where the check did not run on the host.
+CellAt = Callable[[str, str], Optional[Result]]
 
 WORD = {Status.PASS: "PASSED", Status.WARN: "WARNED", Status.FAIL: "FAILED", Status.SKIP: "SKIPPED",
         Status.ERROR: "ERROR"}
@@ -168,7 +171,7 @@ def cause_style(cause: Cause) -> str:
     return STYLE[cause.status] if cause.status != Status.PASS else ""
 
 
-def _grid(report: Report):
+def _grid(report: Report) -> Tuple[List[str], List[str], CellAt, str]:
     """(row labels, column labels, cell(row, column) -> Result or None, row header) of the matrix.
 
     Hosts are rows and checks columns, the cluster-wide row last; with more checks than rows the matrix is
@@ -207,7 +210,7 @@ def _name(name: str, shown: Dict[str, str]) -> str:
     return shown.get(name) or plain(display_host(name))
 
 
-def _table(rows: List[str], cols: List[str], cell, corner: str, title: str,
+def _table(rows: List[str], cols: List[str], cell: CellAt, corner: str, title: str,
            shown: Optional[Dict[str, str]] = None) -> Table:
     """Names never wrap: matrix_tables fits them, abbreviating (``shown``) only what cannot fit at all."""
     shown = shown or {}
@@ -226,7 +229,7 @@ class _Fit:
     longest row label and each column's widest cell (measuring the whole matrix once per column took 17 s at
     1,000 hosts). Measured without the console's limit, which would clamp it to fit."""
 
-    def __init__(self, rows: List[str], cols: List[str], cell, corner: str, console: Console):
+    def __init__(self, rows: List[str], cols: List[str], cell: CellAt, corner: str, console: Console):
         self.rows, self.corner, self.console = rows, corner, console
         self.cells = {col: max((_cell(cell(row, col)).cell_len for row in rows), default=1) for col in cols}
 
@@ -286,7 +289,7 @@ def matrix_legend(report: Report, console: Console) -> List[str]:
     rows, cols, cell, corner = _grid(report)
     lines = [plain(f"{key} = {display_host(name)}") for name, key in
              _abbreviations(rows, cols, _Fit(rows, cols, cell, corner, console)).items()]
-    if any(cell(row, col) is None or cell(row, col).blocked for row in rows for col in cols):
+    if any(c is None or c.blocked for c in (cell(row, col) for row in rows for col in cols)):
         lines.append(MATRIX_CAPTION)
     return lines
 

@@ -4,16 +4,18 @@
     "ssh"    SSH with paramiko (ssh.py; jump hosts in jump.py, one hop in hop.py, known_hosts.py, liveness.py)
     "srun"   job steps of the current Slurm allocation (srun.py)
 
-``create("ssh", "node01", SSHOptions())`` -> an SSHTransport for node01, not yet connected. The public names of
-the modules are re-exported here, so ``from preflight.transport import SSHTransport`` keeps working; a setting
+``create("ssh", "node01", SSHOptions())`` -> an SSHTransport for node01, not yet connected; a transport's own
+flags (``Transport.OPTIONS``, e.g. srun's ``--srun-steps``) reach it as the fourth argument, by dest. The public
+names of the modules are re-exported here, so ``from preflight.transport import SSHTransport`` keeps working; a setting
 such as ``SEND_STALL_S`` is read where it is defined (``preflight.transport.base``), and is patched there.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Any, Dict, List, Mapping, Optional, Type
 
 from preflight.transport.base import (RC_TIMEOUT, CommandResult, FailedCommand, ProcessCommand, RunningCommand,
-                                      StdinStalled, Transport, TransportError, raise_fd_limit)
+                                      SharedSession, StdinStalled, Transport, TransportError, TransportOption,
+                                      raise_fd_limit)
 from preflight.transport.hop import SSHOptions
 from preflight.transport.known_hosts import KnownHosts
 from preflight.transport.local import LocalTransport
@@ -22,36 +24,46 @@ from preflight.transport.ssh import SSHTransport
 
 __all__ = ["RC_TIMEOUT", "CommandResult", "FailedCommand", "KnownHosts", "LocalTransport",
            "ProcessCommand", "RunningCommand", "SSHOptions", "SSHTransport", "SharedStep", "SrunTransport",
-           "StdinStalled", "Transport", "TransportError", "TRANSPORTS", "create", "names", "raise_fd_limit"]
+           "SharedSession", "StdinStalled", "Transport", "TransportError", "TransportOption", "TRANSPORTS", "create",
+           "default_kind", "defaults", "kind", "names", "options", "raise_fd_limit"]
 
-# (host name, SSH options) -> a transport for that host. Only SSH reads the options; each transport takes what
-# it needs from the same two arguments, so the runner has one call for all.
-TransportFactory = Callable[[str, SSHOptions], Transport]
-
-
-def _local(host: str, ssh: SSHOptions) -> Transport:
-    return LocalTransport(host)
-
-
-def _ssh(host: str, ssh: SSHOptions) -> Transport:
-    return SSHTransport(host, ssh)
-
-
-def _srun(host: str, ssh: SSHOptions) -> Transport:
-    return SrunTransport(host)  # the allocation from SLURM_JOB_ID
-
-
-# The registry: a new transport is one module plus one line here.
-TRANSPORTS: Dict[str, TransportFactory] = {"local": _local, "ssh": _ssh, "srun": _srun}
+# The registry: a new transport is one module plus one line here. The class says the rest (base.Transport):
+# its help line, its own flags, how it is made from the run's options, when it is the default, a shared session.
+TRANSPORTS: Dict[str, Type[Transport]] = {"local": LocalTransport, "ssh": SSHTransport, "srun": SrunTransport}
 
 
 def names() -> List[str]:
     return list(TRANSPORTS)
 
 
-def create(kind: str, host: str, ssh: SSHOptions) -> Transport:
-    """A transport of the registered kind for host; ValueError naming the known kinds for any other kind."""
-    factory = TRANSPORTS.get(kind)
-    if factory is None:
-        raise ValueError(f"unknown transport {kind!r}: one of {', '.join(TRANSPORTS)}")
-    return factory(host, ssh)
+def kind(name: str) -> Type[Transport]:
+    """The registered transport class of that name; ValueError naming the known kinds for any other name."""
+    cls = TRANSPORTS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown transport {name!r}: one of {', '.join(TRANSPORTS)}")
+    return cls
+
+
+def create(name: str, host: str, ssh: SSHOptions, options: Optional[Mapping[str, Any]] = None) -> Transport:
+    """A transport of the registered kind for host, from the run's options (each kind reads its own)."""
+    return kind(name).from_options(host, ssh, options or defaults())
+
+
+def options() -> List[TransportOption]:
+    """Every transport's own flags, in registry order."""
+    return [option for cls in TRANSPORTS.values() for option in cls.OPTIONS]
+
+
+def defaults() -> Dict[str, Any]:
+    """Every transport option at its default, by dest."""
+    return {option.dest: option.default for option in options()}
+
+
+def default_kind(in_allocation: bool, hostfile: bool, otherwise: str = "ssh") -> str:
+    """The transport a run uses without --transport: the allocation's own inside one (when no hostfile names the
+    hosts), else ``otherwise``."""
+    if in_allocation and not hostfile:
+        for name, cls in TRANSPORTS.items():
+            if cls.IN_ALLOCATION:
+                return name
+    return otherwise

@@ -16,7 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, List, Optional, Sequence
+from typing import (IO, TYPE_CHECKING, Any, Callable, ClassVar, List, Mapping, Optional, Protocol, Sequence,
+                    Tuple)
+
+if TYPE_CHECKING:
+    from preflight.transport.hop import SSHOptions
 
 # rc used when our own deadline killed the command (as GNU timeout does).
 RC_TIMEOUT = 124
@@ -272,12 +276,46 @@ class RunningCommand:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class TransportOption:
+    """One command-line flag a transport declares for itself (``Transport.OPTIONS``): the CLI adds it to ``run``,
+    and its value reaches the transport, under ``dest``, in the run's transport options."""
+
+    flag: str
+    dest: str
+    help: str
+    choices: Tuple[str, ...] = ()
+    default: Any = None
+
+
+class SharedSession(Protocol):
+    """One command that serves every host at once (a transport's ``open_shared``): ``channels`` holds each host's
+    end of it, which that host's agent adopts instead of starting its own; ``close()`` ends it for all."""
+
+    @property
+    def channels(self) -> Mapping[str, RunningCommand]: ...
+
+    def close(self) -> None: ...
+
+
 class Transport:
     """The interface: name and address of the host, connect(), start() and run(), close().
 
     A transport that needs no connection (this machine) keeps the defaults of connect() and the connection facts
     (user, via, connect_seconds); the runner reads them of every transport alike.
+
+    What the coordinator asks of a kind of transport is on the class: ``HELP`` (its line in ``--transport``'s
+    help), ``OPTIONS`` (its own flags), ``from_options`` (a transport for one host from the run's options),
+    ``unusable`` (why it cannot run here, before any host is contacted), ``IN_ALLOCATION`` (the default inside a
+    scheduler's allocation), ``READS_SSH_CONFIG`` and ``open_shared`` (one session for every host, or None).
     """
+
+    HELP: ClassVar[str] = ""
+    OPTIONS: ClassVar[Tuple[TransportOption, ...]] = ()
+    IN_ALLOCATION: ClassVar[bool] = False
+    READS_SSH_CONFIG: ClassVar[bool] = False
+    # Whether open_shared may serve its hosts: the connection facts then say which hosts' agents it started.
+    SHARES_SESSIONS: ClassVar[bool] = False
 
     name: str = ""
     address: str = ""
@@ -310,6 +348,24 @@ class Transport:
     def close(self) -> None:
         pass
 
+    @classmethod
+    def from_options(cls, host: str, ssh: "SSHOptions", options: Mapping[str, Any]) -> "Transport":
+        """A transport of this kind for host: ``ssh`` is the run's SSH settings (its connect timeout is every
+        transport's), ``options`` the values of every transport's ``OPTIONS`` by dest (this one reads its own)."""
+        raise NotImplementedError
+
+    @classmethod
+    def unusable(cls, env: Mapping[str, str]) -> str:
+        """Why this kind cannot reach hosts from this environment (one line for the user, exit 2), or ""."""
+        return ""
+
+    @classmethod
+    def open_shared(cls, transports: Sequence["Transport"], argv: Sequence[str], stdin: bytes,
+                    options: Mapping[str, Any]) -> Optional[SharedSession]:
+        """Start argv once for all these hosts (of this kind), its stdin broadcast to every one; None (the default)
+        when each host starts its own."""
+        return None
+
 
 # ----------------------------------------------------------------------------------------- on this machine
 
@@ -336,7 +392,7 @@ class ProcessCommand(RunningCommand):
         self._stdin_poll.register(stdin_pipe.fileno(), select.POLLOUT)
         self._begin_stdin(stdin, keep_stdin_open)
 
-    def _pump(self, stream, is_err: bool) -> None:
+    def _pump(self, stream: Any, is_err: bool) -> None:  # a binary pipe (read1)
         for chunk in iter(lambda: stream.read1(65536), b""):
             self._feed(chunk, is_err)
 

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from preflight.transport.base import TransportError
 from preflight.transport.known_hosts import (HostKeyPolicy, KnownHosts, UnknownHostKey, changed_key_fix, file_signature,
@@ -54,7 +54,7 @@ TRANSPORT_WAKE_S = 30.0
 _READER_EXIT_S = 2.0
 
 
-def close_client(client, through_jump: bool) -> None:
+def close_client(client: Any, through_jump: bool) -> None:  # a paramiko SSHClient
     """Close a paramiko client, its reader thread woken at once (wake_reader).
 
     Through a jump host its socket is a channel of the jump host's connection, which must outlive the reader
@@ -68,7 +68,7 @@ def close_client(client, through_jump: bool) -> None:
         thread.join(_READER_EXIT_S)
 
 
-def wake_reader(client) -> None:
+def wake_reader(client: Any) -> None:
     """Shut the connection's socket down, so that paramiko's reader thread, asleep in recv() for up to
     TRANSPORT_WAKE_S, gets EOF and ends now (closing the descriptor alone does not wake a blocked recv)."""
     try:
@@ -121,7 +121,7 @@ def tcp_connect(hop: "Hop", timeout: float) -> socket.socket:
     return sock
 
 
-def wait_banner(sock, hop: "Hop", timeout: float, start: float, proxy: Optional[ProxySocket] = None) -> None:
+def wait_banner(sock: Any, hop: "Hop", timeout: float, start: float, proxy: Optional[ProxySocket] = None) -> None:
     """Wait for the server's first bytes ourselves, without consuming them (paramiko still reads the banner): a
     port that accepts TCP but never speaks SSH gets a precise error instead of paramiko's racy timeouts.
     ``timeout`` counts from ``start`` (the hop's TCP connect included)."""
@@ -164,7 +164,8 @@ def wait_banner(sock, hop: "Hop", timeout: float, start: float, proxy: Optional[
                          "check sshd on the host (systemctl status ssh; MaxStartups) and the port")
 
 
-def handshake(hop: "Hop", sock, options: SSHOptions, start: float, proxy: Optional[ProxySocket] = None):
+def handshake(hop: "Hop", sock: Any, options: SSHOptions, start: float,
+              proxy: Optional[ProxySocket] = None) -> Any:
     """Key exchange, host key policy (known_hosts index, accept-new, changed and revoked keys) and auth over sock;
     the authenticated SSHClient. Every hop goes through here, so all have the same policy and deadlines."""
     import paramiko
@@ -239,7 +240,7 @@ _KEY_CACHE: Dict[tuple, object] = {}
 _KEY_CACHE_LOCK = threading.Lock()
 
 
-def _share_key_files(client) -> None:
+def _share_key_files(client: Any) -> None:
     """Load each private key file once per run instead of once per host.
 
     paramiko's SSHClient tries every key class on every key file for every connection (an ed25519 key is
@@ -250,7 +251,7 @@ def _share_key_files(client) -> None:
     if load is None:  # another paramiko: keep its own loading
         return
 
-    def cached(filename, klass, password):
+    def cached(filename: str, klass: Any, password: Any) -> Any:
         cert = filename if filename.endswith("-cert.pub") else filename + "-cert.pub"
         key = (filename, klass, password, file_signature(Path(filename)), file_signature(Path(cert)))
         with _KEY_CACHE_LOCK:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from preflight.sshconfig import Hop
 
 
-def open_channel(jump: "Jump", hop: "Hop", timeout: float):
+def open_channel(jump: "Jump", hop: "Hop", timeout: float) -> Any:  # a paramiko Channel
     """A direct-tcpip channel from the jump host to hop's sshd: the socket hop's own SSH connection runs over."""
     import paramiko
     name = jump.chain[-1].name
@@ -76,7 +76,7 @@ class Jump:
         self.proxy: Optional[ProxySocket] = None
 
     @property
-    def transport(self):
+    def transport(self) -> Any:  # the jump host's paramiko Transport
         return self.client.get_transport()
 
     def alive(self) -> bool:

@@ -15,7 +15,7 @@ import hmac
 import shlex
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 class KnownHosts:
@@ -107,7 +107,7 @@ class KnownHosts:
                     found.extend(hit)
         return found
 
-    def fill(self, host_keys, name: str) -> None:
+    def fill(self, host_keys: Any, name: str) -> None:  # a paramiko HostKeys
         """Put this host's keys (the first per key type, as paramiko's lookup returns) into a HostKeys."""
         from paramiko import PKey
         seen = set()
@@ -157,7 +157,7 @@ def file_signature(path: Path) -> Tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def fingerprint(key) -> str:
+def fingerprint(key: Any) -> str:  # a paramiko PKey
     """A host key's fingerprint as OpenSSH prints it (ssh, ssh-keygen -l, ssh-keyscan | ssh-keygen -lf -):
     ``SHA256:`` and the unpadded base64 of the SHA-256 of the key's wire form."""
     digest = hashlib.sha256(key.asbytes()).digest()
@@ -239,7 +239,7 @@ class HostKeyPolicy:
         self.known_hosts = known_hosts
         self.index = index
 
-    def missing_host_key(self, client, hostname: str, key) -> None:
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:  # paramiko's policy hook
         # hostname is the known_hosts name paramiko looked the key up by: [host]:port off port 22.
         fp = fingerprint(key)
         revoked = self.index.revoked(hostname, key.get_name(), key.get_base64()) if self.index else ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from preflight.transport.ssh import SSHTransport
@@ -48,7 +48,7 @@ class Liveness:
         with self._lock:
             self._conns.pop(id(conn), None)
 
-    def probe(self, conn: "SSHTransport", transport) -> None:
+    def probe(self, conn: "SSHTransport", transport: Any) -> None:
         """Queue one keepalive; a prober thread sends it (conn.send_keepalive ends that probe)."""
         with self._lock:
             self._probes.append((conn, transport))

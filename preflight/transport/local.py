@@ -4,17 +4,26 @@
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from preflight.transport.base import FailedCommand, ProcessCommand, RunningCommand, Transport
+
+if TYPE_CHECKING:
+    from preflight.transport.hop import SSHOptions
 
 
 class LocalTransport(Transport):
     """This machine, without SSH (the default cluster when no hostfile is given)."""
 
+    HELP = "this machine alone (the cluster when no hostfile is given)"
+
     def __init__(self, name: str = "localhost"):
         self.name = name
         self.address = "127.0.0.1"
+
+    @classmethod
+    def from_options(cls, host: str, ssh: "SSHOptions", options: Mapping[str, Any]) -> Transport:
+        return cls(host)
 
     def start(self, argv: Sequence[str], stdin: bytes = b"", keep_stdin_open: bool = False,
               max_output: Optional[int] = None) -> RunningCommand:

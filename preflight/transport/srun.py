@@ -22,10 +22,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
 from preflight.hostside.agent import FRAME, LINE_FRAME
-from preflight.transport.base import FailedCommand, ProcessCommand, RunningCommand, Transport, TransportError
+from preflight.transport.base import (FailedCommand, ProcessCommand, RunningCommand, Transport, TransportError,
+                                      TransportOption)
+
+if TYPE_CHECKING:
+    from preflight.transport.hop import SSHOptions
 
 # --unbuffered: without it slurmstepd forwards a task's output line by line, and the agent's frames carry
 # payloads with no trailing newline (its hello): the coordinator waited for a hello that sat in slurmstepd.
@@ -68,7 +72,34 @@ class _SrunCommand(ProcessCommand):
 
 
 class SrunTransport(Transport):
-    """One node of the current allocation; each command runs as its own overlapping job step."""
+    """One node of the current allocation; each command runs as its own overlapping job step. Every node's agent
+    starts at once as one SharedStep (open_shared) unless ``--srun-steps per-node``."""
+
+    HELP = "srun job steps (the default inside a Slurm allocation without --hostfile; needs no SSH keys)"
+    OPTIONS = (TransportOption("--srun-steps", "srun_steps", "with --transport srun: every node's agent in one step "
+                               "(shared, the default: faster to launch, one step for slurmctld) or a step per node",
+                               ("shared", "per-node"), "shared"),)
+    IN_ALLOCATION = True
+    SHARES_SESSIONS = True
+
+    @classmethod
+    def from_options(cls, host: str, ssh: "SSHOptions", options: Mapping[str, Any]) -> Transport:
+        return cls(host)  # the allocation from SLURM_JOB_ID
+
+    @classmethod
+    def unusable(cls, env: Mapping[str, str]) -> str:
+        if env.get("SLURM_JOB_ID"):
+            return ""
+        return ("--transport srun runs job steps in an allocation, and SLURM_JOB_ID is not set: "
+                "run inside salloc/sbatch")
+
+    @classmethod
+    def open_shared(cls, transports: Sequence[Transport], argv: Sequence[str], stdin: bytes,
+                    options: Mapping[str, Any]) -> Optional["SharedStep"]:
+        nodes = [t for t in transports if isinstance(t, SrunTransport)]
+        if not nodes or options.get("srun_steps", "shared") != "shared":
+            return None
+        return SharedStep([n.name for n in nodes], argv, stdin, nodes[0].job_id)
 
     def __init__(self, name: str, job_id: str = "", extra_flags: Sequence[str] = ()):
         self.name = name

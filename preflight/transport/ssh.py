@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 from preflight.transport.base import (RC_TIMEOUT, FailedCommand, RunningCommand, StdinStalled, Transport,
                                       TransportError)
@@ -41,7 +41,7 @@ _IDLE_WAKE_S = 30.0
 
 
 class _SSHCommand(RunningCommand):
-    def __init__(self, channel, stdin: bytes, keep_stdin_open: bool, max_output: Optional[int] = None,
+    def __init__(self, channel: Any, stdin: bytes, keep_stdin_open: bool, max_output: Optional[int] = None,
                  owner: Optional["SSHTransport"] = None):
         super().__init__(max_output)
         self._chan = channel
@@ -152,6 +152,12 @@ class SSHTransport(Transport):
     """One authenticated paramiko connection; commands run as channels on it."""
 
     kill_reaches_host = False
+    HELP = "SSH to each host (the default with --hostfile)"
+    READS_SSH_CONFIG = True
+
+    @classmethod
+    def from_options(cls, host: str, ssh: SSHOptions, options: Mapping[str, Any]) -> Transport:
+        return cls(host, ssh)
 
     def __init__(self, name: str, options: SSHOptions):
         self.name = name
@@ -305,8 +311,11 @@ class SSHTransport(Transport):
         return best
 
     def _tcp_info(self) -> Optional[bytes]:
+        client = self._client
+        if client is None:
+            return None
         try:
-            sock = self._client.get_transport().sock  # type: ignore[union-attr,attr-defined]
+            sock = client.get_transport().sock
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         except (AttributeError, OSError):
             return None
@@ -327,12 +336,12 @@ class SSHTransport(Transport):
             self._commands.pop(id(cmd), None)
 
     # -- dead-peer detection (OpenSSH's ServerAliveInterval / ServerAliveCountMax)
-    def _watch(self, transport) -> None:
+    def _watch(self, transport: Any) -> None:  # the connection's paramiko Transport
         self._last_rx = time.monotonic()
         packetizer = transport.packetizer
         read_message = packetizer.read_message
 
-        def counting_read_message():  # every packet from the server proves it alive
+        def counting_read_message() -> Any:  # every packet from the server proves it alive
             msg = read_message()
             self._last_rx = time.monotonic()
             return msg
@@ -370,7 +379,7 @@ class SSHTransport(Transport):
             LIVENESS.probe(self, client.get_transport())
         return min(self._last_probe + interval - now, limit - silent)
 
-    def send_keepalive(self, transport) -> None:
+    def send_keepalive(self, transport: Any) -> None:
         # A global request that wants a reply (OpenSSH answers unknown ones with a failure), sent without
         # waiting for it: any packet back resets the silence clock. Sent by LIVENESS's prober threads: a
         # send to a dead peer can block until paramiko's own socket timeout.
