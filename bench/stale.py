@@ -31,7 +31,7 @@ FILES = ("bench/README.md", "docs/performance.md")
 # The code each results file measures (fnmatch patterns on the results file's name, first match wins; git pathspecs,
 # whose '*' crosses '/'). A row may name more (a backticked preflight/... or bench/... path).
 _CONNECT = ["preflight/remote.py", "preflight/runner.py", "preflight/transport/*", "preflight/hostside/agent.py",
-            "preflight/hostside/hello.py", "preflight/hostside/proc.py", "preflight/cli.py",
+            "preflight/hostside/hello.py", "preflight/hostside/proc.py", "preflight/cli/*",
             "preflight/checks/python.py"]
 MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("gate*", ["preflight/*", "bench/gate.py"]),  # the whole default gate, end to end

@@ -4,7 +4,7 @@
    helpers live in preflight/hostside, and another check's facts are read from ``cluster.facts`` with the
    dependency declared in ``SPEC.reads`` (the registry refuses a read of an unknown or a later check). Imports
    inside one check's subpackage (allreduce/verdict.py -> allreduce/common.py) are its own business.
-2. The coordinator's generic modules (cli.py, recommend.py, config.py and the HTML renderer) hold no string equal
+2. The coordinator's generic modules (cli/, recommend.py, config.py and the HTML renderer) hold no string equal
    to a registered check's name and import no check module: what they do for a check, the check declares. Words
    inside option names (``--nvme-path``, ``--ssh-port``) are not names of checks.
 """
@@ -152,7 +152,8 @@ def _html_module() -> Path:
     return moved if moved.is_file() else PACKAGE / "html.py"
 
 
-COORDINATOR_MODULES = [PACKAGE / "cli.py", PACKAGE / "recommend.py", PACKAGE / "config.py", _html_module()]
+COORDINATOR_MODULES = [*sorted((PACKAGE / "cli").glob("*.py")), PACKAGE / "recommend.py", PACKAGE / "config.py",
+                       _html_module()]
 
 
 def named_checks(source: str, module: str, names: List[str]) -> List[str]:

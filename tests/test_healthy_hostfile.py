@@ -138,12 +138,12 @@ def test_inside_a_slurm_allocation_the_verdict_prints_the_exclude_nodeset(monkey
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[01-20]")
     args = cli.build_parser().parse_args(["run"])
-    assert cli._in_slurm(args)
+    assert cli.in_slurm(args)
     report = cluster_report(20, down=["node03"], extra=[gpu_fail("node17", 0)])
-    line = verdict_line(report, launchable.Context(slurm=cli._in_slurm(args)))
+    line = verdict_line(report, launchable.Context(slurm=cli.in_slurm(args)))
     assert line.endswith("; launch now: --exclude=node[03,17]"), line
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert not cli._in_slurm(cli.build_parser().parse_args(["run"]))
+    assert not cli.in_slurm(cli.build_parser().parse_args(["run"]))
 
 
 # ------------------------------------------------------------------------------------------- --min-hosts
