@@ -308,10 +308,7 @@ class PreflightSession:
     def pytest_report_header(self, config: pytest.Config) -> List[str]:
         if self.report is None:
             return []
-        c = self.report.counts()
-        return [f"preflight: {len(self.report.hosts)} host(s), {len(self.report.results)} results in "
-                f"{self.report.duration_s:.1f}s ({c['fail']} failed, {c['error']} errors, {c['warn']} warned"
-                + (f", {c['blocked']} blocked by an unreachable host" if c["blocked"] else "") + ")"]
+        return [header(self.report)]
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.report is None or self.is_worker:
@@ -372,6 +369,17 @@ def keyword_checks(expression: str, options: "RunOptions") -> List[str]:
 
 
 # ------------------------------------------------------------------------------------------- items
+
+def header(report: Report) -> str:
+    """The run's line in pytest's header: counts, and the victims with what blocked them (``2 blocked by
+    node02::ssh``): any fault can block others, so the blocker is named, not assumed to be an unreachable host."""
+    victims = report.victims()
+    c = report.counts(victims)
+    blockers = ", ".join(dict.fromkeys(cell_id(report.results[j]) for _, j in sorted(victims.items())))
+    return (f"preflight: {len(report.hosts)} host(s), {len(report.results)} results in {report.duration_s:.1f}s "
+            f"({c['fail']} failed, {c['error']} errors, {c['warn']} warned"
+            + (f", {c['blocked']} blocked by {blockers}" if c["blocked"] else "") + ")")
+
 
 def cell_id(result: Result) -> str:
     """``host::check``; ``cluster::check`` for a cluster-wide result."""

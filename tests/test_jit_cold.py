@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def _three():
 def _done(host, rank, build_s, acquired=True, waited=False):
     ops = [{"name": OP, "jit": True, "s": build_s, "cold": True, "build_var": "DS_BUILD_SHM_COMM",
             "build_dir": f"/tmp/ext/{OP}", "acquired": acquired, "waited": waited}]
-    return [_ev(host, rank, "start"), _ev(host, rank, "op_begin", op=OP),
+    return [_ev(host, rank, "start", python="/venv/bin/python3"), _ev(host, rank, "op_begin", op=OP),
             _ev(host, rank, "op_jit", op=OP, cold=True, build_dir=f"/tmp/ext/{OP}"),
             _ev(host, rank, "op_end", **ops[0]), _ev(host, rank, "init_begin", backend="gloo"),
             _ev(host, rank, "init", s=0.5), _ev(host, rank, "initialize", s=2.0, zero_stage=2, micro_batch=1,
@@ -74,7 +75,9 @@ def test_a_cold_build_that_finishes_is_a_warn_per_host_with_its_time_and_the_pre
         row = rows[host]
         assert row.status == Status.WARN, row
         assert f"the first job start spends {s} building {OP} on {host}" in row.message, row.message
-        assert "DS_BUILD_SHM_COMM=1 pip install deepspeed" in row.fix and "TORCH_EXTENSIONS_DIR" in row.fix
+        # The pre-build runs the pip of the interpreter the rank ran (its start event), not a bare `pip`.
+        assert "DS_BUILD_SHM_COMM=1 /venv/bin/python3 -m pip install deepspeed" in row.fix, row.fix
+        assert "TORCH_EXTENSIONS_DIR" in row.fix
         assert row.metrics["jit_builds"][OP]["s"] == float(s.split()[0])
     whole = out.cluster_row(rows)
     assert whole.status == Status.WARN, whole
@@ -97,7 +100,7 @@ def test_ranks_that_waited_for_another_hosts_build_in_one_shared_directory_warn_
 
 
 def test_a_build_past_the_budget_fails_with_the_compilers_last_lines():
-    lines = [_ev("node01", 0, "start"), _ev("node01", 0, "op_begin", op=OP),
+    lines = [_ev("node01", 0, "start", python="/venv/bin/python3"), _ev("node01", 0, "op_begin", op=OP),
              _ev("node01", 0, "op_jit", op=OP, cold=True), "node01: [1/3] c++ -MMD -c shm.cpp -o shm.o",
              "node01: cc1plus: still compiling"]
     stop = f"[launch] jit_build_budget_s 60 s passed while node01 was still building {OP}"
@@ -106,6 +109,7 @@ def test_a_build_past_the_budget_fails_with_the_compilers_last_lines():
     assert row.status == Status.FAIL and f"was still JIT-building DeepSpeed op {OP}" in row.message
     assert "the JIT build budget ran out" in row.message and "cc1plus: still compiling" in row.message, row.message
     assert "jit_build_budget_s (now 60 s)" in row.fix
+    assert "DS_BUILD_OPS=1 /venv/bin/python3 -m pip install deepspeed" in row.fix, row.fix
 
 
 def test_a_stale_lock_is_named_with_its_rm_not_as_a_build_in_progress():
@@ -394,7 +398,7 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
         cell = cells[host]
         assert cell["status"] == "warn", cell
         assert f"the first job start spends " in cell["message"] and f"building {OP} on {host}" in cell["message"]
-        assert "DS_BUILD_SHM_COMM=1 pip install deepspeed" in cell["fix"], cell["fix"]
+        assert re.search(r"DS_BUILD_SHM_COMM=1 /\S+ -m pip install deepspeed", cell["fix"]), cell["fix"]
         times[host] = cell["metrics"]["jit_builds"][OP]["s"]
         assert times[host] > 5
     whole = cells["*"]

@@ -41,3 +41,13 @@ def test_an_inherited_bogus_socket_ifname_is_one_cause_in_the_launch_shell(netcl
     assert not any(host in verdict for host in NAMES), verdict
     assert "host needs fixing" not in verdict and "hosts need fixing" not in verdict, verdict
     assert_nothing_left(cluster)
+
+
+def test_the_launch_faults_table_says_the_shell_fault_is_fixed_in_the_launch_shell():
+    """docs/rehearse.md's "Launch faults" row for the inherited variable: before the follow-up to issue 30 its host
+    column said "every host it matches no interface on"; the cause names no host (the test above)."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "rehearse.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| a bogus `NCCL_SOCKET_IFNAME`")]
+    named = row.split(" | ")[2]
+    assert "in the launch shell" in named and "every host" not in named, row

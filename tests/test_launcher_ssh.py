@@ -142,8 +142,9 @@ def test_explain_names_the_port_the_launcher_uses():
     # Without a port given, the one ssh's error names (a Port in node01's ~/.ssh/config), else 22.
     assert "port 2200" in ls.explain("refused", "node02", "node01", refused.replace("2222", "2200"))[0]
     assert "port 22 " in ls.explain("refused", "node02", "node01", "Connection refused")[0] + " "
-    why, fix = ls.explain("timeout", "node02", "node01", "", 2222)
-    assert "SSH port 2222" in why and fix.startswith("allow TCP 2222 from node01 to node02")
+    why, fix = ls.explain("timeout", "node02", "node01", "", 2222, None, ["198.18.0.1"])
+    assert "SSH port 2222" in why and "on node02 allow TCP 2222 from node01 in the firewall" in fix, fix
+    assert "  iptables -I INPUT -p tcp -s 198.18.0.1 --dport 2222 -j ACCEPT" in fix.splitlines(), fix
     why, fix = ls.explain("host_key_unknown", "node02", "node01", SAMPLES["host_key_unknown"], 2222)
     assert "for port 2222" in why
     (scan,) = [line.strip() for line in fix.splitlines()[1:]]
@@ -155,6 +156,36 @@ def test_explain_names_the_port_the_launcher_uses():
     assert remove == "ssh-keygen -R '[node04]:2222'" and "ssh-keyscan -H -p 2222 node04" in scan
     assert "ssh-copy-id -p 2222 node03" in ls.explain("auth", "node03", "node01", SAMPLES["auth"], 2222)[1]
     assert "ssh -v -p 2222 node03 hostname" in ls.explain("other", "node03", "node01", "", 2222)[1]
+
+
+def test_a_blocked_ssh_port_gets_the_firewall_lines_of_the_tool_the_host_runs():
+    """node02's SSH port times out from node01: its firewall is read there (only there: node03 answered) and the
+    fix is the ufw line for node01's address. Before the follow-up to issue 30 it said "allow TCP 22 from node01 to
+    node02 (firewall, routing)"."""
+    from preflight.config import load_thresholds
+    from preflight.hostside.fixes import FIREWALL_CALL
+    from preflight.testing import FakeCluster
+    results = {"node01": {"rc": 0, "hostname": "node01", "stderr": "", "duration_s": 0.1},
+               "node02": {"rc": 255, "hostname": "", "duration_s": 5.0,
+                          "stderr": "ssh: connect to host 198.18.0.2 port 22: Connection timed out"},
+               "node03": {"rc": 0, "hostname": "node03", "stderr": "", "duration_s": 0.1}}
+    probe = {"client": "OpenSSH_9.2p1", "pdsh": "/usr/bin/pdsh", "user": "root", "results": results,
+             "launcher": {"pdsh": "/usr/bin/pdsh"}}
+    ufw = {"root": True, "firewalld": {"running": False}, "ufw": {"active": True, "error": None},
+           "nft": {"read": False, "error": "nft: not installed"}}
+    iface = {"interfaces": {"interfaces": [{"name": "lo", "ipv4": ["127.0.0.1/8"]},
+                                           {"name": "eth0", "ipv4": ["198.18.0.1/24"]}]}}
+    cluster = FakeCluster(3, thresholds=load_thresholds(), facts={"node01": iface},
+                          handlers={"launcher_ssh.probe": lambda h, p, t: dict(probe),
+                                    FIREWALL_CALL: lambda h, p, t: ufw})
+    out = ls.evaluate(ls.coordinate(cluster), cluster.thresholds)
+    assert [(c.host, c.params) for c in cluster.calls if c.func == FIREWALL_CALL] == \
+        [("node02", {"addresses": ["198.18.0.2"]})]
+    fix = out["node02"].fix
+    assert out["node02"].status == Status.FAIL and "(firewall, routing)" not in fix, fix
+    assert [x[2:] for x in fix.splitlines() if x.startswith("  ")] == \
+        ["ufw allow from 198.18.0.1 proto tcp to any port 22"], fix
+    assert out["node03"].status == Status.PASS
 
 
 def test_evaluate_names_the_port_in_pass_and_fail():

@@ -399,3 +399,20 @@ def test_allreduce_no_torch_fix_names_each_hosts_interpreter(venv_and_wheels):
     _uninstall(python, "torch")
     _paste_pip(out.fix, python, wheels)
     subprocess.run([str(python), "-c", "import torch"], check=True, timeout=60)
+
+
+def test_jit_no_ninja_fix_installs_into_the_jobs_interpreter(venv_and_wheels):
+    """A JIT build blocked by no ninja (hostside/jit.py, shared by ds_report and ds_config): before the follow-up to
+    issue 30 the fix said "python -m pip install ninja", whichever `python` is first on PATH. Now it names the job's
+    interpreter, and pasting it installs ninja there; the nvcc fix's pre-build names that interpreter's pip too."""
+    from preflight.hostside import jit
+    python, wheels = venv_and_wheels
+    fake_wheel(wheels, "ninja", "1.11.1", '__version__ = "1.11.1"\n')
+    facts = {"python": str(python), "ninja_binary": None, "torch_cuda": "12.1", "nvcc": None, "cuda_home": None,
+             "ops": {"fused_adam": {"installed": False, "compatible": True}}}
+    found = {b.short: b for b in jit.blockers("fused_adam", facts)}
+    assert commands(found["no ninja"].fix) == [f"{python} -m pip install ninja"], found["no ninja"].fix
+    assert f"DS_BUILD_FUSED_ADAM=1 {python} -m pip install deepspeed" in found["no nvcc"].fix, found["no nvcc"].fix
+    _uninstall(python, "ninja")
+    _paste_pip(found["no ninja"].fix, python, wheels)
+    subprocess.run([str(python), "-c", "import ninja"], check=True, timeout=60)

@@ -70,6 +70,23 @@ def test_report_from_dict_inverts_to_dict():
     assert Report.from_dict(report.to_dict()).exit_code == 1  # a FAIL fails without strict too
 
 
+def test_the_header_names_what_blocked_the_victims_not_an_unreachable_host():
+    """Victims of a failed rehearsal on node02 (the ranks that waited for it) and of node03's unreachable ssh: the
+    header says "blocked by node02::launch, node03::ssh". Before the follow-up to issue 30 it said "blocked by an
+    unreachable host" whatever the fault."""
+    from preflight.pytest_plugin import header
+    results = [Result("node02", "launch", Status.FAIL, "cannot open the DeepSpeed config"),
+               Result("node01", "launch", Status.FAIL, "hung in init", blocked_by="launch", blocked_host="node02"),
+               Result("node03", "ssh", Status.ERROR, "timed out"),
+               Result("node03", "libaio", Status.ERROR, "not run", blocked_by="ssh")]
+    report = Report("2026-01-01T00:00:00+00:00", 4.2, [HostRecord(h, "198.18.0.1", 8, True)
+                                                        for h in ("node01", "node02", "node03")],
+                    results, ["ssh", "libaio", "launch"], {}, {}, [])
+    line = header(report)
+    assert "2 blocked by node02::launch, node03::ssh)" in line and "unreachable" not in line, line
+    assert "(1 failed, 1 errors, 0 warned" in line, line
+
+
 def test_without_preflight_options_the_plugin_adds_nothing(pytester: pytest.Pytester):
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     result = run(pytester, "-v")

@@ -122,6 +122,26 @@ def test_a_rank_that_never_started_is_named_with_pdshs_line_for_its_host():
     assert "hung in init_process_group" in rows["node01"].message
 
 
+def test_ranks_hung_at_init_get_firewall_lines_for_the_cluster_not_the_word_firewall():
+    """Both ranks hung in init_process_group (a host drops the ranks' ports): before the follow-up to issue 30 the
+    fix said "allow TCP 29500 and the ranks' ports between the hosts (firewall)". Now it is firewall_fix's lines
+    for the ranks' advertised addresses, each a command to paste, with the tools a host may run."""
+    hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
+    ev = '@@PF-REHEARSE {{"run": "t", "event": "{}", "rank": {}, "local_rank": 0{}}}'
+    env = ', "env": {"MASTER_ADDR": "10.9.0.1", "MASTER_PORT": "29500"}'
+    lines = []
+    for rank, host in enumerate(("node01", "node02")):
+        lines += [f"{host}: " + ev.format("start", rank, env), f"{host}: " + ev.format("imported", rank, ""),
+                  f"{host}: " + ev.format("init_begin", rank, f', "advertise": {{"address": "10.9.0.{rank + 1}"}}')]
+    rows = Outcomes(_options(hosts), "node01", _log("t", ["node01", "node02"], lines), "--timeout 30 s passed",
+                    30.0, {}).host_rows()
+    fix = rows["node02"].fix
+    assert "hung in init_process_group" in rows["node02"].message and "(firewall)" not in fix, fix
+    pasted = [line[2:] for line in fix.splitlines() if line.startswith("  ")]
+    assert "iptables -I INPUT -p tcp -s 10.9.0.1,10.9.0.2 --dport 1024:65535 -j ACCEPT" in pasted, fix
+    assert "firewall-cmd --add-port=1024-65535/tcp" in pasted and "ports,interfaces" in fix, fix
+
+
 def test_a_config_missing_on_one_host_is_named_there():
     hosts = [HostSpec("node01", 1, 0, [0]), HostSpec("node02", 1, 1, [0])]
     event = '@@PF-REHEARSE {{"run": "t", "event": "{}", "rank": {}, "local_rank": 0{}}}'

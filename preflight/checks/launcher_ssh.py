@@ -27,9 +27,10 @@ import re
 import shutil
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside import launchenv
+from ..hostside.fixes import FIREWALL_CALL, firewall_fix
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.proc import sh
@@ -112,7 +113,8 @@ def ssh_port_of(stderr: str, port: Optional[int]) -> int:
     return int(m.group(1)) if m else 22
 
 
-def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] = None) -> Tuple[str, str]:
+def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] = None,
+            firewall: Optional[Dict[str, Any]] = None, sources: Sequence[Any] = ()) -> Tuple[str, str]:
     """(why, fix) for a failure kind, naming the target host, the first host and the SSH port (the launcher's
     port when given, else what ssh used). Each command in a fix is pasteable on the first host as it is."""
     last = next((ln.strip() for ln in reversed((stderr or "").splitlines()) if ln.strip()), "").rstrip(".")
@@ -150,8 +152,8 @@ def explain(kind: str, host: str, master: str, stderr: str, port: Optional[int] 
                 "(--launcher-ssh-port, and DeepSpeed's --ssh_port)")
     if kind in ("timeout", "unreachable"):
         return (f"{master} cannot reach {host}'s SSH port {p} ({last or 'timed out'})",
-                f"allow TCP {p} from {master} to {host} (firewall, routing); check that the hostfile name maps to "
-                "the cluster network")
+                f"check that the hostfile name {host} maps to the cluster network (routing), then "
+                + firewall_fix(host, firewall, sources, str(p)).replace("from the cluster", f"from {master}", 1))
     if kind == "closed":
         return (f"sshd on {host} closed the connection ({last})",
                 f"check sshd on {host}: MaxStartups, AllowUsers/DenyUsers, TCP wrappers (journalctl -u ssh)")
@@ -258,7 +260,36 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         facts.update(value)
     except Exception as exc:  # the agent failed: every target is unchecked, not failed
         facts["error"] = f"the probe on {master} failed: {exc}"
+        return facts
+    _read_firewalls(cluster, facts, master)
     return facts
+
+
+def _addresses(iface: Any) -> List[str]:
+    """A host's own non-loopback addresses from its interfaces facts (``"10.0.0.1/24"`` -> ``"10.0.0.1"``)."""
+    if not isinstance(iface, dict):
+        return []
+    return sorted({str(a).split("/")[0] for i in iface.get("interfaces") or [] if isinstance(i, dict)
+                   for a in (i.get("ipv4") or []) + (i.get("ipv6") or [])
+                   if not str(a).startswith(("127.", "::1", "fe80:"))})
+
+
+def _read_firewalls(cluster: ClusterView, facts: Dict[str, Any], master: str) -> None:
+    """facts["firewalls"][host]: the firewall of each host whose SSH port the first host could not reach (its fix's
+    commands come from it), read only there; facts["sources"]: the first host's addresses, the rules' source."""
+    facts["sources"] = _addresses((cluster.facts.get(master) or {}).get("interfaces"))
+    reachable = {h.name for h in cluster.hosts}
+    blocked: Dict[str, Dict[str, Any]] = {}
+    for h, r in (facts.get("results") or {}).items():
+        if h in reachable and isinstance(r, dict) and classify(int(r.get("rc", 255)), r.get("stderr", "")) in (
+                "timeout", "unreachable"):
+            # The address ssh went to ("connect to host 198.18.0.6 port 22"): firewalld's zone is its interface's.
+            m = re.search(r"connect to host (\S+) port", str(r.get("stderr", "")))
+            blocked[h] = {"addresses": [m.group(1)] if m else []}
+    if blocked:
+        answers = cluster.call_all(FIREWALL_CALL, blocked, 30.0)
+        facts["firewalls"] = {h: a if isinstance(a, dict) else {"error": str(a) or type(a).__name__}
+                              for h, a in answers.items()}
 
 
 def _net_names(iface: Any) -> Optional[Dict[str, Any]]:
@@ -310,7 +341,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             out[h] = Outcome(Status.FAIL, f"ssh {h} hostname from {master} succeeded but printed nothing",
                              f"check {h}'s login shell and sshd ForceCommand for the user", metrics)
         else:
-            why, fix = explain(kind, h, master, r.get("stderr", ""), port)
+            why, fix = explain(kind, h, master, r.get("stderr", ""), port, (facts.get("firewalls") or {}).get(h),
+                               facts.get("sources") or ())
             out[h] = Outcome(Status.FAIL, f"passwordless SSH from {master} to {h} fails: {why}; DeepSpeed's pdsh "
                              "launcher cannot start ranks there", fix, metrics)
     missing = _launcher_missing(facts, str(limits(thresholds, NAME)["launcher"]), master)

@@ -15,6 +15,7 @@ import re
 import shutil
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from .fixes import pip_fix, pip_phrase
 from .outcome import Status
 from .proc import sh
 
@@ -127,13 +128,14 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
     if not isinstance(entry, Mapping) or entry.get("installed") or not entry.get("compatible"):
         return []
     found: List[Blocker] = []
+    python = facts.get("python")  # the job's interpreter (ds_report's sys.executable): its pip is the one to run
     ninja = facts.get("ninja_binary") if "ninja_binary" in facts else facts.get("ninja")
     if not ninja:
         # DeepSpeed 0.19.8 jit_load: torch's verify_ninja_availability runs `ninja --version` (builder.py:573-577).
         found.append(Blocker(Status.FAIL, "no ninja on PATH: the JIT build stops with \"Unable to JIT load the "
                              f"{op} op due to ninja not being installed.\"",
-                             "python -m pip install ninja in the job's environment, with its bin directory on the "
-                             "PATH of a non-interactive ssh login", "no ninja"))
+                             pip_fix("install ninja with the job's interpreter, and put its bin directory on the "
+                                     "PATH of a non-interactive ssh login", python, "ninja"), "no ninja"))
     if "cxx" in facts and not facts.get("cxx"):
         name = facts.get("cxx_name") or "c++"
         origin = "$CXX" if name != "c++" else "$CXX unset, so c++"
@@ -158,15 +160,15 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
                              f"install the CUDA toolkit {torch_cuda or ''} (torch's CUDA) and export "
                              f"CUDA_HOME=/usr/local/cuda-{torch_cuda or 'X.Y'} in the job's environment "
                              "(.deepspeed_env), or pre-build the op on a host that has it: "
-                             f"DS_BUILD_{op.upper()}=1 pip install deepspeed", "no nvcc"))
+                             f"DS_BUILD_{op.upper()}=1 {pip_phrase(python, 'deepspeed')}", "no nvcc"))
         return found
     if torch_cuda and major(nvcc) is not None and major(nvcc) != major(torch_cuda):
         source = skip_cuda_check(facts, launch_env)
         consequence = (f"nvcc {nvcc} and torch's CUDA {torch_cuda} differ in major version: the JIT build compiles "
                        f"{op} against CUDA {nvcc} inside a process that runs torch's CUDA {torch_cuda}; DeepSpeed "
                        "refuses this pair with CUDAMismatchException (op_builder/builder.py:107-129: at every JIT "
-                       "build before DeepSpeed 0.12.3, and when pre-building, DS_BUILD_OPS=1 pip install deepspeed, "
-                       "which therefore fails the same way here)")
+                       "build before DeepSpeed 0.12.3, and when pre-building, DS_BUILD_OPS=1 "
+                       f"{pip_phrase(python, 'deepspeed')}, which therefore fails the same way here)")
         match = (f"install the CUDA {torch_cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{torch_cuda} for the job "
                  f"(.deepspeed_env), or install the torch build for CUDA {nvcc}")
         short = f"nvcc {nvcc} vs torch's CUDA {torch_cuda}"

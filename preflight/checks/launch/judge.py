@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...hostside import rehearsal as host_side
+from ...hostside.fixes import firewall_fix, pip_phrase
 from ...hostside.jit import age_text
 from ...hostside.outcome import BlockedBy, Outcome, Status
 
@@ -301,8 +302,8 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
         return ("op build", f"{rank} raised while loading DeepSpeed op {err['op']}: {kind_name}: {said[:400]}"
                 f"{compiler}",
             f"the op is JIT-built at the first use: install its build tools on {host} (a C++ compiler, ninja; nvcc "
-            "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 pip install "
-            f"deepspeed); `ds_report` on {host} lists the ops")
+            "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 "
+            f"{pip_phrase(_rank_python(view, ctx), 'deepspeed')}); `ds_report` on {host} lists the ops")
     if kind_name in ("OutOfMemoryError", "MemoryError") or "out of memory" in message.lower():
         return ("OOM", text, f"the rehearsal's model is small (--rehearse-model-params): memory is short on {host} "
                 "before the real model loads; lower train_micro_batch_size_per_gpu, or use ZeRO-3 / offload; "
@@ -387,13 +388,23 @@ def _loopback(view: RankView, ctx: Context) -> Tuple[str, str, str]:
             IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=view.slot.host))
 
 
+def _rank_python(view: RankView, ctx: Context) -> Any:
+    """The interpreter the rank ran (its sys.executable, as its start event said), else --python: its pip is the
+    one a fix runs."""
+    return (view.seen.get("start") or {}).get("python") or ctx.options.python
+
+
 def _rendezvous_fix(view: RankView, ctx: Context) -> str:
     env = (view.seen.get("start") or {}).get("env") or {}
     addr, port = env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?")
-    return (f"every rank meets at MASTER_ADDR:MASTER_PORT ({addr}:{port}) and then connects to every other rank: "
-            f"allow TCP {port} and the ranks' ports between the hosts (firewall), and launch with --master_addr set "
-            f"to an address every host reaches if {addr} is not one (`preflight run --checks ports,interfaces` names "
-            "the blocked host)")
+    # The addresses the ranks advertised (and MASTER_ADDR): firewall_fix keeps the literal IPs among them. Which
+    # host drops, and its firewall, the rehearsal does not know: the ports check reads both.
+    sources = sorted({str(a) for a in [addr] + [((v.seen.get("init_begin") or {}).get("advertise") or {})
+                                                .get("address") for v in ctx.views] if a})
+    return (f"every rank meets at MASTER_ADDR:MASTER_PORT ({addr}:{port}) and then connects to every other rank on "
+            f"its own port: launch with --master_addr set to an address every host reaches if {addr} is not one; "
+            "`preflight run --checks ports,interfaces` names the blocked host and reads its firewall; "
+            + firewall_fix("every host", None, sources, "1024-65535"))
 
 
 def verdict_of(view: RankView, ctx: Context) -> Tuple[Status, str, str, str]:
@@ -452,8 +463,9 @@ def _still_building(view: RankView, ctx: Context) -> Tuple[Status, str, str, str
     compiler = f"; the build's last lines: {' | '.join(tail)}" if tail else ""
     what = "JIT-building" if view.op_cold else "loading (a JIT load: building, or waiting for the build lock)"
     build_var = str((view.seen.get("op_begin") or {}).get("build_var") or "DS_BUILD_OPS")
-    fix = (f"pre-build the op into DeepSpeed on every host ({build_var}=1 pip install deepspeed, in the job's "
-           f"environment), or warm a host-local TORCH_EXTENSIONS_DIR; or give the build more time: [launch] "
+    fix = (f"pre-build the op into DeepSpeed on every host ({build_var}=1 "
+           f"{pip_phrase(_rank_python(view, ctx), 'deepspeed')}), or warm a host-local TORCH_EXTENSIONS_DIR; or "
+           "give the build more time: [launch] "
            f"jit_build_budget_s (now {budget:g} s), `preflight rehearse --jit-build-budget` with more seconds")
     if "jit_build_budget_s" in ctx.stop_reason:
         return (Status.FAIL, f"{_rank_name(view)} was still {what} DeepSpeed op {op} after {spent}: the JIT build "
@@ -658,8 +670,9 @@ class Outcomes:
             parts.append(f"the first job start spends {spent} on {host} (a JIT build: the torch extensions cache "
                          f"{_cache_of(here)} had no library of it)")
             pre = " ".join(dict.fromkeys(f"{b.get('build_var') or 'DS_BUILD_OPS'}=1" for b in here.values()))
-            fixes.append(f"pre-build it into DeepSpeed on every host ({pre} pip install deepspeed, in the job's "
-                         "environment), or keep a warm, host-local TORCH_EXTENSIONS_DIR that every job start reuses")
+            python = next((_rank_python(v, self.context()) for v in mine), self.o.python)
+            fixes.append(f"pre-build it into DeepSpeed on every host ({pre} {pip_phrase(python, 'deepspeed')}), "
+                         "or keep a warm, host-local TORCH_EXTENSIONS_DIR that every job start reuses")
         if elsewhere:
             waited = ", ".join(f"{n} ({secs(b.get('s'))})" for n, b in elsewhere.items())
             parts.append(f"its ranks waited for another host's build of {waited} in the shared torch extensions "
