@@ -1,4 +1,4 @@
-"""The run history (preflight/history.py): flattening, each host against its own past, the store's schema, migrations,
+"""The run history (preflight/history/): flattening, each host against its own past, the store's schema, migrations,
 retention and concurrency, `preflight history` and `preflight diff`, and end to end on namespace hosts (iperf3 over
 shaped links, a firewalled host fixed) and with real node-checks writing one store at once.
 
@@ -182,14 +182,14 @@ def test_schema_has_a_version_and_later_migrations_apply_in_order(tmp_path, monk
     assert rows(db, "PRAGMA journal_mode") == [("wal",)]
     history.record_report(nvme_report({"node01": 3.0}, time.time()), {}, db)
     # A later preflight adds a migration: the file is brought up to date when next opened, its runs kept
-    monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS + ("ALTER TABLE runs ADD COLUMN note TEXT",))
-    monkeypatch.setattr(history, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setattr(history.store, "MIGRATIONS", history.MIGRATIONS + ("ALTER TABLE runs ADD COLUMN note TEXT",))
+    monkeypatch.setattr(history.store, "SCHEMA_VERSION", current + 1)
     history.Store(db).close()
     assert rows(db, "SELECT version FROM schema_version ORDER BY version") == [(v,) for v in range(1, current + 2)]
     assert rows(db, "SELECT COUNT(*), COUNT(note) FROM runs") == [(1, 0)]
     # ... and this preflight does not write a file a newer one migrated past it, but still reads it
-    monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS[:current])
-    monkeypatch.setattr(history, "SCHEMA_VERSION", current)
+    monkeypatch.setattr(history.store, "MIGRATIONS", history.MIGRATIONS[:current])
+    monkeypatch.setattr(history.store, "SCHEMA_VERSION", current)
     with pytest.raises(history.HistoryError, match="written by a newer preflight"):
         history.Store(db)
     assert history.Store(db, readonly=True).version == current + 1
@@ -242,7 +242,7 @@ def test_a_run_id_drawn_twice_is_drawn_again(tmp_path, monkeypatch):
     """A thousand nodes' health checks in one second share the id's time part: a taken id is drawn again."""
     db = tmp_path / "h.db"
     drawn = iter(["20250107-141503-3fa2", "20250107-141503-3fa2", "20250107-141503-77d0"])
-    monkeypatch.setattr(history, "new_run_id", lambda started=None: next(drawn))
+    monkeypatch.setattr(history.store, "new_run_id", lambda started=None: next(drawn))
     first = history.record_report(nvme_report({"node01": 3.0}, time.time()), {}, db, pytest.fail)
     second = history.record_report(nvme_report({"node02": 3.0}, time.time()), {}, db, pytest.fail)
     assert (first, second) == ("20250107-141503-3fa2", "20250107-141503-77d0")

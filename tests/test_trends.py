@@ -1,4 +1,4 @@
-"""The HTML report's Trends section (preflight/render/html.py) from the history's metrics.trend (preflight/history.py):
+"""The HTML report's Trends section (preflight/render/html.py) from the history's metrics.trend (preflight/history/):
 a real 4-host run (tests/fixtures/history/run-4hosts.json) recorded 8 times with run-to-run jitter, then once with one
 host's NVMe write rate planted at 40%; one sparkline per (host, check, figure), the baseline band, the named point
 in red, a hostile host name escaped, and no section without history.

@@ -560,7 +560,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
-    # Compared with the host's own past runs (preflight/history.py), per device.
+    # Compared with the host's own past runs (preflight/history/), per device.
     baseline={f"devices[*].{key}": "higher" for key, _, _ in GPU_METRICS + CPU_METRICS},
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,

@@ -458,7 +458,7 @@ SPEC = CheckSpec(
     default=True,
     collect=collect,
     evaluate=evaluate,
-    # Compared with the host's own past runs (preflight/history.py): a disk that wears drops against itself.
+    # Compared with the host's own past runs (preflight/history/): a disk that wears drops against itself.
     baseline={"paths[*].write_Bps": "higher", "paths[*].read_Bps": "higher"},
     host_params=params_from_thresholds,
     prom_metrics=prom_metrics,

@@ -252,7 +252,7 @@ def _finite(x: Any) -> Optional[float]:
 
 
 def _trend_rows(report: Report) -> List[Tuple[Result, Dict[str, Any]]]:
-    """(result, entry) of each figure the history compared (metrics.trend, preflight/history.py); malformed or
+    """(result, entry) of each figure the history compared (metrics.trend, preflight/history/); malformed or
     non-numeric entries are left out (a report read back from a file is untrusted)."""
     rows = []
     for r in report.results:

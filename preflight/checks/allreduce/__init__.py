@@ -55,7 +55,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
-    # Compared with the same hosts' past runs (preflight/history.py): the bus bandwidth of the largest message.
+    # Compared with the same hosts' past runs (preflight/history/): the bus bandwidth of the largest message.
     baseline={"busbw_GBps": "higher"},
     # python's rank_view and gpu's GPUs (what the ranks will see), the hosts ports and iperf3 proved unreachable,
     # iperf3's chosen network and its stragglers.
