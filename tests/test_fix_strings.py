@@ -230,3 +230,20 @@ def test_a_non_root_agent_reads_the_ruleset_through_sudo_n_and_the_lines_say_sud
     assert [ln for ln in fix.splitlines() if ln.startswith("  ")] == [
         "  sudo nft insert rule inet site_fw inbound ip saddr 10.0.0.0/24 tcp dport 1024-65535 accept",
         "  sudo nft insert rule ip filter INPUT ip saddr 10.0.0.0/24 tcp dport 1024-65535 accept"], fix
+
+
+def test_prebuild_install_pins_a_valid_version_and_quotes_every_word():
+    """The pre-build fix reinstalls the host's DeepSpeed version (issue 30); a version or variable a host reported
+    that is not one is left out of the command, never pasted into a shell."""
+    from preflight.hostside.fixes import prebuild_install, prebuild_phrase
+    opts = "-m pip install --force-reinstall --no-deps --no-cache-dir"
+    assert prebuild_install("/opt/v/bin/python", ["DS_BUILD_OPS"], "0.14.0+cu121") == \
+        f"DS_BUILD_OPS=1 /opt/v/bin/python {opts} deepspeed==0.14.0+cu121"
+    assert prebuild_install("/opt/my venv/python", ["DS_BUILD_CPU_ADAM", "DS_BUILD_CPU_ADAM"], None) == \
+        f"DS_BUILD_CPU_ADAM=1 '/opt/my venv/python' {opts} deepspeed"
+    assert prebuild_install("/p", ["DS_BUILD_OPS"], "0.19.8; rm -rf ~") == f"DS_BUILD_OPS=1 /p {opts} deepspeed"
+    assert prebuild_install("/p", ["$(id)", "DS_BUILD_FUSED_ADAM"], "1.0rc1") == \
+        f"DS_BUILD_FUSED_ADAM=1 /p {opts} deepspeed==1.0rc1"
+    assert prebuild_phrase("relative/python", ["DS_BUILD_OPS"], "0.19.8") == \
+        "DS_BUILD_OPS=1 the job's interpreter's `-m pip install --force-reinstall --no-deps --no-cache-dir " \
+        "deepspeed==0.19.8`"

@@ -53,7 +53,8 @@ def _three():
 def _done(host, rank, build_s, acquired=True, waited=False):
     ops = [{"name": OP, "jit": True, "s": build_s, "cold": True, "build_var": "DS_BUILD_SHM_COMM",
             "build_dir": f"/tmp/ext/{OP}", "acquired": acquired, "waited": waited}]
-    return [_ev(host, rank, "start", python="/venv/bin/python3"), _ev(host, rank, "op_begin", op=OP),
+    return [_ev(host, rank, "start", python="/venv/bin/python3"), _ev(host, rank, "imported", deepspeed="0.19.8"),
+            _ev(host, rank, "op_begin", op=OP),
             _ev(host, rank, "op_jit", op=OP, cold=True, build_dir=f"/tmp/ext/{OP}"),
             _ev(host, rank, "op_end", **ops[0]), _ev(host, rank, "init_begin", backend="gloo"),
             _ev(host, rank, "init", s=0.5), _ev(host, rank, "initialize", s=2.0, zero_stage=2, micro_batch=1,
@@ -76,7 +77,8 @@ def test_a_cold_build_that_finishes_is_a_warn_per_host_with_its_time_and_the_pre
         assert row.status == Status.WARN, row
         assert f"the first job start spends {s} building {OP} on {host}" in row.message, row.message
         # The pre-build runs the pip of the interpreter the rank ran (its start event), not a bare `pip`.
-        assert "DS_BUILD_SHM_COMM=1 /venv/bin/python3 -m pip install deepspeed" in row.fix, row.fix
+        # ... and rebuilds the version the rank imported (a plain install of an installed package builds nothing).
+        assert "DS_BUILD_SHM_COMM=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==0.19.8" in row.fix, row.fix
         assert "TORCH_EXTENSIONS_DIR" in row.fix
         assert row.metrics["jit_builds"][OP]["s"] == float(s.split()[0])
     whole = out.cluster_row(rows)
@@ -109,7 +111,7 @@ def test_a_build_past_the_budget_fails_with_the_compilers_last_lines():
     assert row.status == Status.FAIL and f"was still JIT-building DeepSpeed op {OP}" in row.message
     assert "the JIT build budget ran out" in row.message and "cc1plus: still compiling" in row.message, row.message
     assert "jit_build_budget_s (now 60 s)" in row.fix
-    assert "DS_BUILD_OPS=1 /venv/bin/python3 -m pip install deepspeed" in row.fix, row.fix
+    assert "DS_BUILD_OPS=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed" in row.fix, row.fix
 
 
 def test_a_stale_lock_is_named_with_its_rm_not_as_a_build_in_progress():
@@ -398,7 +400,7 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
         cell = cells[host]
         assert cell["status"] == "warn", cell
         assert f"the first job start spends " in cell["message"] and f"building {OP} on {host}" in cell["message"]
-        assert re.search(r"DS_BUILD_SHM_COMM=1 /\S+ -m pip install deepspeed", cell["fix"]), cell["fix"]
+        assert re.search(r"DS_BUILD_SHM_COMM=1 /\S+ -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==\d", cell["fix"]), cell["fix"]
         times[host] = cell["metrics"]["jit_builds"][OP]["s"]
         assert times[host] > 5
     whole = cells["*"]

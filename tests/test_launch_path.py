@@ -192,10 +192,11 @@ def test_driver_cuda_mismatch_fix_says_prebuilding_fails_the_same_way():
     (finding,) = dc._nvcc_findings("12.8", "/usr/local/cuda-12.8/bin/nvcc", "13.0")
     assert "CUDAMismatchException" in finding.message
     assert "also avoids JIT" not in finding.fix
-    assert "DS_BUILD_OPS=1 the job's interpreter's `-m pip install deepspeed` stops with the same " \
+    assert "DS_BUILD_OPS=1 the job's interpreter's `-m pip install --force-reinstall --no-deps --no-cache-dir deepspeed` stops with the same " \
         "CUDAMismatchException" in finding.fix  # the host's python unknown here: whose pip, in words (issue 30)
-    (named,) = dc._nvcc_findings("12.8", "/usr/local/cuda-12.8/bin/nvcc", "13.0", "/opt/venv/bin/python")
-    assert "DS_BUILD_OPS=1 /opt/venv/bin/python -m pip install deepspeed stops with the same" in named.fix
+    (named,) = dc._nvcc_findings("12.8", "/usr/local/cuda-12.8/bin/nvcc", "13.0", "/opt/venv/bin/python", "0.19.8")
+    assert ("DS_BUILD_OPS=1 /opt/venv/bin/python -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==0.19.8 stops with the same"
+            in named.fix), named.fix
     assert "DS_SKIP_CUDA_CHECK=1" in finding.fix and "CUDA_HOME=/usr/local/cuda-13.0" in finding.fix
     # A minor mismatch DeepSpeed accepts: pre-building works there.
     (finding,) = dc._nvcc_findings("12.4", "/usr/local/cuda-12.4/bin/nvcc", "12.8")

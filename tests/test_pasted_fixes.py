@@ -409,10 +409,83 @@ def test_jit_no_ninja_fix_installs_into_the_jobs_interpreter(venv_and_wheels):
     python, wheels = venv_and_wheels
     fake_wheel(wheels, "ninja", "1.11.1", '__version__ = "1.11.1"\n')
     facts = {"python": str(python), "ninja_binary": None, "torch_cuda": "12.1", "nvcc": None, "cuda_home": None,
-             "ops": {"fused_adam": {"installed": False, "compatible": True}}}
+             "deepspeed": "0.19.8", "ops": {"fused_adam": {"installed": False, "compatible": True}}}
     found = {b.short: b for b in jit.blockers("fused_adam", facts)}
     assert commands(found["no ninja"].fix) == [f"{python} -m pip install ninja"], found["no ninja"].fix
-    assert f"DS_BUILD_FUSED_ADAM=1 {python} -m pip install deepspeed" in found["no nvcc"].fix, found["no nvcc"].fix
+    # A rebuild of the installed version: a plain install would answer "Requirement already satisfied".
+    assert (f"DS_BUILD_FUSED_ADAM=1 {python} -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==0.19.8"
+            in found["no nvcc"].fix), found["no nvcc"].fix
     _uninstall(python, "ninja")
     _paste_pip(found["no ninja"].fix, python, wheels)
     subprocess.run([str(python), "-c", "import ninja"], check=True, timeout=60)
+
+
+# A stand-in DeepSpeed sdist (PyPI ships DeepSpeed as an sdist): its in-tree build backend compiles "the op" (writes
+# deepspeed/built_cpu_adam into the wheel) only when DS_BUILD_CPU_ADAM=1 or DS_BUILD_OPS=1 is set, as setup.py does.
+_FAKE_DS_BACKEND = '''
+import os, zipfile
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name, dist = "deepspeed-0.19.8-py3-none-any.whl", "deepspeed-0.19.8.dist-info"
+    files = {"deepspeed/__init__.py": "__version__ = '0.19.8'\\n"}
+    if "1" in (os.environ.get("DS_BUILD_CPU_ADAM"), os.environ.get("DS_BUILD_OPS")):
+        files["deepspeed/built_cpu_adam"] = "built\\n"
+    files[dist + "/METADATA"] = "Metadata-Version: 2.1\\nName: deepspeed\\nVersion: 0.19.8\\n"
+    files[dist + "/WHEEL"] = "Wheel-Version: 1.0\\nGenerator: hand\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    files[dist + "/RECORD"] = "".join(p + ",,\\n" for p in files) + dist + "/RECORD,,\\n"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+    return name
+'''
+
+
+def _fake_deepspeed_sdist(folder):
+    import io
+    import tarfile
+    folder.mkdir(exist_ok=True)
+    files = {"pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+             "backend.py": _FAKE_DS_BACKEND,
+             "PKG-INFO": "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.19.8\n"}
+    with tarfile.open(folder / "deepspeed-0.19.8.tar.gz", "w:gz") as tar:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"deepspeed-0.19.8/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+def test_prebuild_fix_rebuilds_the_installed_deepspeed_where_a_plain_install_builds_nothing(tmp_path):
+    """issue 30: `DS_BUILD_OPS=1 <python> -m pip install deepspeed` on a host that has DeepSpeed (always, when a
+    pre-build is suggested) answers "Requirement already satisfied" and builds nothing; with --force-reinstall alone
+    pip reuses the wheel it cached when it built the sdist without the op. prebuild_install's command, pasted, does
+    build it. Real pip, offline, on a stand-in sdist whose build adds the op only under DS_BUILD_CPU_ADAM=1."""
+    from preflight.hostside.fixes import prebuild_install
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=300)
+    python = tmp_path / "venv" / "bin" / "python"
+    dists = _fake_deepspeed_sdist(tmp_path / "dists")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(dists), PIP_CACHE_DIR=str(tmp_path / "cache"),
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+    def paste(line):
+        done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+        return done.stdout
+
+    def has_op():
+        probe = "import deepspeed, os; print(os.path.exists(os.path.join(os.path.dirname(deepspeed.__file__), " \
+                "'built_cpu_adam')))"
+        return subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip() == "True"
+
+    paste(f"{python} -m pip install deepspeed")  # the host's DeepSpeed, built without the op (and cached)
+    assert not has_op()
+    said = paste(f"DS_BUILD_CPU_ADAM=1 {python} -m pip install deepspeed")  # the old fix
+    assert "Requirement already satisfied" in said and not has_op(), said
+    paste(f"DS_BUILD_CPU_ADAM=1 {python} -m pip install --force-reinstall --no-deps deepspeed==0.19.8")
+    assert not has_op()  # the cached wheel, reinstalled: still without the op
+    fix = prebuild_install(str(python), ["DS_BUILD_CPU_ADAM"], "0.19.8")
+    assert fix == (f"DS_BUILD_CPU_ADAM=1 {python} -m pip install --force-reinstall --no-deps --no-cache-dir "
+                   "deepspeed==0.19.8")
+    paste(fix)
+    assert has_op()

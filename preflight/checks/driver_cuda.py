@@ -23,7 +23,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..hostside.fixes import pip_fix, pip_install, pip_phrase
+from ..hostside.fixes import pip_fix, pip_install, prebuild_phrase
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.seams import CheckSpec, HostContext
 from ..hostside.nvidia import NVMLUnavailable, as_str, gpu_evidence, gpus_expected, nvml_session
@@ -229,6 +229,15 @@ def _find_nvcc() -> Optional[str]:
     return None
 
 
+def _deepspeed_version() -> Optional[str]:
+    """The installed DeepSpeed's version from its metadata (no import: importing it imports torch)."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("deepspeed")
+    except Exception:  # not installed, or broken metadata: the fix then names deepspeed unpinned
+        return None
+
+
 def collect(ctx: HostContext) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "driver": None, "driver_source": None, "cuda_driver": None, "gpu_count": None, "gpu_uuids": [],
@@ -237,6 +246,7 @@ def collect(ctx: HostContext) -> Dict[str, Any]:
         "nvcc": None, "nvcc_path": None, "nvcc_error": None, "tool_timeout": None,
         "slots": ctx.params.get("slots"), "gpus_expected": ctx.params.get("gpus_expected"),
         "python": sys.executable,  # the job's interpreter: a fix's pip runs in it
+        "deepspeed": _deepspeed_version(),  # what a pre-build fix reinstalls (pinned, so pip builds that one)
     }
     proc_text = read_text("/proc/driver/nvidia/version")
     facts["proc_driver_version"] = parse_proc_driver_version(proc_text)
@@ -329,7 +339,8 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
     # 2. nvcc vs torch's CUDA (DeepSpeed JIT builds)
     nvcc = facts.get("nvcc")
     if nvcc and torch_cuda:
-        findings.extend(_nvcc_findings(nvcc, facts.get("nvcc_path"), torch_cuda, facts.get("python")))
+        findings.extend(_nvcc_findings(nvcc, facts.get("nvcc_path"), torch_cuda, facts.get("python"),
+                                       facts.get("deepspeed")))
     elif not nvcc:
         notes.append("no nvcc found (DeepSpeed JIT op builds need a CUDA toolkit)")
     # 3. enough GPUs for the hostfile's slots
@@ -412,7 +423,8 @@ def _torch_findings(facts: Dict[str, Any], driver: str, driver_cuda: Optional[st
          if (tag := _torch_wheel(driver_cuda)) else f"install a CUDA build of torch that driver {driver} supports"))]
 
 
-def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str, python: Any = None) -> List[Finding]:
+def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str, python: Any = None,
+                   deepspeed: Any = None) -> List[Finding]:
     """A WARN when the toolkit's nvcc differs from torch's CUDA (DeepSpeed's JIT op builds compile with it)."""
     torch_mm = ".".join(str(v) for v in version_tuple(torch_cuda)[:2])
     if nvcc == torch_mm:
@@ -424,15 +436,15 @@ def _nvcc_findings(nvcc: str, nvcc_path: Optional[str], torch_cuda: str, python:
     if nvcc in ok_list and torch_mm in ok_list:
         consequence = (f"DeepSpeed accepts this minor mismatch but JIT-built ops are compiled with CUDA {nvcc} "
                        f"against torch's {torch_mm}")
-        fix = match + f"; pre-building the ops (DS_BUILD_OPS=1 {pip_phrase(python, 'deepspeed')}) also avoids JIT"
+        fix = match + f"; pre-building the ops ({prebuild_phrase(python, ['DS_BUILD_OPS'], deepspeed)}) also avoids JIT"
     else:
         # assert_no_cuda_mismatch (op_builder/builder.py:107-129) runs when ops are pre-built (CUDAOpBuilder.builder,
         # :804) and, before DeepSpeed 0.12.3, at every JIT build; DS_SKIP_CUDA_CHECK=1 (:119) lets it through.
         consequence = (f"DeepSpeed raises CUDAMismatchException (\"Installed CUDA version {nvcc} does not match the "
                        f"version torch was compiled with {torch_cuda}\") when it pre-builds ops, and before 0.12.3 at "
                        "every JIT build")
-        fix = (match + f"; pre-building does not avoid it: DS_BUILD_OPS=1 {pip_phrase(python, 'deepspeed')} stops "
-               "with the same "
+        fix = (match + "; pre-building does not avoid it: "
+               f"{prebuild_phrase(python, ['DS_BUILD_OPS'], deepspeed)} stops with the same "
                "CUDAMismatchException on this host; DS_SKIP_CUDA_CHECK=1 is DeepSpeed's override (\"it may result "
                "in unexpected behavior\")")
     return [Finding(

@@ -17,6 +17,7 @@ import shlex
 from typing import Any, Dict
 
 from ..hostside import jit
+from ..hostside.fixes import prebuild_phrase
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, HostContext
 
@@ -56,8 +57,9 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
             Status.WARN,
             f"partial build of {d['op']} in {d['dir']} ({d['objects']} object file(s), no library): a build that "
             "was stopped; the next job that loads it rebuilds it at its start",
-            f"nothing is stuck: the next job start builds it; pre-build DeepSpeed's ops (DS_BUILD_OPS=1 pip install "
-            f"deepspeed, in the job's environment) or start clean with rm -rf {shlex.quote(d['dir'])}"))
+            f"nothing is stuck: the next job start builds it; pre-build DeepSpeed's ops ("
+            f"{prebuild_phrase(facts.get('python'), ['DS_BUILD_OPS'], facts.get('deepspeed'))}) or start clean "
+            f"with rm -rf {shlex.quote(d['dir'])}"))
     building = [d for d in facts.get("dirs") or [] if d.get("holders")]
     held = ""
     if building:

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..hostside.ncclenv import nccl_version
 from ..hostside.netinfo import gdr_path
-from ..hostside.fixes import pip_install, pip_install_torch, python_word
+from ..hostside.fixes import PREBUILD_OPTIONS, pip_install, pip_install_torch, python_word
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits
 from ..hostside.seams import CheckSpec, ClusterView
 
@@ -83,7 +83,8 @@ HARDWARE: Dict[str, Tuple[str, str, str]] = {
     "gpu_cc": ("GPU compute capability", "kernels built for one compute capability (TORCH_CUDA_ARCH_LIST, DeepSpeed's "
                "pre-built ops) may not run on another, and bf16 needs 8.0 or higher",
                "use one GPU generation per job, or build ops for every one: TORCH_CUDA_ARCH_LIST='<each cc>' "
-               "DS_BUILD_OPS=1 and `-m pip install deepspeed` run by the job's interpreter (on {hosts} too)"),
+               "DS_BUILD_OPS=1 and `-m pip install " + " ".join(PREBUILD_OPTIONS) + " deepspeed==<its version>` run "
+               "by the job's interpreter (on {hosts} too)"),
 }
 # Every compared field (the choices of [versions] ignore): the software, then the GPUs with the facts they come from.
 FIELDS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = dict(

@@ -25,7 +25,7 @@ import os
 import re
 import shlex
 import shutil
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import validate
 
@@ -78,6 +78,35 @@ def pip_install_torch(executable: Any, version: Any, *options: str) -> str:
     """Install exactly this torch build (``torch==2.4.0+cu121`` from its index) with the job's interpreter."""
     index = torch_index(version)
     return pip_install(executable, *options, f"torch=={version}", *(("--index-url", index) if index else ()))
+
+
+# A version as pip takes it after ``==`` (PEP 440 public part, optional local tag): 0.19.8, 0.15.0rc1,
+# 0.14.0+cu121. A host reports it, so anything else is left out of the command (unpinned).
+_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[A-Za-z0-9]+(?:\.[A-Za-z0-9]+)*)?")
+# Why each option: DeepSpeed is installed whenever a pre-build is suggested, so a plain install answers "Requirement
+# already satisfied" and builds nothing; --force-reinstall builds it again, --no-cache-dir stops pip reusing the
+# wheel it cached when it built the sdist without the ops, --no-deps leaves torch and the rest as they are.
+PREBUILD_OPTIONS = ("--force-reinstall", "--no-deps", "--no-cache-dir")
+
+
+def _prebuild_parts(build_vars: Sequence[str], version: Any) -> Tuple[str, str]:
+    env = " ".join(f"{v}=1" for v in dict.fromkeys(build_vars) if validate.env_key(v)) or "DS_BUILD_OPS=1"
+    text = str(version or "").strip()
+    return env, (f"deepspeed=={text}" if _VERSION.fullmatch(text) else "deepspeed")
+
+
+def prebuild_install(executable: Any, build_vars: Sequence[str], version: Any = None) -> str:
+    """``DS_BUILD_OPS=1 <python> -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==0.19.8``:
+    rebuild the installed DeepSpeed (``version``, the host's, when known and valid; unpinned otherwise) with the
+    ops named by build_vars (DS_BUILD_OPS, DS_BUILD_CPU_ADAM, ...) compiled in."""
+    env, spec = _prebuild_parts(build_vars, version)
+    return f"{env} {pip_install(executable, *PREBUILD_OPTIONS, spec)}"
+
+
+def prebuild_phrase(executable: Any, build_vars: Sequence[str], version: Any = None) -> str:
+    """prebuild_install inside a sentence: words saying whose pip when the host reported no usable path."""
+    env, spec = _prebuild_parts(build_vars, version)
+    return f"{env} {pip_phrase(executable, *PREBUILD_OPTIONS, spec)}"
 
 
 # --- firewalls: reading the host ------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from .fixes import pip_fix, pip_phrase
+from .fixes import pip_fix, prebuild_phrase
 from .outcome import Status
 from .proc import sh
 
@@ -160,15 +161,16 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
                              f"install the CUDA toolkit {torch_cuda or ''} (torch's CUDA) and export "
                              f"CUDA_HOME=/usr/local/cuda-{torch_cuda or 'X.Y'} in the job's environment "
                              "(.deepspeed_env), or pre-build the op on a host that has it: "
-                             f"DS_BUILD_{op.upper()}=1 {pip_phrase(python, 'deepspeed')}", "no nvcc"))
+                             + prebuild_phrase(python, [f"DS_BUILD_{op.upper()}"], facts.get("deepspeed")), "no nvcc"))
         return found
     if torch_cuda and major(nvcc) is not None and major(nvcc) != major(torch_cuda):
         source = skip_cuda_check(facts, launch_env)
         consequence = (f"nvcc {nvcc} and torch's CUDA {torch_cuda} differ in major version: the JIT build compiles "
                        f"{op} against CUDA {nvcc} inside a process that runs torch's CUDA {torch_cuda}; DeepSpeed "
                        "refuses this pair with CUDAMismatchException (op_builder/builder.py:107-129: at every JIT "
-                       "build before DeepSpeed 0.12.3, and when pre-building, DS_BUILD_OPS=1 "
-                       f"{pip_phrase(python, 'deepspeed')}, which therefore fails the same way here)")
+                       "build before DeepSpeed 0.12.3, and when pre-building, "
+                       f"{prebuild_phrase(python, ['DS_BUILD_OPS'], facts.get('deepspeed'))}, which therefore fails "
+                       "the same way here)")
         match = (f"install the CUDA {torch_cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{torch_cuda} for the job "
                  f"(.deepspeed_env), or install the torch build for CUDA {nvcc}")
         short = f"nvcc {nvcc} vs torch's CUDA {torch_cuda}"
@@ -388,5 +390,14 @@ def extensions_facts(params: Mapping[str, Any]) -> Dict[str, Any]:
     """Host side: the cache the ranks will use, scanned (``scan_extensions``), with where its root comes from."""
     root, source, default = extensions_root(params.get("torch_extensions_dir"), os.environ)
     scan = scan_extensions(root)
-    scan.update(root_from=source, default_root=default)
+    scan.update(root_from=source, default_root=default, python=sys.executable, deepspeed=_deepspeed_version())
     return scan
+
+
+def _deepspeed_version() -> Optional[str]:
+    """The installed DeepSpeed's version (metadata only: importing it imports torch), which a pre-build fix pins."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("deepspeed")
+    except Exception:  # not installed, or broken metadata: the fix names deepspeed unpinned
+        return None

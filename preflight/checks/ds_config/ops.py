@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 from ...hostside import jit
+from ...hostside.fixes import prebuild_phrase
 from ...hostside.outcome import Status
 from .parse import config_section, offload_devices, optimizer_params, optimizer_type
 from .findings import Report, hosts_text
@@ -59,22 +60,33 @@ _OP_FIX = {
     "async_io": "apt install libaio-dev (and a C compiler) on the host so DeepSpeed can build async_io; "
                 "ds_report must show async_io [OKAY]",
     "gds": "install libaio-dev and the GPUDirect Storage (cufile) libraries, or set aio.use_gds false",
-    "cpu_adam": "install a C++ compiler and ninja (JIT), or pre-build: DS_BUILD_CPU_ADAM=1 pip install deepspeed",
-    "fused_adam": "install the CUDA toolkit (nvcc) matching torch and ninja, or DS_BUILD_FUSED_ADAM=1 pip install "
-                  "deepspeed; or set optimizer.params.torch_adam true",
+    # {prebuild}: the pre-build command for the op on the hosts named (prebuild_phrase).
+    "cpu_adam": "install a C++ compiler and ninja (JIT), or pre-build: {prebuild}",
+    "fused_adam": "install the CUDA toolkit (nvcc) matching torch and ninja, or {prebuild}; or set "
+                  "optimizer.params.torch_adam true",
 }
 
 
 # What else avoids a JIT build of the op, beside fixing the build: appended to a JIT-build fix.
 _NO_BUILD = {
     "fused_adam": "or set optimizer.params.torch_adam true (torch's own Adam: nothing to build)",
-    "cpu_adam": "or pre-build it: DS_BUILD_CPU_ADAM=1 pip install deepspeed",
+    "cpu_adam": "or pre-build it: {prebuild}",
 }
 
 WHY = {"async_io": "NVMe offload", "gds": "aio.use_gds", "cpu_adam": "the optimizer runs on the CPU (offload)",
        "fused_adam": "Adam/AdamW on the GPU is DeepSpeed's FusedAdam", "cpu_adagrad": "Adagrad under offload",
        "cpu_lion": "Lion under offload", "fused_lion": "Lion on the GPU", "fused_lamb": "Lamb",
        "packbits": "the 'compressed' 1-bit comm backend"}
+
+
+def _prebuild(op: str, hosts: List[str], facts: Dict[str, Any]) -> str:
+    """The pre-build of op for these hosts: their interpreter and DeepSpeed version (ds_report) where all agree,
+    else words saying whose pip and deepspeed unpinned."""
+    drs = [((facts.get("host_facts") or {}).get(h) or {}).get("ds_report") or {} for h in hosts]
+    pythons = {str(d.get("python")) for d in drs}
+    versions = {str(d.get("deepspeed")) for d in drs}
+    return prebuild_phrase(drs[0].get("python") if drs and len(pythons) == 1 else None, [f"DS_BUILD_{op.upper()}"],
+                           drs[0].get("deepspeed") if drs and len(versions) == 1 else None)
 
 
 def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> str:
@@ -113,12 +125,13 @@ def check_ops(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> 
         verb = f"fails on {on}" if status == Status.FAIL else f"is allowed but risky on {on}"
         report.add(status, f"the config needs op {op} ({why.get(op, 'required by the config')}), which is not "
                            f"pre-built: deepspeed.initialize JIT-builds it, and that build {verb}: {message}",
-                   "; ".join(x for x in (fix, _NO_BUILD.get(op, "")) if x), per)
+                   "; ".join(x for x in (fix, _NO_BUILD.get(op, "").format(prebuild=_prebuild(op, sorted(per), facts)))
+                             if x), per)
     for op, per in sorted(bad.items()):
         report.add(Status.FAIL, f"the config needs op {op} ({why.get(op, 'required by the config')}) but it is not "
                                 f"usable on {hosts_text(sorted(per))}: {next(iter(per.values()))}",
                    _OP_FIX.get(op, f"fix the prerequisites ds_report lists for {op}, or pre-build it with "
-                                   f"DS_BUILD_{op.upper()}=1 pip install deepspeed"),
+                                   "{prebuild}").format(prebuild=_prebuild(op, sorted(per), facts)),
                    {h: f"config needs op {op} ({why.get(op, '')}): {m}" for h, m in per.items()})
     if unknown_hosts:
         report.add(Status.SKIP, f"ops {', '.join(ops)} not checked on {hosts_text(unknown_hosts)}: no ds_report facts "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...hostside import rehearsal as host_side
-from ...hostside.fixes import firewall_fix, pip_phrase
+from ...hostside.fixes import firewall_fix, prebuild_phrase
 from ...hostside.jit import age_text
 from ...hostside.outcome import BlockedBy, Outcome, Status
 
@@ -302,8 +302,9 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
         return ("op build", f"{rank} raised while loading DeepSpeed op {err['op']}: {kind_name}: {said[:400]}"
                 f"{compiler}",
             f"the op is JIT-built at the first use: install its build tools on {host} (a C++ compiler, ninja; nvcc "
-            "matching torch's CUDA for CUDA ops) or pre-build it (DS_BUILD_OPS=1 or DS_BUILD_<OP>=1 "
-            f"{pip_phrase(_rank_python(view, ctx), 'deepspeed')}); `ds_report` on {host} lists the ops")
+            "matching torch's CUDA for CUDA ops) or pre-build it ("
+            f"{prebuild_phrase(_rank_python(view, ctx), [_build_var(err['op'])], _rank_ds(view))}, "
+            "or DS_BUILD_OPS=1 for every op); `ds_report` on {host} lists the ops")
     if kind_name in ("OutOfMemoryError", "MemoryError") or "out of memory" in message.lower():
         return ("OOM", text, f"the rehearsal's model is small (--rehearse-model-params): memory is short on {host} "
                 "before the real model loads; lower train_micro_batch_size_per_gpu, or use ZeRO-3 / offload; "
@@ -388,6 +389,16 @@ def _loopback(view: RankView, ctx: Context) -> Tuple[str, str, str]:
             IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=view.slot.host))
 
 
+def _build_var(op: Any) -> str:
+    """DeepSpeed's install-time switch for one op (setup.py: DS_BUILD_<OP>)."""
+    return f"DS_BUILD_{str(op).upper()}"
+
+
+def _rank_ds(view: RankView) -> Any:
+    """The DeepSpeed version the rank imported (its imported event), which a pre-build reinstalls; None unknown."""
+    return (view.seen.get("imported") or {}).get("deepspeed")
+
+
 def _rank_python(view: RankView, ctx: Context) -> Any:
     """The interpreter the rank ran (its sys.executable, as its start event said), else --python: its pip is the
     one a fix runs."""
@@ -463,8 +474,9 @@ def _still_building(view: RankView, ctx: Context) -> Tuple[Status, str, str, str
     compiler = f"; the build's last lines: {' | '.join(tail)}" if tail else ""
     what = "JIT-building" if view.op_cold else "loading (a JIT load: building, or waiting for the build lock)"
     build_var = str((view.seen.get("op_begin") or {}).get("build_var") or "DS_BUILD_OPS")
-    fix = (f"pre-build the op into DeepSpeed on every host ({build_var}=1 "
-           f"{pip_phrase(_rank_python(view, ctx), 'deepspeed')}), or warm a host-local TORCH_EXTENSIONS_DIR; or "
+    fix = (f"pre-build the op into DeepSpeed on every host ("
+           f"{prebuild_phrase(_rank_python(view, ctx), [build_var], _rank_ds(view))}), or warm a host-local "
+           "TORCH_EXTENSIONS_DIR; or "
            "give the build more time: [launch] "
            f"jit_build_budget_s (now {budget:g} s), `preflight rehearse --jit-build-budget` with more seconds")
     if "jit_build_budget_s" in ctx.stop_reason:
@@ -669,9 +681,10 @@ class Outcomes:
             spent = ", ".join(f"{secs(b.get('s'))} building {n}" for n, b in here.items())
             parts.append(f"the first job start spends {spent} on {host} (a JIT build: the torch extensions cache "
                          f"{_cache_of(here)} had no library of it)")
-            pre = " ".join(dict.fromkeys(f"{b.get('build_var') or 'DS_BUILD_OPS'}=1" for b in here.values()))
+            pre = [str(b.get('build_var') or 'DS_BUILD_OPS') for b in here.values()]
             python = next((_rank_python(v, self.context()) for v in mine), self.o.python)
-            fixes.append(f"pre-build it into DeepSpeed on every host ({pre} {pip_phrase(python, 'deepspeed')}), "
+            version = next((_rank_ds(v) for v in mine if _rank_ds(v)), None)
+            fixes.append(f"pre-build it into DeepSpeed on every host ({prebuild_phrase(python, pre, version)}), "
                          "or keep a warm, host-local TORCH_EXTENSIONS_DIR that every job start reuses")
         if elsewhere:
             waited = ", ".join(f"{n} ({secs(b.get('s'))})" for n, b in elsewhere.items())
