@@ -353,13 +353,17 @@ def test_a_host_in_doubt_is_measured_again_instead_of_named(thresholds):
     assert all(o.status == Status.PASS for o in out.values()), {h: o.message for h, o in out.items()}
     assert out["*"].metrics["remeasured"] == {"10.0.0.0/24": 1}
     # Measured again, node02 is slow on every link and the others agree: named, on evidence.
+    # (the noisy first tests still count where they were the best: adjusted p = 0.03, named at the 5% level; at
+    # the default 1% it is said in node02's line, not named)
     cluster, tests = remeasure_cluster(thresholds, lambda pair: 6.0 if "node02" in pair else 9.4)
-    out = iperf3.evaluate(iperf3.coordinate(cluster), thresholds)
+    facts = iperf3.coordinate(cluster)
+    out = iperf3.evaluate(facts, with_iperf3(thresholds, max_p=0.05))
     assert out["node02"].status == Status.WARN, out["node02"].message
-    # (the noisy first tests still count where they were the best: adjusted p = 0.0005, significant)
     assert "every pair measured 2 times, each judged by its best" in out["node02"].message
-    assert "adjusted p = 0.0005 over 4 hosts" in out["node02"].message
-    assert [h for h, o in out.items() if o.status != Status.PASS] == ["node02"]
+    assert "adjusted p = 0.03 over 4 hosts" in out["node02"].message
+    weak = iperf3.evaluate(facts, thresholds)["node02"]
+    assert weak.status == Status.PASS and "not named, the evidence is weak" in weak.message
+    assert [h for h, o in iperf3.evaluate(facts, thresholds).items() if o.status != Status.PASS] == []
     # confirm = 0: measured once, still in doubt: said in its PASS line, not named.
     cluster, tests = remeasure_cluster(with_iperf3(thresholds, confirm=0), lambda pair: 9.4)
     out = iperf3.evaluate(iperf3.coordinate(cluster), thresholds)

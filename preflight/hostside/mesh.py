@@ -15,7 +15,7 @@ import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .robust import MEDIAN_SE, rel_noise
-from .stats import compare_all
+from .stats import compare_all, downside
 
 # The run's significance level when the caller gives none.
 MAX_P = 0.01
@@ -131,9 +131,12 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
         worst = None
         if stats:
             names = list(entries)
-            tested = compare_all([entries[h]["ratio"] for h in names], float(stats.get("prior_spread", 0.02)),
-                                 float(stats.get("prior_df", 4.0)), [entries[h]["noise"] for h in names],
-                                 float(stats.get("noise_floor", 0.0)))
+            ratios = [entries[h]["ratio"] for h in names]
+            # A link runs at its slower host's rate: the hosts above the median all look alike, so the ratios'
+            # lower half is what says how far a healthy host falls (stats.downside).
+            tested = compare_all(ratios, float(stats.get("prior_spread", 0.02)), float(stats.get("prior_df", 4.0)),
+                                 [entries[h]["noise"] for h in names], float(stats.get("noise_floor", 0.0)),
+                                 downside(ratios))
             for h, c in zip(names, tested):
                 if c is not None:
                     entries[h].update(t=c.t, df=c.df, p=c.p, peers=c.peers, sigma=c.sigma)
