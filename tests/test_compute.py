@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -333,3 +334,70 @@ def test_one_fast_host_of_three_does_not_fail_the_other_two():
     # The floor still fails one host at under half of both others.
     out = compute.evaluate(facts({"slm1": 2.5, "slm2": 5.70, "slm3": 6.1}), TH)
     assert named(out) == ["slm1"] and out["slm1"].status == Status.FAIL
+
+
+# --- a GPU host whose CUDA does not initialise ------------------------------------------------------------------
+
+# torch.cuda.is_available() never throws: a driver that fails to initialise is a UserWarning and False
+# (torch/cuda/__init__.py). This stand-in is the real torch with that behaviour and a CUDA build's version.
+STANDIN = '''
+import os, sys, warnings
+_here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+del sys.modules["torch"]
+import torch as _real
+
+
+def _is_available():
+    warnings.warn("CUDA initialization: CUDA driver initialization failed, you might not have a CUDA GPU. "
+                  "(Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)")
+    return False
+
+
+_real.cuda.is_available = _is_available
+_real.version.cuda = "12.8"
+sys.modules["torch"] = _real
+'''
+COLLECT = ("import json, time; from preflight.checks import compute; from preflight.config import load_defaults; "
+           "from preflight.hostside.seams import HostContext; lim = load_defaults()['compute']; "
+           "params = {k: lim[k] for k in ('seconds', 'chunks', 'gpu_gemm_n', 'hbm_mib', 'pcie_mib', 'cpu_gemm_n', "
+           "'cpu_copy_mib', 'cpu_threads')}; params.update(seconds=0.1, cpu_gemm_n=64, cpu_copy_mib=1); "
+           "print(json.dumps(compute.collect(params, HostContext(params=params, deadline=time.monotonic() + 60))))")
+
+
+def test_a_cuda_torch_whose_is_available_warns_and_says_false_is_not_passed(tmp_path):
+    pytest.importorskip("torch")
+    site = tmp_path / "site" / "torch"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(STANDIN)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{REPO}")
+    # With an NVIDIA device node: /dev/nvidia0 in a private mount namespace (a tmpfs over /dev), where root can.
+    node = ("mount -t tmpfs tmpfs /dev && mknod -m 666 /dev/null c 1 3 && mknod -m 444 /dev/urandom c 1 9 && "
+            "touch /dev/nvidia0 && exec \"$0\" -c \"$1\"")
+    cmd = (["unshare", "-m", "--propagation", "private", "sh", "-c", node, sys.executable, COLLECT]
+           if os.geteuid() == 0 and shutil.which("unshare") else [sys.executable, "-c", COLLECT])
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts["torch"].startswith("2.") and "gpus" not in facts
+    assert facts["cuda_error"].startswith("torch.cuda.is_available() is False: CUDA initialization: CUDA driver")
+    assert "the job's torch is a CUDA 12.8 build" in facts["gpu_evidence"]
+    if cmd[0] == "unshare":
+        assert "/dev/nvidia0 exists" in facts["gpu_evidence"]
+    by_host = copy.deepcopy(CPU_RECORDED)
+    facts["cpu"].update({k: by_host["by_host"]["node01"]["cpu"][k] for k in ("gemm_gflops", "mem_gbps", "model")})
+    by_host["by_host"]["node03"] = facts
+    out = compute.evaluate(by_host, TH)
+    assert out["node03"].status == Status.FAIL, out["node03"].message
+    assert "CUDA failed on node03: torch.cuda.is_available() is False: CUDA initialization" in out["node03"].message
+    assert "its CPU was measured instead" in out["node03"].message and "driver_cuda" in out["node03"].fix
+
+
+def test_gpus_expected_in_the_gpu_section_is_honoured():
+    facts = copy.deepcopy(CPU_RECORDED)  # CPU torch, no sign of a GPU: measured as CPU hosts
+    assert named(compute.evaluate(facts, TH)) == ["node03"]
+    expected = dict(TH, gpu=dict(TH["gpu"], gpus_expected=True))
+    out = compute.evaluate(facts, expected)
+    for h in ("node01", "node02", "node04"):
+        assert out[h].status == Status.FAIL, out[h].message
+        assert out[h].message.startswith(f"torch sees no CUDA device on {h}, although gpus_expected = true in [gpu]")
