@@ -14,11 +14,15 @@ and returns, e.g.::
      "mem_gbps": 9.8}}
 
 Judging needs the whole cluster, so this is a cluster check: ``coordinate`` runs ``collect`` on the hosts
-(``parallel_hosts`` at a time) and ``evaluate`` compares every device with the median of the other devices of the
-same model (robust z from their median/MAD, with a practical floor), and GPUs with the published peak of their model.
-A peer comparison names a device only on significant evidence (p < ``max_p``); a large deficit that is not
-significant is measured again (``confirm``), then passes with a note, e.g. ``...; not named, the evidence is weak
-(p >= 0.05): CPU: CPU memory copy 4.2 GB/s is 34% of the median of the other 3 ... (robust z -0.7, p = 0.2)``.
+(``parallel_hosts`` at a time) and ``evaluate`` compares every device with the other devices of the same model by the
+moderated t prediction test of ``hostside/stats.py`` (its slices' spread is its measured noise), Holm-adjusted over
+every host x device x metric of the run, with an effect floor (``min_deficit``), and GPUs with the published peak of
+their model; fewer than 3 devices of a model get no peer verdict (said in the host's line). A large deficit that is
+not significant is measured again (``confirm``), then passes with a note, e.g. ``...; not named, the evidence is
+weak (adjusted p >= 0.01): CPU: CPU memory copy 4.2 GB/s is 34% of the median of 3 peers (AMD EPYC x2 threads,
+12.3 GB/s; t -1.7, 6 df; adjusted p = 0.6 over 8 comparisons (moderated t prediction test, Holm-adjusted))``.
+A host whose CUDA torch cannot use its GPUs (``torch.cuda.is_available()`` warns and says False) is FAILed where GPUs
+are expected (``[gpu] gpus_expected``, the device nodes, a CUDA build of torch), not measured as a CPU host.
 Thresholds: the ``[compute]`` section of compute.toml beside this module.
 """
 from __future__ import annotations

@@ -17,12 +17,15 @@ Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the
 (one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
 side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
 
-Floors: besides the straggler comparison (hosts against each other) and the optional absolute ``min_gbps`` (FAIL),
-a host's median below ``link_rate_fraction`` of what its network's links report (/sys/class/net/IF/speed, the
-negotiated rate ethtool shows; the slowest host's, capped at ``streams`` x ``stream_cap_gbps`` since one TCP stream
-is CPU-bound) is a WARN: a healthy NIC gives iperf3 most of its line rate, so half of it means a duplex or speed
-mismatch, errors, or a leftover rate limit. A virtual NIC's speed (veth reports 10000, virtio -1) and IPoIB's (the IB
-rate, not TCP's) say nothing of the path: then there is no such floor, and the cluster row says so.
+Stragglers: each host's median link against the median of the links without it, tested against the other hosts
+by the moderated t prediction test of ``hostside/stats.py`` in Holm's step-down order (``mesh.find_stragglers``).
+Floors: besides that comparison and the optional absolute ``min_gbps`` (FAIL), a host's median below
+``link_rate_fraction`` of what its network's links report (/sys/class/net/IF/speed, the negotiated rate ethtool shows;
+the slowest host's, capped at ``streams`` x ``stream_cap_gbps`` since one TCP stream is CPU-bound) is a WARN: a
+healthy NIC gives iperf3 most of its line rate, so half of it means a duplex or speed mismatch, errors, or a leftover
+rate limit. The default floor by link type (``link_type_min_gbps``: Ethernet 1 Gbit/s, InfiniBand 10 Gbit/s, times
+the same fraction) applies with no configuration, also where a NIC reports no usable rate (virtio -1, IPoIB's IB
+rate); a virtual NIC (veth) gets it only with ``virtual_link_type``.
 
 Thresholds: [iperf3] in iperf3.toml beside this module.
 """
