@@ -16,6 +16,7 @@ applies); all-reduce, each ring pair min(a, b) over 8 timed iterations. A host's
 
     python3 bench/calibration.py                                  # the full grid -> bench/results/calibration.json
     python3 bench/calibration.py --hosts 4 16 --runs 200 --out /tmp/cal.json
+    python3 bench/calibration.py --table bench/results/calibration.json   # the README's table
 """
 from __future__ import annotations
 
@@ -189,8 +190,27 @@ def runs_for(check: str, n: int, runs: int) -> int:
     return 0
 
 
+def markdown(result: Dict[str, Any]) -> str:
+    """bench/README.md's table: one row per check, host count and spread (the worst of the noise levels)."""
+    rows: Dict[Tuple[str, int, float], Dict[str, Any]] = {}
+    for c in result["cells"]:
+        key = (c["check"], c["hosts"], c["spread"])
+        r = rows.setdefault(key, {"runs": c["runs"], "false_alarm": 0.0, "power_90": 1.0, "power_80": 1.0,
+                                  "power_50": 1.0})
+        r["false_alarm"] = max(r["false_alarm"], c["false_alarm"])
+        for k in ("power_90", "power_80", "power_50"):
+            r[k] = min(r[k], c[k])
+    lines = ["| check | hosts | spread | runs | healthy runs with a WARN/FAIL | named at 90% | at 80% | at 50% |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (check, n, spread), r in sorted(rows.items()):
+        lines.append(f"| {check} | {n} | {100 * spread:.0f}% | {r['runs']} | {100 * r['false_alarm']:.1f}% | "
+                     f"{100 * r['power_90']:.0f}% | {100 * r['power_80']:.0f}% | {100 * r['power_50']:.0f}% |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path, help="print bench/README.md's table from this results JSON and exit")
     ap.add_argument("--hosts", type=int, nargs="+", default=list(HOSTS))
     ap.add_argument("--spreads", type=float, nargs="+", default=list(SPREADS))
     ap.add_argument("--noises", type=float, nargs="+", default=list(NOISES))
@@ -199,6 +219,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "calibration.json")
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return 0
     jobs = []
     for check in args.checks:
         for n in args.hosts:

@@ -377,7 +377,7 @@ def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
 def test_straggler_plan_pairs_each_hosts_first_rank_around_the_ring():
     hosts = [type("H", (), {"name": n, "slots": k})() for n, k in (("a", 2), ("b", 1), ("c", 1), ("d", 1))]
     plan = orchestrate._straggler_plan(hosts, CFG)
-    assert plan["bytes"] == 16 << 20 and plan["iters"] == 8
+    assert plan["bytes"] == 16 << 20 and plan["iters"] == 16
     # first global ranks 0, 2, 3, 4; ring a-b, b-c, c-d, d-a in 2 rounds of disjoint pairs
     assert plan["rounds"] == [[[0, 2], [3, 4]], [[2, 3], [4, 0]]]
     assert orchestrate._straggler_plan(hosts[:2], CFG) is None
@@ -788,8 +788,8 @@ def test_a_host_shaped_to_80_percent_is_named_by_the_straggler_rounds(cluster3, 
     assert "straggler: its best ring pair" in cells["node03"]["message"], detail
     assert "node01" not in cells and "node02" not in cells, detail
     assert star["status"] == "warn" and "straggler: node03" in star["message"], detail
-    # 3 hosts: 3 rounds of one pair; every pair timed 8 times, all of node03's pairs slow
-    assert rounds["rounds"] == 3 and all(p["ok"] and len(p["iter_s"]) == 8 for p in rounds["pairs"]), detail
+    # 3 hosts: 3 rounds of one pair; every pair timed straggler_iters (16) times, all of node03's pairs slow
+    assert rounds["rounds"] == 3 and all(p["ok"] and len(p["iter_s"]) == 16 for p in rounds["pairs"]), detail
     assert rounds["named"]["node03"]["ratio"] == pytest.approx(0.8, abs=0.05), detail
     assert elapsed < 120
     assert not _wait_no_survivors(cluster3)
@@ -861,8 +861,8 @@ def test_a_large_deficit_that_noise_explains_is_not_named():
     off = stragglers.find(noisy, dict(CFG, max_p=1.0))
     # the effect floor alone (max_p = 1) names a healthy host on weak evidence
     assert off["node04"]["by"] == "statistics" and off["node04"]["p_adj"] >= 0.05
-    # node03 at 51% of its peers, with iterations that vary 3-fold: adjusted p = 0.03 over 4 hosts, short of the run's
-    # 1% level (named at 5%)
-    assert stragglers.find(noisy, CFG) == {}
-    named = stragglers.find(noisy, dict(CFG, max_p=0.05))
-    assert list(named) == ["node03"] and 0.01 < named["node03"]["p_adj"] < 0.05
+    # node03 at 51% of its peers, with iterations that vary 3-fold: adjusted p = 0.07 over 4 hosts, short of the run's
+    # 1% level (and of 5%; named at 10%)
+    assert stragglers.find(noisy, CFG) == {} and stragglers.find(noisy, dict(CFG, max_p=0.05)) == {}
+    named = stragglers.find(noisy, dict(CFG, max_p=0.1))
+    assert list(named) == ["node03"] and 0.05 < named["node03"]["p_adj"] < 0.1

@@ -100,9 +100,12 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
     names = list(rates)
     # Each host against the others; the others' typical own noise is their median, so that one noisy pair does not
     # set it for all.
-    compared = dict(zip(names, stats.compare_all([rates[h]["busbw_GBps"] for h in names], float(cfg["prior_spread"]),
-                                                 float(cfg["prior_df"]), [rates[h]["noise"] for h in names],
-                                                 float(cfg["noise_floor"]))))
+    # A pair runs at its slower host's rate and a host's rate is its best pair's: the hosts above the median look
+    # alike, so the rates' lower half is what says how far a healthy host falls (stats.downside).
+    values = [rates[h]["busbw_GBps"] for h in names]
+    compared = dict(zip(names, stats.compare_all(values, float(cfg["prior_spread"]), float(cfg["prior_df"]),
+                                                 [rates[h]["noise"] for h in names], float(cfg["noise_floor"]),
+                                                 stats.downside(values))))
     family = stats.adjust(list(compared.values()))
     for h, c in compared.items():
         if c is None or not stats.named(c, max_p, floor):
