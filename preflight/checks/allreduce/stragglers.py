@@ -15,7 +15,7 @@ hosts' spread, moderated by ``prior_spread``/``prior_df``, at least ``noise_floo
 For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
 
     find({"bytes": 16777216, "pairs": [{"hosts": ["node01", "node02"], "ok": true, "iter_s": [0.155, ...]}, ...]},
-         limits)  ->  {"node02": {"ratio": 0.898, "z": -6.8, "p": 6.2e-12, "status": "warn", "by": "statistics", ...}}
+         limits)  ->  {"node02": {"ratio": 0.898, "t": -5.6, "p_adj": 0.003, "status": "warn", "by": "statistics", ...}}
 
 (tests/fixtures/allreduce/straggler-rounds.json).
 
