@@ -13,7 +13,7 @@ is at least ``min_deficit`` below its peers' median (an effect floor). Fewer tha
 verdict.
 
 For example ``compare(82.0, [100, 101, 99, 100, 98, 102, 100], prior_spread=0.02, prior_df=4)`` ->
-Comparison(ratio 0.82, peers 7, t -8.6, df 10, p 3e-06); ``holm([0.001, 0.04, 0.03])`` -> [0.003, 0.06, 0.06];
+Comparison(ratio 0.82, peers 7, t -11.5, df 10, p 2e-07); ``holm([0.001, 0.04, 0.03])`` -> [0.003, 0.06, 0.06];
 ``effect_text(c)`` -> "82% of the median of 7 peers (100)".
 """
 from __future__ import annotations
@@ -222,7 +222,7 @@ def p_text(p: float, max_p: float = 0.05) -> str:
 
 
 def confidence_text(c: Comparison, family: int, max_p: float) -> str:
-    """``t -8.6, 10 df; adjusted p = 3e-05 over 12 comparisons (moderated t prediction test, Holm-adjusted)``"""
+    """``t -11.5, 10 df; adjusted p = 3e-06 over 12 comparisons (moderated t prediction test, Holm-adjusted)``"""
     return (f"t {c.t:.1f}, {c.df:.0f} df; adjusted {p_text(c.p_adj, max_p)} over {family} comparison"
             f"{'' if family == 1 else 's'} ({TEST_NAME})")
 
