@@ -85,8 +85,8 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
     min_deficit below 1. Returns {host: {"median_gbps", "links", "reference_gbps", "ratio", "t", "df", "p", "p_adj",
     "family", "peers", "by"}}, "by" being "fraction" (no stats) or "statistics".
 
-    A host below ``fraction`` that is not flagged is put in ``unsure`` (when given), for the caller to measure
-    more: the other hosts' links disagree too much for its deficit to be evidence (issue 26).
+    A host below ``fraction`` (or, with ``stats``, at least ``min_deficit`` slower) that is not flagged is put in
+    ``unsure`` (when given), for the caller to measure more: its deficit is not yet evidence (issue 26).
     """
     good = [ln for ln in links if not ln.get("error") and ln.get("gbps") is not None]
     noise_of = {id(ln): rel_noise(ln.get("samples_gbps") or []) for ln in good}
@@ -151,8 +151,11 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
                     worst = (h, e)
                     last_adj = adj
             if unsure is not None:
+                # In doubt: below the fraction, or at least min_deficit slower, and not named: the caller measures
+                # again (a 90% host whose first tests were noisy is confirmed, not passed on one look).
+                doubt_below = max(fraction, 1.0 - float(stats.get("min_deficit", 0.0)))
                 for h, e in entries.items():
-                    if e["ratio"] < fraction and (worst is None or h != worst[0]):
+                    if e["ratio"] < doubt_below and (worst is None or h != worst[0]):
                         e.setdefault("p_adj", max(last_adj, min(1.0, family * e.get("p", 1.0))))
                         e.setdefault("family", total)
                         unsure[h] = e
