@@ -132,11 +132,15 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
         if stats:
             names = list(entries)
             ratios = [entries[h]["ratio"] for h in names]
+            # A host's partners share its slow links, so their ratios follow its own: they are no peers of it.
+            index = {h: k for k, h in enumerate(names)}
+            partners = [[index[o] for ln in own_links.get(h) or [] for o in (ln["src"], ln["dst"])
+                         if o != h and o in index] for h in names]
             # A link runs at its slower host's rate: the hosts above the median all look alike, so the ratios'
             # lower half is what says how far a healthy host falls (stats.downside).
             tested = compare_all(ratios, float(stats.get("prior_spread", 0.02)), float(stats.get("prior_df", 4.0)),
                                  [entries[h]["noise"] for h in names], float(stats.get("noise_floor", 0.0)),
-                                 downside(ratios))
+                                 downside(ratios, partners), partners)
             for h, c in zip(names, tested):
                 if c is not None:
                     entries[h].update(t=c.t, df=c.df, p=c.p, peers=c.peers, sigma=c.sigma)

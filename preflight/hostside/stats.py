@@ -145,10 +145,13 @@ def _median_but(ordered: List[float], v: float) -> float:
 
 
 def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, noises: Optional[Sequence[float]] = None,
-                floor: float = 0.0, floors: Optional[Sequence[float]] = None) -> List[Optional[Comparison]]:
+                floor: float = 0.0, floors: Optional[Sequence[float]] = None,
+                exclude: Optional[Sequence[Sequence[int]]] = None) -> List[Optional[Comparison]]:
     """``compare`` of every value against all the others (leave-one-out), in O(n log n) instead of O(n^2): the
     same numbers, from running sums (1,024 hosts in a run). ``noises``: each value's relative standard error; the
-    typical one of the others is their median. ``floors``: a floor on the spread per value (see ``downside``)."""
+    typical one of the others is their median. ``floors``: a floor on the spread per value (see ``downside``).
+    ``exclude[i]``: the indices that are no peers of value i besides itself (an iperf3 host's partners, whose
+    ratios its own slowness pulls down), left out while at least MIN_PEERS + 1 peers remain."""
     n = len(values)
     out: List[Optional[Comparison]] = [None] * n
     ok = [i for i, v in enumerate(values) if isinstance(v, (int, float)) and v > 0]
@@ -165,21 +168,26 @@ def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, n
     m = len(ok) - 1
     df = float(prior_df) + m - 1
     for i in ok:
-        mean = (s1 - dev[i]) / m
-        var = max(0.0, (s2 - dev[i] ** 2 - m * mean * mean) / (m - 1))
+        out_i = [i] + [j for j in (exclude[i] if exclude is not None else ()) if j in dev and j != i]
+        if len(ok) - len(out_i) < MIN_PEERS + 1:
+            out_i = [i]
+        mi = len(ok) - len(out_i)
+        mean = (s1 - math.fsum(dev[j] for j in out_i)) / mi
+        var = max(0.0, (s2 - math.fsum(dev[j] ** 2 for j in out_i) - mi * mean * mean) / (mi - 1))
         peer_noise = _median_but(noise_sorted, noise[i])
-        post = (float(prior_df) * prior_spread ** 2 + (m - 1) * var) / df if df > 0 else var
+        df = float(prior_df) + mi - 1
+        post = (float(prior_df) * prior_spread ** 2 + (mi - 1) * var) / df if df > 0 else var
         own_floor = float(floors[i]) if floors is not None else 0.0
         post = max(post, floor ** 2, own_floor ** 2, peer_noise ** 2, 1e-12)
         excess = max(0.0, noise[i] ** 2 - peer_noise ** 2)
-        sigma = math.sqrt(post * (1.0 + 1.0 / m) + excess)
+        sigma = math.sqrt(post * (1.0 + 1.0 / mi) + excess)
         t = (dev[i] - mean) / sigma
         med = _median_but(ordered, float(values[i]))
-        out[i] = Comparison(float(values[i]), med, float(values[i]) / med, m, t, df, t_cdf(t, df), sigma)
+        out[i] = Comparison(float(values[i]), med, float(values[i]) / med, mi, t, df, t_cdf(t, df), sigma)
     return out
 
 
-def downside(values: Sequence[float]) -> List[float]:
+def downside(values: Sequence[float], exclude: Optional[Sequence[Sequence[int]]] = None) -> List[float]:
     """Each value's leave-one-out downside spread: sqrt(2 x mean of the squared log deviations below the median) of
     the others. Where a measurement compresses the upper side (an iperf3 link runs at the slower of its two hosts,
     so every host above the median looks alike), the peers' plain variance understates how far a healthy host
@@ -191,8 +199,14 @@ def downside(values: Sequence[float]) -> List[float]:
     med = statistics.median(real)
     terms = [((x - med) ** 2 if x is not None and x < med else 0.0) for x in logs]
     total = math.fsum(terms)
-    peers = len(real) - 1
-    return [math.sqrt(max(0.0, 2.0 * (total - terms[i]) / max(1, peers - 1))) for i in range(len(values))]
+    out = []
+    for i in range(len(values)):
+        gone = {i} | {j for j in (exclude[i] if exclude is not None else ()) if 0 <= j < len(values)}
+        if len(real) - len(gone) < MIN_PEERS + 1:
+            gone = {i}
+        out.append(math.sqrt(max(0.0, 2.0 * (total - math.fsum(terms[j] for j in gone)) /
+                                 max(1, len(real) - len(gone) - 1))))
+    return out
 
 
 def adjust(comparisons: Sequence[Optional[Comparison]]) -> int:
