@@ -12,6 +12,7 @@ from preflight.checks import iperf3
 from preflight.config import load_defaults
 from preflight.hostside.outcome import Status
 from preflight.testing import FakeCluster, FakeService
+from tests.netcluster import NetCluster
 from tests.test_iperf3 import host_interfaces, itf, with_iperf3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "iperf3"
@@ -145,3 +146,88 @@ def test_a_host_below_the_floor_is_measured_again_before_it_is_named(thresholds)
 def test_floor_thresholds_are_in_the_defaults(thresholds):
     t = thresholds["iperf3"]
     assert t["link_rate_fraction"] == 0.5 and t["stream_cap_gbps"] == 20.0 and t["min_gbps"] == 0.0
+    assert t["link_type_min_gbps"] == {"ethernet": 1.0, "infiniband": 10.0} and t["virtual_link_type"] == "none"
+
+
+# --- the default floor by link type (no min_gbps, no reported link rate) -------------------------------------------
+
+def with_types(facts, types):
+    for net in facts["networks"]:
+        if net["network"] == facts["chosen"]["network"]:
+            net["link_types"] = dict(types)
+    return facts
+
+
+def test_ipoib_and_virtio_get_the_default_floor_of_their_link_type(thresholds):
+    # IPoIB reports the IB port's rate (no TCP floor from it) and virtio -1: the type floor applies instead.
+    ipoib = with_types(recorded_two_networks({"node01": None, "node02": None, "node03": None}),
+                       dict.fromkeys(("node01", "node02", "node03"), "infiniband"))
+    out = iperf3.evaluate(ipoib, thresholds)
+    assert {h for h, o in out.items() if o.status == Status.WARN} == {"node01", "node02", "node03", "*"}
+    assert ("below the floor 5.00 Gbit/s: 50% of 10.00 Gbit/s, the slowest InfiniBand (IPoIB) link (the default "
+            "floor by link type)") in out["node01"].message
+    assert thresholds["iperf3"]["min_gbps"] == 0.0
+    # 383 Mbit/s on Ethernet NICs of unknown rate (virtio): below half of 1 Gbit/s
+    eth = with_types(recorded_two_networks(), dict.fromkeys(("node01", "node02", "node03"), "ethernet"))
+    out = iperf3.evaluate(eth, thresholds)
+    assert out["node02"].status == Status.WARN and "floor 500.0 Mbit/s: 50% of 1.00 Gbit/s, the slowest Ethernet " \
+        "link" in out["node02"].message
+    # a port that negotiated 100 Mbit/s reports it: the reported-rate floor (50 Mbit/s) would pass 90 Mbit/s; the
+    # type floor does not
+    slow_port = iperf3.link_floor({"link_mbps": {"a": 100, "b": 1000}, "link_types": {"a": "ethernet", "b": "ethernet"},
+                                   "devices": {"a": "eno1", "b": "eno1"}}, thresholds["iperf3"])
+    assert slow_port[0] == pytest.approx(0.5) and "above the floor 50.0 Mbit/s" in slow_port[1]
+    # veth: none by default (a virtual NIC says nothing of the path), Ethernet when told
+    veth = with_types(recorded_two_networks(), dict.fromkeys(("node01", "node02", "node03"), "virtual"))
+    assert all(o.status == Status.PASS for o in iperf3.evaluate(veth, thresholds).values())
+    told = iperf3.evaluate(veth, with_iperf3(thresholds, virtual_link_type="ethernet"))
+    assert told["node03"].status == Status.WARN
+
+
+def test_link_types_are_read_from_the_interfaces_facts():
+    facts = {"interfaces": [itf("eno1", ["10.0.0.1/24"], kind="physical", virtual=False, arp_type=1),
+                            itf("ib0", ["10.2.0.1/24"], kind="other", virtual=False,
+                                arp_type=iperf3.ARPHRD_INFINIBAND),
+                            itf("eth0", ["10.1.0.1/24"])]}
+    assert [iperf3.link_type(facts, d) for d in ("eno1", "ib0", "eth0", "nope")] == \
+        ["ethernet", "infiniband", "virtual", "unknown"]
+
+
+needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
+                                   reason=str(NetCluster.unavailable_reason()))
+
+
+@needs_cluster
+def test_a_namespace_link_shaped_below_the_default_floor_warns(netcluster_factory, tmp_path):
+    """3 namespace hosts (veth, counted as Ethernet: virtual_link_type), no min_gbps: every link shaped to 300
+    Mbit/s is below half of 1 Gbit/s, a WARN on every host; at 700 Mbit/s they pass."""
+    import subprocess
+    import sys
+    cluster = netcluster_factory(3)
+    config = tmp_path / "config.toml"
+    config.write_text('[iperf3]\nduration_s = 1.0\nvirtual_link_type = "ethernet"\n')
+
+    def run(mbit, name):
+        for h in cluster.hosts:
+            cluster.shape(h, mbit)
+        out = tmp_path / f"{name}.json"
+        argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hosts")),
+                "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key",
+                str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--checks", "interfaces,iperf3",
+                "--config", str(config), "--json", str(out)]
+        proc = subprocess.run(argv, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        assert out.exists(), proc.stderr[-3000:]
+        return {r["host"]: r for r in json.loads(out.read_text())["results"] if r["check"] == "iperf3"}
+
+    try:
+        slow = run(300, "slow")
+        fast = run(700, "fast")
+    finally:
+        for h in cluster.hosts:
+            cluster.unshape(h)
+    for h in ("node01", "node02", "node03"):
+        assert slow[h]["status"] == "warn", slow[h]["message"]
+        assert "below the floor 500.0 Mbit/s: 50% of 1.00 Gbit/s, the slowest Ethernet link" in slow[h]["message"]
+        assert fast[h]["status"] == "pass", fast[h]["message"]
+    assert slow["*"]["status"] == "warn" and fast["*"]["status"] == "pass"

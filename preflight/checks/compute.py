@@ -14,15 +14,20 @@ and returns, e.g.::
      "mem_gbps": 9.8}}
 
 Judging needs the whole cluster, so this is a cluster check: ``coordinate`` runs ``collect`` on the hosts
-(``parallel_hosts`` at a time) and ``evaluate`` compares every device with the median of the other devices of the
-same model (robust z from their median/MAD, with a practical floor), and GPUs with the published peak of their model.
-A peer comparison names a device only on significant evidence (p < ``max_p``); a large deficit that is not
-significant is measured again (``confirm``), then passes with a note, e.g. ``...; not named, the evidence is weak
-(p >= 0.05): CPU: CPU memory copy 4.2 GB/s is 34% of the median of the other 3 ... (robust z -0.7, p = 0.2)``.
+(``parallel_hosts`` at a time) and ``evaluate`` compares every device with the other devices of the same model by the
+moderated t prediction test of ``hostside/stats.py`` (its slices' spread is its measured noise), Holm-adjusted over
+every host x device x metric of the run, with an effect floor (``min_deficit``), and GPUs with the published peak of
+their model; fewer than 3 devices of a model get no peer verdict (said in the host's line). A large deficit that is
+not significant is measured again (``confirm``), then passes with a note, e.g. ``...; not named, the evidence is
+weak (adjusted p >= 0.01): CPU: CPU memory copy 4.2 GB/s is 34% of the median of 3 peers (AMD EPYC x2 threads,
+12.3 GB/s; t -1.7, 6 df; adjusted p = 0.6 over 8 comparisons (moderated t prediction test, Holm-adjusted))``.
+A host whose CUDA torch cannot use its GPUs (``torch.cuda.is_available()`` warns and says False) is FAILed where GPUs
+are expected (``[gpu] gpus_expected``, the device nodes, a CUDA build of torch), not measured as a CPU host.
 Thresholds: the ``[compute]`` section of compute.toml beside this module.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -32,7 +37,8 @@ from ..hostside.nvidia import gpu_evidence, gpus_expected
 from ..hostside.outcome import Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.seams import CheckSpec, ClusterView, HostContext, PromSample
 from ..hostside.proc import read_text
-from ..hostside.robust import MAD_TO_SIGMA, p_text, robust_z, significant
+from ..hostside import stats
+from ..hostside.robust import MAD_TO_SIGMA, MEDIAN_SE
 
 NAME = "compute"
 
@@ -173,6 +179,26 @@ def _measure_gpus(torch: Any, count: int, params: Dict[str, Any], seconds: float
     return gpus
 
 
+def _cuda_devices(torch: Any) -> Tuple[int, Optional[str]]:
+    """(CUDA devices torch can use, why CUDA failed or None). ``torch.cuda.is_available()`` never throws: a driver
+    that fails to initialise is a UserWarning and False (torch/cuda/__init__.py), so the warnings it gives are
+    recorded as the error; a CPU-only torch (torch.version.cuda None) saying False is no error."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            available = bool(torch.cuda.is_available())
+            count = int(torch.cuda.device_count()) if available else 0
+        except Exception as exc:
+            return 0, f"{type(exc).__name__}: {str(exc)[:200]}"
+    said = "; ".join(str(w.message).strip()[:200] for w in caught if str(w.message).strip())
+    if count:
+        return count, None
+    if said and getattr(getattr(torch, "version", None), "cuda", None):
+        return 0, f"torch.cuda.is_available() is False: {said[:300]}"
+    return 0, None
+
+
 def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Measure this host (called by ``coordinate`` through the agent as ``compute.collect``)."""
     # torch's cuda:N must be nvidia-smi's GPU N (the default orders fastest first), so findings name the right GPU.
@@ -188,13 +214,12 @@ def collect(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
         return out
     out["torch"] = torch.__version__
     start = time.monotonic()
-    try:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception as exc:  # a driver problem: the gpu and driver_cuda checks say more
-        out["cuda_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    gpus, cuda_error = _cuda_devices(torch)
+    if cuda_error:  # a driver problem: the gpu and driver_cuda checks say more
+        out["cuda_error"] = cuda_error
+    if not gpus:
         # Whether this host should have GPUs at all: if so, a CPU measurement is no result (evaluate FAILs it).
         out["gpu_evidence"] = gpu_evidence(getattr(getattr(torch, "version", None), "cuda", None))
-        gpus = 0
     if params.get("start_at"):
         # Hosts that share CPUs start together, so that whatever else runs slows all of them alike.
         time.sleep(max(0.0, min(float(params["start_at"]) - time.time(), ctx.deadline - time.monotonic() - 30)))
@@ -324,52 +349,46 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def _comparisons(devices: List[Dict[str, Any]], lim: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every device's every metric against the other devices of its model across the cluster (robust z from their
-    median and MAD), with its verdict: "fail", "warn", "unsure" (a deficit below ``fail_fraction`` that is not
-    significant: the peers disagree too much to tell) or None.
-
-    A relative deficit is named only when it is significant (one-sided p below ``max_p``): FAIL when it is also
-    below ``fail_fraction`` of the others, WARN when z < -z_threshold and it is more than ``min_deficit``. The z
-    and p that the message prints are the ones that decided (issue 26: CPU memory copy at 34% of the others failed
-    at robust z -0.7, p = 0.2)."""
+    """Every device's every metric against the other devices of its model across the cluster (leave-one-out:
+    in a small fleet a straggler inside its own company pulls the median down and widens the spread, e.g. 4 hosts
+    at 40/91/95/64 put the limited 40 at z -1.6 of its own company but at 45% of the others), by the moderated t
+    prediction test of ``hostside/stats.py``; every p of the run (host x device x metric) is Holm-adjusted
+    together. Each comparison gets its verdict: "fail" (named and below ``fail_fraction`` of its peers), "warn"
+    (named: adjusted p < ``max_p`` and at least ``min_deficit`` slower), "unsure" (below ``fail_fraction`` but not
+    significant: the peers disagree too much to tell) or None."""
     out: List[Dict[str, Any]] = []
-    z_warn, floor = float(lim["z_threshold"]), float(lim["min_deficit"])
-    fail_below, max_p = float(lim["fail_fraction"]), float(lim["max_p"])
+    floor, fail_below, max_p = float(lim["min_deficit"]), float(lim["fail_fraction"]), float(lim["max_p"])
+    # A device's figure is the median of `chunks` timed slices; its relative standard error follows from the
+    # slices' spread (the "_noise" fact): measured on every device, never assumed.
+    root = math.sqrt(max(1, int(lim["chunks"])))
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for d in devices:
         groups.setdefault(d["model"], []).append(d)
     for model, members in groups.items():
         metrics = GPU_METRICS if members[0]["device"] == "gpu" else CPU_METRICS
         for key, unit, label in metrics:
-            values = [float(d[key]) for d in members if isinstance(d.get(key), (int, float))]
-            if len(values) < int(lim["min_peers"]):
+            have = [d for d in members if isinstance(d.get(key), (int, float))]
+            if len(have) < max(int(lim["min_peers"]), stats.MIN_PEERS + 1):
                 continue
-            # The typical device's own slice-to-slice noise (median over the model's devices, so that one noisy
-            # or throttled device does not set it) bounds sigma from below, with the configured minimum.
-            noise = statistics.median([float(d.get(key + "_noise") or 0.0) for d in members])
-            rel_floor = max(float(lim["noise_floor"]), noise)
-            for d in members:
-                x = d.get(key)
-                if not isinstance(x, (int, float)):
-                    continue
-                # Against the OTHER devices (leave-one-out): in a small fleet a straggler inside its own median and
-                # MAD pulls the one down and widens the other, e.g. 4 hosts at 40/91/95/64 put the limited 40 at
-                # z -1.6 of its own company but at 45% of the others (tests/test_compute.py, recorded).
-                peers = [float(o[key]) for o in members if o is not d and isinstance(o.get(key), (int, float))]
-                med, _sigma, z = robust_z(peers, float(x), rel_floor)
-                ratio = float(x) / med if med else 1.0
-                # The hard floor needs most of the others above it, not their median: of two peers the median is
-                # their mean, and one fast one (or one spared by contention) would put the other two of three below
-                # it. The lower median is a value at least half of the others reach.
-                low = statistics.median_low(peers)
-                below_floor = (float(x) / low if low else 1.0) < fail_below
-                clear = significant(z, max_p)
-                verdict = ("fail" if below_floor and clear else
-                           "warn" if clear and z < -z_warn and ratio < 1.0 - floor else
-                           "unsure" if below_floor else None)
-                out.append({"device": d, "key": key, "unit": unit, "label": label, "model": model, "value": float(x),
-                            "median": med, "ratio": ratio, "z": z, "peers": len(peers), "verdict": verdict})
+            tested = stats.compare_all([float(d[key]) for d in have], float(lim["prior_spread"]),
+                                       float(lim["prior_df"]),
+                                       [stats_noise(d.get(key + "_noise"), root) for d in have],
+                                       float(lim["noise_floor"]))
+            for d, c in zip(have, tested):
+                if c is not None:
+                    out.append({"device": d, "key": key, "unit": unit, "label": label, "model": model, "c": c})
+    family = stats.adjust([e["c"] for e in out])
+    for e in out:
+        c = e["c"]
+        e.update(value=c.value, median=c.median, ratio=c.ratio, peers=c.peers, family=family)
+        e["verdict"] = (("fail" if c.ratio < fail_below else "warn") if stats.named(c, max_p, floor) else
+                        "unsure" if c.ratio < fail_below else None)
     return out
+
+
+def stats_noise(noise: Any, root: float) -> float:
+    """The relative standard error of a median of slices whose relative spread is ``noise``."""
+    return MEDIAN_SE * float(noise) / root if isinstance(noise, (int, float)) and noise > 0 else 0.0
 
 
 def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
@@ -388,13 +407,14 @@ def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
 
 
 def _compared(c: Dict[str, Any], lim: Dict[str, Any], remeasured: Dict[str, int]) -> str:
-    """``CPU memory copy 4.2 GB/s is 34% of the median of the other 3 AMD EPYC x2 threads (12.3 GB/s; robust z
-    -0.7, p = 0.2)``: the value, the others' median (leave-one-out), and the z and p that decided."""
+    """``CPU memory copy 8.2 GB/s is 82% of the median of 7 peers (AMD EPYC x2 threads, 10 GB/s; t -8.6, 10 df;
+    adjusted p = 3e-05 over 16 comparisons (moderated t prediction test, Holm-adjusted))``: the value, the other
+    devices' median (leave-one-out), and the test that decided."""
     host = c["device"]["host"]
     best = f"; the best of {1 + remeasured[host]} measurements" if remeasured.get(host) else ""
-    return (f"{c['label']} {_fmt(c['value'], c['unit'])} is {100 * c['ratio']:.0f}% of the median of the other "
-            f"{c['peers']} {c['model']} ({_fmt(c['median'], c['unit'])}; robust z {c['z']:.1f}, "
-            f"{p_text(c['z'], float(lim['max_p']))}{best})")
+    return (f"{c['label']} {_fmt(c['value'], c['unit'])} is {100 * c['ratio']:.0f}% of the median of "
+            f"{c['peers']} peers ({c['model']}, {_fmt(c['median'], c['unit'])}; "
+            f"{stats.confidence_text(c['c'], c['family'], float(lim['max_p']))}{best})")
 
 
 def _unsure(devices: List[Dict[str, Any]], lim: Dict[str, Any],
@@ -460,10 +480,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
             continue
         mine = [d for d in devices if d["host"] == h]
         findings: List[Finding] = []
-        expected, why = gpus_expected(hf, False)
-        if hf.get("cuda_error") and expected:
-            findings.append(Finding(Status.FAIL, f"CUDA failed on {h}: {hf['cuda_error']}, although {why}; its CPU was "
-                                                 "measured instead, which says nothing of its GPUs",
+        expected, why = gpus_expected(hf, bool(limits(thresholds, "gpu")["gpus_expected"]))
+        if expected and not hf.get("gpus"):
+            cause = (f"CUDA failed on {h}: {hf['cuda_error']}" if hf.get("cuda_error") else
+                     f"torch sees no CUDA device on {h}")
+            findings.append(Finding(Status.FAIL, f"{cause}, although {why}; its CPU was measured instead, which says "
+                                                 "nothing of its GPUs",
                                     f"see the driver_cuda and gpu checks of {h}; nvidia-smi there shows whether the "
                                     "driver answers"))
         for g in hf.get("gpus") or []:
@@ -486,10 +508,13 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                   f"({cpu.get('torch_threads')} threads)")
         else:
             ok = "nothing measured"
+        few = _too_few(mine, devices, lim)
+        if few:
+            ok += "; " + few
         if unsure.get(h):
             # Measured low, but the other hosts disagree with each other too much for that to be evidence: no
             # FAIL or WARN at p >= max_p (it was measured again first: coordinate's confirm rounds).
-            ok += f"; not named, the evidence is weak (p >= {float(lim['max_p']):g}): {'; '.join(unsure[h])}"
+            ok += f"; not named, the evidence is weak (adjusted p >= {float(lim['max_p']):g}): {'; '.join(unsure[h])}"
         keys = [k for k, _, _ in (GPU_METRICS if mine and mine[0]["device"] == "gpu" else CPU_METRICS)]
         shown = ["device", "index", "uuid", "model", "torch_threads"] + keys + [k + "_noise" for k in keys]
         metrics: Dict[str, Any] = {"devices": [{k: d.get(k) for k in shown if k in d} for d in mine]}
@@ -503,6 +528,22 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         again = [n for n in (facts.get("remeasured") or {}).values() if isinstance(n, int)]
         out[CLUSTER].metrics["measurements"] = int(lim["rounds"]) + max(again, default=0)
     return out
+
+
+def _too_few(mine: List[Dict[str, Any]], devices: List[Dict[str, Any]], lim: Dict[str, Any]) -> str:
+    """What a host's line says when its devices have too few peers to be compared with (no peer verdict then)."""
+    if not mine:
+        return ""
+    model = mine[0]["model"]
+    count = sum(1 for d in devices if d["model"] == model)
+    need = max(int(lim["min_peers"]), stats.MIN_PEERS + 1)
+    if count >= need:
+        return ""
+    known = isinstance((lim.get("gpu_peaks") or {}).get(model), dict)
+    floors = ("judged against the published peak of its model only" if known else
+              "no published peak is known for it, so nothing judged it" if mine[0]["device"] == "gpu" else
+              "a CPU has no absolute floor, so nothing judged it")
+    return (f"not compared with peers: {count} {model} in the run, a peer verdict needs {need}; {floors}")
 
 
 def _summary(devices: List[Dict[str, Any]], out: Dict[str, Outcome], lim: Dict[str, Any], measured: int) -> Outcome:

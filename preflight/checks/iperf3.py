@@ -17,12 +17,15 @@ Host-side functions (run through the agent): ``serve`` (an ``iperf3 -s`` for the
 (one test) and ``interfaces`` (the interfaces check's facts, when that check did not run). The coordinator
 side (``coordinate``) tests disjoint pairs in rounds on each candidate network; ``evaluate`` is pure.
 
-Floors: besides the straggler comparison (hosts against each other) and the optional absolute ``min_gbps`` (FAIL),
-a host's median below ``link_rate_fraction`` of what its network's links report (/sys/class/net/IF/speed, the
-negotiated rate ethtool shows; the slowest host's, capped at ``streams`` x ``stream_cap_gbps`` since one TCP stream
-is CPU-bound) is a WARN: a healthy NIC gives iperf3 most of its line rate, so half of it means a duplex or speed
-mismatch, errors, or a leftover rate limit. A virtual NIC's speed (veth reports 10000, virtio -1) and IPoIB's (the IB
-rate, not TCP's) say nothing of the path: then there is no such floor, and the cluster row says so.
+Stragglers: each host's median link against the median of the links without it, tested against the other hosts
+by the moderated t prediction test of ``hostside/stats.py`` in Holm's step-down order (``mesh.find_stragglers``).
+Floors: besides that comparison and the optional absolute ``min_gbps`` (FAIL), a host's median below
+``link_rate_fraction`` of what its network's links report (/sys/class/net/IF/speed, the negotiated rate ethtool shows;
+the slowest host's, capped at ``streams`` x ``stream_cap_gbps`` since one TCP stream is CPU-bound) is a WARN: a
+healthy NIC gives iperf3 most of its line rate, so half of it means a duplex or speed mismatch, errors, or a leftover
+rate limit. The default floor by link type (``link_type_min_gbps``: Ethernet 1 Gbit/s, InfiniBand 10 Gbit/s, times
+the same fraction) applies with no configuration, also where a NIC reports no usable rate (virtio -1, IPoIB's IB
+rate); a virtual NIC (veth) gets it only with ``virtual_link_type``.
 
 Thresholds: [iperf3] in iperf3.toml beside this module.
 """
@@ -46,7 +49,8 @@ from ..hostside.seams import (CheckSpec, ClusterView, EnvVar, HostContext, HtmlS
                               RecommendInput)
 from ..hostside.proc import read_text, sh, spawn, stop
 from ..hostside.fmt import rate
-from ..hostside.robust import p_text
+from ..hostside.stats import TEST_NAME
+from ..hostside.stats import p_text as stats_p_text
 from ..hostside.mesh import blame_failures, blocked_hosts, find_stragglers, short_list, sole_culprits
 from ..hostside import ncclenv
 from ..hostside.netinfo import host_subnets, trusted_interfaces
@@ -145,14 +149,16 @@ def shared_networks(facts_by_host: Dict[str, Dict[str, Any]], hosts: Sequence[st
         addresses: Dict[str, str] = {}
         speeds: List[float] = []
         link_mbps: Dict[str, Optional[int]] = {}
+        link_types: Dict[str, str] = {}
         for h in hosts:
             # Two NICs of one host on the same subnet: the first (by name) is measured; routing picks one too.
             net_dev, ip, speed = sorted((d, a, s) for n, d, a, s in per_host[h] if n == net)[0]
             devices[h], addresses[h] = net_dev, ip
             speeds.append(speed or 0)
             link_mbps[h] = link_rate_mbps(facts_by_host.get(h) or {}, net_dev)
+            link_types[h] = link_type(facts_by_host.get(h) or {}, net_dev)
         networks.append({"network": net, "devices": devices, "addresses": addresses,
-                         "min_speed_mbps": min(speeds) or None, "link_mbps": link_mbps})
+                         "min_speed_mbps": min(speeds) or None, "link_mbps": link_mbps, "link_types": link_types})
     networks.sort(key=lambda n: (-float(n["min_speed_mbps"] or 0), ipaddress.ip_network(str(n["network"]))))
     return networks[:max(1, limit)], subnets
 
@@ -169,7 +175,54 @@ def link_rate_mbps(iface_facts: Dict[str, Any], dev: str) -> Optional[int]:
     return None
 
 
+def link_type(iface_facts: Dict[str, Any], dev: str) -> str:
+    """"infiniband" (IPoIB: ARPHRD_INFINIBAND), "virtual" (veth, bridge, ...: no /sys/class/net/IF/device),
+    "ethernet" (every other NIC: RoCE's netdev is Ethernet too), or "unknown" (the interfaces facts lack it)."""
+    for itf in iface_facts.get("interfaces") or []:
+        if isinstance(itf, dict) and itf.get("name") == dev:
+            if itf.get("arp_type") == ARPHRD_INFINIBAND:
+                return "infiniband"
+            return "virtual" if itf.get("virtual") is not False else "ethernet"
+    return "unknown"
+
+
 def link_floor(net: Dict[str, Any], t: Mapping[str, Any]) -> Tuple[Optional[float], str]:
+    """(floor in Gbit/s, how it was set) for a network's medians: the larger of the floor from its reported link
+    rates (``_rate_floor``) and the default floor of its link type (``type_floor``), or (None, why there is none)."""
+    by_rate, why_rate = _rate_floor(net, t)
+    by_type, why_type = type_floor(net, t)
+    if by_type is not None and (by_rate is None or by_type > by_rate):
+        return by_type, why_type + ("" if by_rate is None else f" (above the {why_rate})")
+    return by_rate, why_rate
+
+
+def type_floor(net: Dict[str, Any], t: Mapping[str, Any]) -> Tuple[Optional[float], str]:
+    """The default floor by link type, with no min_gbps configured: link_rate_fraction of the slowest rate the
+    network's link type comes in (``[iperf3] link_type_min_gbps``: Ethernet 1 Gbit/s, InfiniBand 10 Gbit/s); the
+    lowest over the hosts' types. A virtual NIC counts as ``virtual_link_type`` ("" = no type floor)."""
+    fraction = float(t.get("link_rate_fraction", 0) or 0)
+    table = t.get("link_type_min_gbps") or {}
+    types = net.get("link_types")
+    if fraction <= 0 or not isinstance(types, dict) or not types or not isinstance(table, Mapping):
+        return None, ""
+    virtual_as = str(t.get("virtual_link_type") or "")
+    rates: Dict[str, float] = {}
+    for h, kind in types.items():
+        kind = virtual_as if kind == "virtual" else kind
+        if kind not in table:
+            return None, ""  # one host of unknown type: no default floor for the network
+        rates[h] = float(table[kind])
+    slowest = min(rates, key=lambda h: (rates[h], h))
+    kind = virtual_as if types[slowest] == "virtual" else types[slowest]
+    if rates[slowest] <= 0:
+        return None, ""
+    floor = fraction * rates[slowest]
+    label = {"ethernet": "Ethernet", "infiniband": "InfiniBand (IPoIB)"}.get(kind, kind)
+    return floor, (f"floor {rate(floor)}: {fraction:.0%} of {rate(rates[slowest])}, the slowest {label} link "
+                   f"(the default floor by link type)")
+
+
+def _rate_floor(net: Dict[str, Any], t: Mapping[str, Any]) -> Tuple[Optional[float], str]:
     """(floor in Gbit/s, how it was set) for a network's medians from its reported link rates, or (None, why there
     is none). The slowest host's link bounds every pair; `streams` x stream_cap_gbps bounds what iperf3's TCP streams
     carry whatever the NIC."""
@@ -576,9 +629,12 @@ def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[st
 # --- evaluation ------------------------------------------------------------------------------------------
 
 def _confidence(s: Dict[str, Any], max_p: float) -> str:
-    if "z" not in s:
+    """``t -8.6, 10 df; adjusted p = 3e-05 over 6 hosts (moderated t prediction test, Holm-adjusted)``"""
+    if "t" not in s:
         return "n/a"
-    return f"z {s['z']:.1f}, {p_text(s['z'], max_p)}"
+    family = int(s.get("family") or 1)
+    return (f"t {s['t']:.1f}, {s['df']:.0f} df; adjusted {stats_p_text(float(s.get('p_adj', 1.0)), max_p)} over "
+            f"{family} host{'' if family == 1 else 's'} ({TEST_NAME})")
 
 
 def _fix_slow(host: str, dev: Optional[str]) -> str:
@@ -702,8 +758,8 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
         # Below the straggler fraction, but the other hosts' links disagree too much for that to be evidence
         # (measured again first: coordinate's confirm rounds): said, not named.
         d = doubt[h]
-        ok_msg += (f"; not named, the evidence is weak (p >= {max_p:g}): {100 * d['ratio']:.0f}% of the median of "
-                   f"the other hosts {rate(d['reference_gbps'])} (confidence: {_confidence(d, max_p)})")
+        ok_msg += (f"; not named, the evidence is weak (adjusted p >= {max_p:g}): {100 * d['ratio']:.0f}% of the "
+                   f"median of the other hosts {rate(d['reference_gbps'])} (confidence: {_confidence(d, max_p)})")
     metrics = {"network": judged["network"], "device": dev, "address": judged["addresses"].get(h),
                "median_gbps": med, "cluster_median_gbps": judged.get("median_gbps"), "floor_gbps": floor,
                "link_mbps": (judged.get("link_mbps") or {}).get(h),
@@ -713,10 +769,12 @@ def _host_outcome(h: str, judged: Dict[str, Any], networks: List[Dict[str, Any]]
                                                      if h in (ln["src"], ln["dst"])]) for n in networks}}
     if h in stragglers:
         metrics.update(reference_gbps=stragglers[h]["reference_gbps"], ratio=round(stragglers[h]["ratio"], 3),
-                       z=round(stragglers[h].get("z", 0.0), 2), detected_by=stragglers[h]["by"])
+                       t=round(stragglers[h].get("t", 0.0), 2), p_adj=stragglers[h].get("p_adj"),
+                       detected_by=stragglers[h]["by"])
     elif h in doubt:
         metrics.update(reference_gbps=doubt[h]["reference_gbps"], ratio=round(doubt[h]["ratio"], 3),
-                       z=round(doubt[h]["z"], 2), detected_by=None, unsure=True)
+                       t=round(doubt[h].get("t", 0.0), 2), p_adj=doubt[h].get("p_adj"), detected_by=None,
+                       unsure=True)
     out = combine(findings, ok_msg, metrics)
     if proven:  # its failed tests are what the ports check proved of its TCP: that result is the cause
         out.blocked_by = BlockedBy(h, "ports")
@@ -731,8 +789,8 @@ def _straggler_finding(h: str, s: Dict[str, Any], judged: Dict[str, Any], dev: A
              if judged.get("remeasured") else "")
     status = Status.FAIL if s["ratio"] < fail_frac else Status.WARN
     why = (f"below {warn_frac * 100:.0f}%" if s["by"] == "fraction" else
-           f"more than {100 * float(t['min_deficit']):.0f}% slower, robust z {s['z']:.1f} < "
-           f"-{float(t['z_threshold']):g}")
+           f"below {fail_frac * 100:.0f}%" if status == Status.FAIL else
+           f"at least {100 * float(t['min_deficit']):.0f}% slower")
     # "median of the other hosts": of the links without this host (the reference it is judged by), not
     # the cluster median of every link that the PASS lines and the cluster row print.
     return Finding(status, f"{h}: median {rate(s['median_gbps'])} over {s['links']} links vs median of the other "

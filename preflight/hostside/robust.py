@@ -1,4 +1,6 @@
-"""Robust statistics shared by the straggler detectors (compute, iperf3, allreduce): pure, no I/O.
+"""Robust statistics: the robust z of a host's figure against its own past runs (history.py), and the relative
+spread of repeated measurements (``rel_noise``) that the straggler detectors use as measured noise. Pure, no I/O.
+The straggler verdicts themselves (compute, iperf3, all-reduce rounds) are a small-sample test: ``stats.py``.
 
 A value is compared with its peers by a robust z: (x - median) / sigma, sigma = 1.4826 x MAD (the median absolute
 deviation, scaled to estimate a normal standard deviation) but never below a floor that carries the measurement's

@@ -4,18 +4,18 @@ After the sweep, ``orchestrate`` pairs the hosts around the ring (every host wit
 round at once) and times a few all-reduces per pair, each iteration on its own. A host's rate is its best pair's
 median busbw: a slow host drags down both of its pairs, a healthy neighbour of it still has its other, fast pair.
 Each host is compared with the other hosts' rates (leave-one-out: in a small fleet a straggler would pull the
-median and widen the MAD it is judged by) by the robust z of ``hostside/robust.py``; sigma is at least the
-measurement's own noise (the spread of the pairs' iterations) and ``noise_floor``. A host is named when:
+median and widen the spread it is judged by) by the moderated t prediction test of ``hostside/stats.py``: the other
+hosts' spread, moderated by ``prior_spread``/``prior_df``, at least ``noise_floor`` and the pairs' own measured noise
+(the spread of their iterations); the p of every host is Holm-adjusted together. A host is named when:
 
-- its rate is below ``straggler_fail_fraction`` of the median of the other hosts: FAIL, whatever the statistics;
-- below ``straggler_fraction``: WARN, whatever the statistics;
-- its deficit is statistically clear (z < -``z_threshold``) AND larger than ``min_deficit``: WARN;
+- its adjusted p is below ``max_p`` AND it is at least ``min_deficit`` below the other hosts' median: WARN, or
+  FAIL below ``straggler_fail_fraction`` of it;
 - every pair it was in failed while other hosts' pairs succeeded: FAIL (a failed pair is evidence, never dropped).
 
 For example (recorded, 4 namespace hosts at 1000 Mbit, node02 shaped to 900)::
 
     find({"bytes": 16777216, "pairs": [{"hosts": ["node01", "node02"], "ok": true, "iter_s": [0.155, ...]}, ...]},
-         limits)  ->  {"node02": {"ratio": 0.898, "z": -6.8, "p": 6.2e-12, "status": "warn", "by": "statistics", ...}}
+         limits)  ->  {"node02": {"ratio": 0.898, "t": -5.6, "p_adj": 0.003, "status": "warn", "by": "statistics", ...}}
 
 (tests/fixtures/allreduce/straggler-rounds.json).
 
@@ -28,7 +28,8 @@ import statistics
 from typing import Any, Dict, List, Optional
 
 from ...hostside.fmt import gbps, human_bytes
-from ...hostside.robust import MEDIAN_SE, p_text, p_value, rel_noise, robust_z, significant
+from ...hostside import stats
+from ...hostside.robust import MEDIAN_SE, rel_noise
 
 
 def pair_rates(facts: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -85,50 +86,51 @@ def _failed_hosts(facts: Optional[Dict[str, Any]], rates: Dict[str, Dict[str, An
 
 
 def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "z", "p", "sigma", "status", "by"}} for the hosts
-    named slow, and {host: {"failed_pairs", "status": "fail", "by": "failed_pairs"}} for those whose every pair
-    failed (see the module docstring); the rates need at least 3 measured hosts (median/MAD cannot tell the odd one
-    of two)."""
+    """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "t", "df", "p", "p_adj", "family", "status",
+    "by"}} for the hosts named slow, and {host: {"failed_pairs", "status": "fail", "by": "failed_pairs"}} for those
+    whose every pair failed (see the module docstring); the rates need at least 3 measured hosts (a host and two
+    peers: one peer has no spread)."""
     rates = host_rates(facts or {})
     named: Dict[str, Dict[str, Any]] = {h: dict(f, status="fail", by="failed_pairs")
                                         for h, f in _failed_hosts(facts, rates).items()}
-    if len(rates) < 3:
+    if len(rates) < stats.MIN_PEERS + 1:
         return named
-    z_limit, floor = float(cfg["z_threshold"]), float(cfg["min_deficit"])
-    max_p = float(cfg["max_p"])
-    warn_below, fail_below = float(cfg["straggler_fraction"]), float(cfg["straggler_fail_fraction"])
-    # The typical pair's own noise (median over the hosts, so that one noisy pair does not set it for all).
-    typical = statistics.median(r["noise"] for r in rates.values())
-    for h, r in rates.items():
-        peers = [o["busbw_GBps"] for k, o in rates.items() if k != h]
-        # Both the host's rate and the others' median are measured: their noises add.
-        rel_floor = max(float(cfg["noise_floor"]), math.hypot(r["noise"], typical))
-        med, sigma, z = robust_z(peers, r["busbw_GBps"], rel_floor)
-        ratio = r["busbw_GBps"] / med if med > 0 else 1.0
-        if not significant(z, max_p):
-            continue  # however large the deficit looks, noise explains it (p >= max_p): no finding on weak evidence
-        if ratio < fail_below:
-            status, by = "fail", "fail_fraction"
-        elif ratio < warn_below:
-            status, by = "warn", "fraction"
-        elif z < -z_limit and ratio < 1.0 - floor:
-            status, by = "warn", "statistics"
-        else:
-            continue
-        named[h] = dict(r, reference_GBps=med, ratio=ratio, z=z, p=p_value(z), sigma=sigma, status=status, by=by)
+    floor, max_p = float(cfg["min_deficit"]), float(cfg["max_p"])
+    fail_below = float(cfg["straggler_fail_fraction"])
+    names = list(rates)
+    # Each host against the others; the others' typical own noise is their median, so that one noisy pair does not
+    # set it for all.
+    # A pair runs at its slower host's rate and a host's rate is its best pair's: the hosts above the median look
+    # alike, so the rates' lower half is what says how far a healthy host falls (stats.downside).
+    values = [rates[h]["busbw_GBps"] for h in names]
+    compared = dict(zip(names, stats.compare_all(values, float(cfg["prior_spread"]), float(cfg["prior_df"]),
+                                                 [rates[h]["noise"] for h in names], float(cfg["noise_floor"]),
+                                                 stats.downside(values))))
+    family = stats.adjust(list(compared.values()))
+    for h, c in compared.items():
+        if c is None or not stats.named(c, max_p, floor):
+            continue  # however large the deficit looks, noise explains it: no finding on weak evidence
+        status, by = ("fail", "fail_fraction") if c.ratio < fail_below else ("warn", "statistics")
+        named[h] = dict(rates[h], reference_GBps=c.median, ratio=c.ratio, t=c.t, df=c.df, p=c.p, p_adj=c.p_adj,
+                        family=family, peers=c.peers, status=status, by=by)
     return named
 
 
+def _confidence(s: Dict[str, Any], cfg: Dict[str, Any]) -> str:
+    return (f"t {s['t']:.1f}, {s['df']:.0f} df; adjusted {stats.p_text(s['p_adj'], float(cfg['max_p']))} over "
+            f"{s['family']} host{'' if s['family'] == 1 else 's'} ({stats.TEST_NAME})")
+
+
 def short(host: str, s: Dict[str, Any]) -> str:
-    """A few words for the cluster line: the ratio and z, or the failed pairs."""
+    """A few words for the cluster line: the ratio and adjusted p, or the failed pairs."""
     if s["by"] == "failed_pairs":
         return f"{host}: all {len(s['failed_pairs'])} of its pairs failed"
-    z = s["z"]
-    return f"{host} at {100 * s['ratio']:.0f}% of the median of the other hosts (z {z:.1f}, {p_text(z)})"
+    return (f"{host} at {100 * s['ratio']:.0f}% of the median of {s['peers']} peers (t {s['t']:.1f}, adjusted "
+            f"{stats.p_text(s['p_adj'])})")
 
 
 def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:
-    """One line: the measured ratio, why it is named, and the confidence (z and p); or the pairs that failed."""
+    """One line: the measured ratio, why it is named, and the test that decided; or the pairs that failed."""
     if s["by"] == "failed_pairs":
         first = s["failed_pairs"][0]
         partner = first["hosts"][1] if first["hosts"][0] == host else first["hosts"][0]
@@ -136,12 +138,9 @@ def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str,
         plural = "" if n == 1 else "s"
         return (f"straggler rounds: every pair with this host failed ({n} pair{plural}; with {partner}: "
                 f"{first['error'][:200]}) while other hosts' pairs ran")
-    z = s["z"]
-    why = {"fail_fraction": f"below {100 * float(cfg['straggler_fail_fraction']):.0f}%",
-           "fraction": f"below {100 * float(cfg['straggler_fraction']):.0f}%",
-           "statistics": (f"more than {100 * float(cfg['min_deficit']):.0f}% slower, "
-                          f"robust z {z:.1f} < -{float(cfg['z_threshold']):g}")}[s["by"]]
+    why = (f"below {100 * float(cfg['straggler_fail_fraction']):.0f}%" if s["by"] == "fail_fraction" else
+           f"at least {100 * float(cfg['min_deficit']):.0f}% slower")
     size = human_bytes(int(facts.get("bytes") or 0))
     return (f"straggler: its best ring pair (with {s['partner']}) reaches {gbps(s['busbw_GBps'])} GB/s busbw, "
-            f"{100 * s['ratio']:.0f}% of the median of the other hosts {gbps(s['reference_GBps'])} GB/s "
-            f"({size} x {s['samples']} iterations per pair; {why}; confidence: z {z:.1f}, {p_text(z)})")
+            f"{100 * s['ratio']:.0f}% of the median of {s['peers']} peers {gbps(s['reference_GBps'])} GB/s "
+            f"({size} x {s['samples']} iterations per pair; {why}; confidence: {_confidence(s, cfg)})")

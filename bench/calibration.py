@@ -1,0 +1,256 @@
+"""Benchmark: the error rates of the straggler verdicts (compute, iperf3, all-reduce rounds) on simulated fleets.
+
+Each run draws a fleet (numpy, vectorised), builds the facts the check's ``coordinate`` would have gathered, and calls
+the check's REAL ``evaluate`` (compute, iperf3) or ``stragglers.find`` (the all-reduce's straggler rounds, what its
+evaluate names hosts by) with the default thresholds. Per cell (hosts n, host-to-host spread, within-run noise):
+
+- ``false_alarm``: the share of healthy runs in which any host got a WARN or FAIL from the peer comparison or a floor;
+- ``power_90``, ``power_80``, ``power_50``: the share of runs in which the one slow host (at 90%, 80%, 50% of its
+  healthy rate; for ``compute-gpu`` one GPU of the first host) was named.
+
+The fleet: each host's true rate is lognormal around 1 (sigma = spread); a measurement is the median of repeated
+samples each lognormal around the truth (sigma = noise), as the checks measure: compute, 5 timed slices per metric
+(their spread is the device's ``_noise`` fact); iperf3, the link rate min(a, b) of its two hosts over the ring and
+2 random rounds, 7 interval samples per link, on physical 10 Gbit/s NICs (base 9.4 Gbit/s, the link-rate floor
+applies); all-reduce, each ring pair min(a, b) over 8 timed iterations. A host's metrics all scale with it.
+
+    python3 bench/calibration.py                                  # the full grid -> bench/results/calibration.json
+    python3 bench/calibration.py --hosts 4 16 --runs 200 --out /tmp/cal.json
+    python3 bench/calibration.py --table bench/results/calibration.json   # the README's table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from preflight.checks import compute, iperf3  # noqa: E402
+from preflight.checks.allreduce import stragglers  # noqa: E402
+from preflight.config import load_defaults  # noqa: E402
+from preflight.hostside.outcome import Status  # noqa: E402
+from preflight.hostside.schedule import pair_rounds  # noqa: E402
+
+TH = load_defaults()
+NAMED = (Status.WARN, Status.FAIL)
+HOSTS = (2, 3, 4, 8, 16, 64, 256, 1024)
+SPREADS = (0.0, 0.02, 0.03, 0.05)
+NOISES = (0.005, 0.03)
+SLOW = (None, 0.9, 0.8, 0.5)
+CHECKS = ("compute-cpu", "compute-gpu", "iperf3", "allreduce")
+
+
+def _measure(rng: np.random.Generator, truth: np.ndarray, noise: float, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(median of k lognormal samples around each truth, their relative robust spread 1.4826 x MAD / median)."""
+    samples = truth[..., None] * np.exp(rng.normal(0.0, noise, truth.shape + (k,)))
+    med = np.median(samples, axis=-1)
+    mad = np.median(np.abs(samples - med[..., None]), axis=-1)
+    return med, 1.4826 * mad / med
+
+
+def _hosts(rng: np.random.Generator, n: int, spread: float, slow: Optional[float]) -> np.ndarray:
+    truth = np.exp(rng.normal(0.0, spread, n))
+    if slow is not None:
+        truth[0] *= slow
+    return truth
+
+
+def compute_cpu(rng: np.random.Generator, n: int, spread: float, noise: float, slow: Optional[float]) -> List[str]:
+    truth = np.stack([_hosts(rng, n, spread, None) for _ in range(2)])  # each metric its own healthy spread
+    if slow is not None:
+        truth[:, 0] *= slow
+    gemm, gnoise = _measure(rng, 40.0 * truth[0], noise, 5)
+    mem, mnoise = _measure(rng, 10.0 * truth[1], noise, 5)
+    names = [f"h{i:04d}" for i in range(n)]
+    by_host = {h: {"torch": "2.13.0+cpu", "cpu": {"model": "EPYC", "threads": 2, "torch_threads": 2,
+                                                   "gemm_gflops": float(gemm[i]), "gemm_gflops_noise": float(gnoise[i]),
+                                                   "mem_gbps": float(mem[i]), "mem_gbps_noise": float(mnoise[i])}}
+               for i, h in enumerate(names)}
+    out = compute.evaluate({"hosts": names, "unreachable": [], "errors": {}, "by_host": by_host}, TH)
+    return [h for h, o in out.items() if o.status in NAMED]
+
+
+GPUS = 8
+
+
+def compute_gpu(rng: np.random.Generator, n: int, spread: float, noise: float, slow: Optional[float]) -> List[str]:
+    """n hosts of 8 H100s; the slow unit is GPU 0 of the first host (all four of its metrics)."""
+    devices = n * GPUS
+    keys = (("gemm_tflops", 700.0), ("hbm_gbps", 2900.0), ("h2d_gbps", 53.0), ("d2h_gbps", 53.0))
+    values = {}
+    for key, base in keys:
+        truth = _hosts(rng, devices, spread, slow)
+        values[key] = _measure(rng, base * truth, noise, 5)
+    names = [f"g{i:04d}" for i in range(n)]
+    by_host = {}
+    for i, h in enumerate(names):
+        gpus = []
+        for g in range(GPUS):
+            j = i * GPUS + g
+            d: Dict[str, Any] = {"index": g, "uuid": f"GPU-{i}-{g}", "name": "NVIDIA H100 80GB HBM3"}
+            for key, _ in keys:
+                d[key], d[key + "_noise"] = float(values[key][0][j]), float(values[key][1][j])
+            gpus.append(d)
+        by_host[h] = {"torch": "2.11.0+cu130", "cpu": {"model": "Xeon", "threads": 224}, "gpus": gpus}
+    out = compute.evaluate({"hosts": names, "unreachable": [], "errors": {}, "by_host": by_host}, TH)
+    return [h for h, o in out.items() if o.status in NAMED]
+
+
+_ROUNDS: Dict[int, List[Tuple[int, int]]] = {}
+
+
+def _pairs(n: int) -> List[Tuple[int, int]]:
+    if n not in _ROUNDS:
+        _ROUNDS[n] = [p for rnd in pair_rounds(n, int(TH["iperf3"]["extra_rounds"]), 7) for p in rnd]
+    return _ROUNDS[n]
+
+
+def run_iperf3(rng: np.random.Generator, n: int, spread: float, noise: float, slow: Optional[float]) -> List[str]:
+    truth = 9.4 * _hosts(rng, n, spread, slow)
+    pairs = _pairs(n)
+    a = np.array([p[0] for p in pairs])
+    b = np.array([p[1] for p in pairs])
+    link = np.minimum(truth[a], truth[b])
+    samples = link[:, None] * np.exp(rng.normal(0.0, noise, (len(pairs), 7)))
+    gbps = np.median(samples, axis=1)
+    names = [f"n{i:04d}" for i in range(n)]
+    links = [{"src": names[x], "dst": names[y], "gbps": float(g), "samples_gbps": [float(v) for v in s],
+              "retransmits": 0, "error": None} for x, y, g, s in zip(a, b, gbps, samples)]
+    net = {"network": "10.0.0.0/16", "devices": dict.fromkeys(names, "eno1"),
+           "addresses": {h: f"10.0.{i // 250}.{i % 250 + 1}" for i, h in enumerate(names)}, "links": links,
+           "median_gbps": float(np.median(gbps)), "link_mbps": dict.fromkeys(names, 10000),
+           "link_types": dict.fromkeys(names, "ethernet")}
+    facts = {"hosts": names, "networks": [net], "chosen": iperf3.choose([net], names), "errors": {}, "rounds": 3}
+    out = iperf3.evaluate(facts, TH)
+    return [h for h, o in out.items() if o.status in NAMED]
+
+
+def run_allreduce(rng: np.random.Generator, n: int, spread: float, noise: float, slow: Optional[float]) -> List[str]:
+    """The straggler rounds: every host with both ring neighbours, 16 MiB x 8 iterations per pair, 0.12 GB/s."""
+    if n < 2:
+        return []
+    truth = 0.119 * _hosts(rng, n, spread, slow)
+    pairs = [(i, (i + 1) % n) for i in range(n if n > 2 else 1)]
+    a = np.array([p[0] for p in pairs])
+    b = np.array([p[1] for p in pairs])
+    rate = np.minimum(truth[a], truth[b])
+    iters = int(TH["allreduce"]["straggler_iters"])
+    nbytes = 16 << 20
+    times = nbytes / 1e9 / (rate[:, None] * np.exp(rng.normal(0.0, noise, (len(pairs), iters))))
+    names = [f"n{i:04d}" for i in range(n)]
+    facts = {"bytes": nbytes, "pairs": [{"hosts": [names[x], names[y]], "ok": True, "iter_s": [float(t) for t in ts]}
+                                        for x, y, ts in zip(a, b, times)]}
+    named = stragglers.find(facts, TH["allreduce"])
+    return [h for h, s in named.items() if s.get("status") in ("warn", "fail")]
+
+
+RUNNERS = {"compute-cpu": compute_cpu, "compute-gpu": compute_gpu, "iperf3": run_iperf3, "allreduce": run_allreduce}
+SLOW_NAME = {"compute-cpu": "h0000", "compute-gpu": "g0000", "iperf3": "n0000", "allreduce": "n0000"}
+
+
+def cell(args: Tuple[str, int, float, float, int, int]) -> Dict[str, Any]:
+    check, n, spread, noise, runs, seed = args
+    rng = np.random.default_rng(seed)
+    fn = RUNNERS[check]
+    start = time.perf_counter()
+    out: Dict[str, Any] = {"check": check, "hosts": n, "spread": spread, "noise": noise, "runs": runs}
+    for slow in SLOW:
+        hits = 0
+        for _ in range(runs):
+            named = fn(rng, n, spread, noise, slow)
+            hits += bool(named) if slow is None else (SLOW_NAME[check] in named)
+        out["false_alarm" if slow is None else f"power_{int(slow * 100)}"] = hits / runs
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    return out
+
+
+# Runs per cell: >= 1,000 where one evaluate is cheap; fewer where it is not, so that the whole grid runs in about
+# 12 minutes on two shared cores (a real iperf3 evaluate of 1,024 hosts takes ~1.5 s: its per-host rows scan every
+# link). The JSON and bench/README.md say each cell's count.
+RUNS = {"compute-cpu": {8: 1000, 16: 500, 64: 200, 256: 50, 1024: 20},
+        "compute-gpu": {4: 200},
+        "iperf3": {8: 500, 16: 300, 64: 100, 256: 20, 1024: 5},
+        "allreduce": {16: 1000, 64: 1000, 256: 300, 1024: 100}}
+
+
+def runs_for(check: str, n: int, runs: int) -> int:
+    """Fewer runs where one evaluate of a big fleet takes long (said in the results and the README); 0: not run."""
+    for limit, most in sorted(RUNS[check].items()):
+        if n <= limit:
+            return min(runs, most)
+    return 0
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """bench/README.md's table: one row per check, host count and spread (the worst of the noise levels)."""
+    rows: Dict[Tuple[str, int, float], Dict[str, Any]] = {}
+    for c in result["cells"]:
+        key = (c["check"], c["hosts"], c["spread"])
+        r = rows.setdefault(key, {"runs": c["runs"], "false_alarm": 0.0, "power_90": 1.0, "power_80": 1.0,
+                                  "power_50": 1.0})
+        r["false_alarm"] = max(r["false_alarm"], c["false_alarm"])
+        for k in ("power_90", "power_80", "power_50"):
+            r[k] = min(r[k], c[k])
+    lines = ["| check | hosts | spread | runs | healthy runs with a WARN/FAIL | named at 90% | at 80% | at 50% |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (check, n, spread), r in sorted(rows.items()):
+        lines.append(f"| {check} | {n} | {100 * spread:.0f}% | {r['runs']} | {100 * r['false_alarm']:.1f}% | "
+                     f"{100 * r['power_90']:.0f}% | {100 * r['power_80']:.0f}% | {100 * r['power_50']:.0f}% |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path, help="print bench/README.md's table from this results JSON and exit")
+    ap.add_argument("--hosts", type=int, nargs="+", default=list(HOSTS))
+    ap.add_argument("--spreads", type=float, nargs="+", default=list(SPREADS))
+    ap.add_argument("--noises", type=float, nargs="+", default=list(NOISES))
+    ap.add_argument("--checks", nargs="+", default=list(CHECKS), choices=CHECKS)
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "calibration.json")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return 0
+    jobs = []
+    for check in args.checks:
+        for n in args.hosts:
+            for spread in args.spreads:
+                for noise in args.noises:
+                    runs = runs_for(check, n, args.runs)
+                    if runs:
+                        jobs.append((check, n, spread, noise, runs, hash((check, n, spread, noise)) & 0xFFFFFFF))
+    jobs.sort(key=lambda j: -j[1] * j[4])  # the big cells first, so that the two workers end together
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "preflight"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip())
+    start = time.time()
+    with Pool(args.workers) as pool:
+        cells = pool.map(cell, jobs, chunksize=1)
+    cells.sort(key=lambda c: (c["check"], c["hosts"], c["spread"], c["noise"]))
+    result = {"commit": commit, "preflight_modified": dirty, "seconds": round(time.time() - start, 1),
+              "thresholds": {k: {x: TH[k][x] for x in ("max_p", "min_deficit", "prior_spread", "prior_df",
+                                                       "noise_floor")} for k in ("compute", "iperf3", "allreduce")},
+              "cells": cells}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for c in cells:
+        print(f"{c['check']:12s} n={c['hosts']:5d} spread={c['spread']:.3f} noise={c['noise']:.3f} runs={c['runs']:5d} "
+              f"fa={c['false_alarm']:.3f} p90={c['power_90']:.2f} p80={c['power_80']:.2f} p50={c['power_50']:.2f} "
+              f"({c['seconds']} s)")
+    print(f"{result['seconds']} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
