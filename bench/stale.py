@@ -55,6 +55,9 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("agent-startup*", ["preflight/hostside/agent.py", "preflight/hostside/hello.py", "preflight/remote.py",
                         "bench/agent_overhead.py"]),
     ("agent_overhead*", _CONNECT + ["bench/agent_overhead.py"]),
+    ("calibration*", ["preflight/hostside/stats.py", "preflight/checks/compute.py", "preflight/checks/compute.toml",
+                      "preflight/checks/iperf3.py", "preflight/checks/iperf3.toml",
+                      "preflight/checks/allreduce/stragglers.py", "bench/calibration.py"]),
 )
 
 _RESULTS = re.compile(r"`(bench/results/[^`]+)`")
