@@ -31,7 +31,7 @@ UNIT_TESTS = ["test_allreduce.py", "test_check_deps.py", "test_checkpoint.py", "
               "test_launch_path.py", "test_launcher_ssh.py", "test_libaio.py", "test_memlock.py", "test_nvme.py",
               "test_ports.py", "test_python_check.py", "test_versions.py", "test_versions_hardware.py",
               "test_same_machine.py", "test_severity.py", "test_verdict.py", "test_root_cause_model.py",
-              "test_rehearse.py", "test_validate.py"]
+              "test_rehearse.py", "test_validate.py", "test_ext_locks.py", "test_jit_cold.py"]
 
 
 def test_no_placeholder_in_any_message_of_any_checks_fixtures(tmp_path):
