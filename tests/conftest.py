@@ -47,6 +47,18 @@ def cluster3():
         yield cluster
 
 
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Each test gets the environment the suite started with, whatever the last one set: a check's collect called
+    in-process sets os.environ as it would in its agent (compute sets CUDA_DEVICE_ORDER), and every preflight run a
+    later test starts would inherit it as the launch shell's, which launcher_ssh rightly WARNs about."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture
 def thresholds():
     """The documented defaults (each check's TOML beside it, and preflight/defaults.toml), as evaluate() gets them

@@ -219,7 +219,7 @@ def test_a_firewalled_host(netcluster_factory, tmp_path):
     exits_1_in_bound(proc, elapsed)
     cell = failed(cells, "node03", "ports")
     assert "inbound TCP to node03" in cell["message"] and "a firewall drops the packets" in cell["message"], cell
-    assert "on node03 allow TCP from the cluster" in cell["fix"], cell["fix"]
+    assert "on node03 allow TCP 1024-65535 from the cluster" in cell["fix"], cell["fix"]
     for host in ("node01", "node02"):  # only node03 is named, by every check that sees it
         for check in ("ports", "iperf3"):
             assert cells[(host, check)]["status"] == "pass", cells[(host, check)]
