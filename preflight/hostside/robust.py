@@ -19,6 +19,8 @@ import math
 import statistics
 from typing import Optional, Sequence, Tuple
 
+from . import stats
+
 # The one-sided p below which a deficit counts as evidence (the checks' `max_p` default; the usual 5% level).
 MAX_P = 0.05
 
@@ -63,13 +65,5 @@ def significant(z: float, max_p: float = MAX_P) -> bool:
 
 
 def p_text(z: float, max_p: float = MAX_P) -> str:
-    """p_value as text: how unlikely noise alone makes a deviation of z. One significant digit, or more where one
-    would round p across max_p (a significant finding never reads "p = 0.05"; an insignificant one never "0.04")."""
-    p = p_value(z)
-    if p < 1e-9:
-        return "p < 1e-9"
-    for digits in (1, 2, 3, 4):
-        text = f"{p:.{digits}g}"
-        if (float(text) < max_p) == (p < max_p):
-            return "p = " + text
-    return f"p < {max_p:g}" if p < max_p else f"p = {p:g}"
+    """p_value as text: how unlikely noise alone makes a deviation of z, written as stats.p_text writes any p."""
+    return stats.p_text(p_value(z), max_p)
