@@ -51,36 +51,58 @@ def test_annotate_keeps_the_rows_own_verdict():
     assert failed.status == Status.FAIL and failed.message.startswith("blocked; TCP round trip")
 
 
+# A constant-rate UDP sender (11 Mbit/s, five times the shaped rate): unlike a TCP flow, which backs off after
+# each loss and lets the queue drain now and then, it keeps the shaper's queue full the whole time.
+_UDP_FLOOD = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+payload = bytes(1400)
+while True:
+    for _ in range(10):
+        try:
+            s.sendto(payload, (sys.argv[1], 9))
+        except OSError:  # ENOBUFS or a refused port: the queue is full, which is the point
+            pass
+    time.sleep(0.01)
+"""
+
+
+def _backlog(cluster, host: str) -> int:
+    """Bytes waiting in the root qdisc of the host's own end of its link (``tc -s``: "backlog 131070b 2p")."""
+    import re
+    import subprocess
+    out = subprocess.run(["tc", "-n", cluster.host(host).ns, "-s", "qdisc", "show", "dev", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    found = re.search(r"backlog (\d+)b", out)
+    return int(found.group(1)) if found else 0
+
+
 def test_real_hosts_one_behind_a_full_queue_is_named_alone(netcluster_factory, tmp_path):
-    """node03's link is shaped to 2 Mbit/s and kept full by a bulk TCP flow to node01 (iperf3): every packet of
+    """node03's link is shaped to 2 Mbit/s and kept full by a constant-rate UDP flow to node01: every packet of
     node03's waits in the 200 ms queue of its shaper, so its handshakes take tens of milliseconds or more (this
     kernel has no netem to add a plain delay). node01 <-> node02 stays fast: ports WARNs node03 alone, with the
     figures of each pair, and the healthy pairs stay far below the threshold."""
     import subprocess
+    import sys
     import time
     cluster = netcluster_factory(3)
     node01 = cluster.host("node01").addresses[0]
-    server = cluster.popen("node01", ["iperf3", "-s", "-p", "5399"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
     flood = None
     try:
         cluster.shape("node03", 2)
-        for _ in range(10):  # until the client is connected and sending (the server may start late under load)
-            time.sleep(1.0)
-            flood = cluster.popen("node03", ["iperf3", "-c", node01, "-p", "5399", "-t", "300"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(3.0)  # the queue fills
-            if flood.poll() is None:
-                break
-        assert flood is not None and flood.poll() is None, "the iperf3 flow from node03 did not start"
+        flood = cluster.popen("node03", [sys.executable, "-c", _UDP_FLOOD, node01], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while _backlog(cluster, "node03") < 20_000:
+            assert flood.poll() is None and time.monotonic() < deadline, "node03's shaper queue did not fill"
+            time.sleep(0.2)
         report = tmp_path / "report.json"
         proc = preflight(cluster, "--hostfile", cluster.hostfile(tmp_path / "hostfile"), "--checks", "ports",
                          "--json", report, timeout=300)
     finally:
-        for p in (flood, server):
-            if p is not None:
-                p.kill()
-                p.wait(10)
+        if flood is not None:
+            flood.kill()
+            flood.wait(10)
         cluster.unshape("node03")
     cells = {r["host"]: r for r in json.loads(report.read_text())["results"] if r["check"] == "ports"}
     print({h: c["metrics"].get("rtt_ms") for h, c in cells.items()})
