@@ -69,7 +69,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, NetCluster(args.hosts) as cluster:
         config = Path(tmp) / "compute.toml"
         if args.together:
-            # As tests/test_compute.py: all hosts at once from one start time, so other work slows them alike.
+            # As tests/checks/compute/test_compute.py: all hosts at once from one start time, so other work slows them alike.
             config.write_text("[compute]\nalign_s = 15.0\nseconds = 1.0\nchunks = 5\ncpu_threads = 1\n")
         else:
             config.write_text(f"[compute]\nparallel_hosts = 1\nrounds = {args.rounds}\nseconds = 1.0\nchunks = 5\n"

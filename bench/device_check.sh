@@ -20,6 +20,6 @@ cat $OUT/nodecheck.txt
 t0=$(date +%s)
 timeout 120 python3 -m preflight run --python python3 --slots 2 --checks driver_cuda,gpu,allreduce --json $OUT/run2.json > $OUT/run2.txt 2>&1; echo "slots=2 run rc=$? in $(( $(date +%s) - t0 ))s"
 grep -E "FAILED|ERROR|passed" $OUT/run2.txt | cut -c1-400
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_driver_cuda.py tests/test_python_check.py tests/test_compute.py > $OUT/pytest.txt 2>&1; echo "pytest rc=$?"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/checks/gpu/test_gpu.py tests/checks/driver_cuda/test_driver_cuda.py tests/checks/python/test_python_check.py tests/checks/compute/test_compute.py > $OUT/pytest.txt 2>&1; echo "pytest rc=$?"
 tail -15 $OUT/pytest.txt
-PREFLIGHT_STRICT_SKIPS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_device.py > $OUT/pytest-gpu.txt 2>&1; echo "gpu pytest rc=$?"; tail -25 $OUT/pytest-gpu.txt  # GPU paths asserted (issue 26)
+PREFLIGHT_STRICT_SKIPS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/checks/gpu/test_gpu_device.py > $OUT/pytest-gpu.txt 2>&1; echo "gpu pytest rc=$?"; tail -25 $OUT/pytest-gpu.txt  # GPU paths asserted (issue 26)

@@ -9,7 +9,7 @@ under load that comes and goes. For every WARN or FAIL of those checks it record
 (``p = 0.2``, ``p < 1e-9``); the issue's target is none at p >= 0.05 (issue 26: "0 FAIL or WARN at p >= 0.05 in 10
 healthy runs of 4 namespace hosts, including on a loaded machine"). Also how often compute measured the hosts, the
 iperf3 rounds, each run's wall time, and the facts both checks judged (rebuilt from the report; --fixture writes
-them for tests/test_severity.py to replay), and what the rule before issue 26 (the fractions alone) names on those
+them for tests/verdict/test_severity.py to replay), and what the rule before issue 26 (the fractions alone) names on those
 facts ("old_rule"). Exit 1 when a WARN/FAIL shows p >= 0.05. Needs root:
 
     python3 bench/severity.py                                  # 10 runs, 5 of them loaded
@@ -112,7 +112,7 @@ class Hog:
 
 def recorded_facts(cells: Dict[Tuple[str, str], Dict[str, Any]]) -> Dict[str, Any]:
     """The facts compute and iperf3 judged, rebuilt from the report's metrics (what a JSON report keeps of them),
-    so that evaluate() can be rerun on them: tests/test_severity.py replays them (--fixture)."""
+    so that evaluate() can be rerun on them: tests/verdict/test_severity.py replays them (--fixture)."""
     hosts = sorted({h for h, c in cells if h != "*" and c in CHECKS})
     star = cells.get(("*", "compute"), {}).get("metrics") or {}
     again = max(0, int(star.get("measurements") or 1) - 1)
@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--hog-procs", type=int, default=HOG_PROCS,
                         help="busy-looping processes of the hog (default: two per core)")
     parser.add_argument("--out", help="JSON path (default bench/results/severity.json)")
-    parser.add_argument("--fixture", help="also write the runs' recorded facts here, for tests/test_severity.py "
+    parser.add_argument("--fixture", help="also write the runs' recorded facts here, for tests/verdict/test_severity.py "
                                           "(tests/fixtures/severity/healthy-runs.json)")
     args = parser.parse_args()
     require_netcluster()

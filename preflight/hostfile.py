@@ -8,7 +8,7 @@ Sample input (DeepSpeed's format, deepspeed/launcher/runner.py ``_parse_hostfile
     node[01-04] slots=8            # Slurm range: expanded for the checks; DeepSpeed's launcher does NOT expand it
     rack[1-2]-node[01-02] slots=4  # several brackets (ClusterShell's NodeSet)
 
-DeepSpeed's rules, mirrored (tests/test_hostfile_differential.py runs DeepSpeed's own functions on thousands of
+DeepSpeed's rules, mirrored (tests/cli/test_hostfile_differential.py runs DeepSpeed's own functions on thousands of
 generated cases): lines come from ``readlines()`` (only \\n, \\r\\n and \\r end a line; a form feed or U+2028 does
 not), each is ``str.strip()``-ed, ``#`` lines and blank lines are skipped, ``re.search(r"^(\\S+)\\s+slots=(\\d+)")``
 must match and anything after it is ignored, a host listed twice is an error, and so is a file without hosts.

@@ -13,7 +13,7 @@
   and answer it later (``reply``/``exit``, ``on_send`` for what the coordinator writes to its stdin).
 - ``fake_check`` builds a cluster check module in memory, as the registry's ``load`` returns one.
 
-A sample (tests/test_testing.py runs it): the ports check between two hosts that are this machine, then with
+A sample (tests/project/test_testing.py runs it): the ports check between two hosts that are this machine, then with
 one host's listener failing, then an agent whose host has no Python::
 
     from preflight.checks import ports

@@ -20,7 +20,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # preflight records every run in a history store (default ~/.local/share/preflight/history.db) and judges each host
 # against its past runs: the suite's runs would pile up there and become baselines for later tests. Off for the
-# suite and every CLI it starts; tests/test_history.py names its own stores.
+# suite and every CLI it starts; tests/history/test_history.py names its own stores.
 os.environ["PREFLIGHT_HISTORY"] = "off"
 
 
@@ -74,7 +74,7 @@ EXPECTED_SKIPS = (
     "DeepSpeed is installed on this machine",
     "a real NVIDIA driver is present",
     "this machine has an NVIDIA driver",
-    "no NVIDIA GPU on this machine",  # tests/test_gpu_device.py, module-level
+    "no NVIDIA GPU on this machine",  # tests/checks/gpu/test_gpu_device.py, module-level
 )
 
 
@@ -109,7 +109,7 @@ def pytest_make_collect_report(collector):
 #            browser as real processes, or waits out a deadline (SLOW below)
 #   cluster  namespace hosts with real sshd (tests/netcluster.py), or root for a private mount namespace
 #   slurm    a Slurm cluster on namespace hosts (tests/slurmcluster.py)
-#   gpu      a real NVIDIA GPU (tests/test_gpu_device.py)
+#   gpu      a real NVIDIA GPU (tests/checks/gpu/test_gpu_device.py)
 # A test is cluster (or slurm) when it or one of its fixtures builds a NetCluster (SlurmCluster): found by reading
 # their code, so a new module-local fixture needs no entry here. A test marked unit that builds namespace hosts
 # anyway fails: NetCluster refuses while PREFLIGHT_TEST_NO_NAMESPACES is set, which it is around each unit test.
@@ -118,6 +118,7 @@ NO_NAMESPACES = "PREFLIGHT_TEST_NO_NAMESPACES"
 CLUSTER_FIXTURES = {"netcluster_factory", "cluster3"}
 _BUILDS = {"slurm": re.compile(r"\bSlurmCluster\("), "cluster": re.compile(r"\bNetCluster\(")}
 ALL = None  # every test of the module that is not cluster, slurm or gpu
+# Modules are named by their file name without folder (item.path.stem): test file names are unique across tests/.
 # Tests that need root without building a NetCluster: a private mount namespace (`unshare -m`), module -> tests.
 # (Found by running the unit and slow tiers as nobody.)
 NEEDS_ROOT = {

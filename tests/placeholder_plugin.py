@@ -1,7 +1,7 @@
 """A pytest plugin (``-p tests.placeholder_plugin``) that records every message and fix the checks' ``evaluate``
 returns (their findings too) and every cause line the report prints, while other tests run: the texts of every
 fixture the unit tests feed the checks. At the end of the session they go to ``$PREFLIGHT_TEXTS`` as JSON lines
-``{"source": "gpu.evaluate", "test": "tests/test_gpu.py::...", "text": "..."}`` for tests/test_no_placeholder.py to
+``{"source": "gpu.evaluate", "test": "tests/checks/gpu/test_gpu.py::...", "text": "..."}`` for tests/verdict/test_no_placeholder.py to
 grep. Tests that need namespace hosts or Slurm are deselected: the checks' unit tests are what it is for.
 """
 from __future__ import annotations

@@ -269,7 +269,8 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     # to `confirm` times), and each device's best result counts: a slow device is slow every time, while a moment of
     # contention (another process, a periodic job) passes. Every host, not only the low ones: the median and the
     # spread rest on the peers' measurements too, and a peer caught by contention widens the spread until a real
-    # straggler's z no longer stands out (recorded in tests/test_compute.py). A healthy cluster costs nothing.
+    # straggler's z no longer stands out (recorded in tests/checks/compute/test_compute.py). A healthy cluster costs
+    # nothing.
     facts["remeasured"] = {}
     for _ in range(int(lim["confirm"])):
         if not looks_off(_devices(facts["by_host"]), lim):

@@ -31,7 +31,7 @@ WATCHED_PREFIXES = ("NCCL_", "TORCH", "PYTORCH_", "DS_", "DEEPSPEED_", "CUDA_", 
 MEANT_FOR_RANKS = ("TORCH_NCCL_", "GLOO_")
 
 # The DS_/DEEPSPEED_ names DeepSpeed 0.19.8 reads: every such string literal in its installed package
-# (tests/test_launchenv.py re-derives the set from the installed source and compares).
+# (tests/checks/launcher_ssh/test_launchenv.py re-derives the set from the installed source and compares).
 DEEPSPEED_READS = frozenset("""
 DEEPSPEED_COMPILE_SCHEDULER_BUDGET_DEBUG DEEPSPEED_TIMEOUT DS_ACCELERATOR DS_ALLOW_DEPRECATED_FP16 DS_BUILD_AIO
 DS_BUILD_CCL_COMM DS_BUILD_CPU_ADAGRAD DS_BUILD_CPU_ADAM DS_BUILD_CPU_LION DS_BUILD_CUTLASS_OPS DS_BUILD_DEEP_COMPILE
@@ -48,8 +48,8 @@ DS_USE_CUTLASS_PYTHON_BINDINGS
 # (op_builder's BUILD_VAR, read by setup.py's pre-build).
 LAUNCHER_ONLY = ("DS_ENV_FILE", "DS_BUILD_")
 # What torch 2.13 reads in a rank (each name appears in its installed tree: distributed_c10d.py,
-# ProcessGroupNCCL.hpp, cpp_extension.py, cuda/memory.py ...; tests/test_launchenv.py looks), and the CUDA
-# runtime's (CUDA C Programming Guide, "CUDA Environment Variables").
+# ProcessGroupNCCL.hpp, cpp_extension.py, cuda/memory.py ...; tests/checks/launcher_ssh/test_launchenv.py looks),
+# and the CUDA runtime's (CUDA C Programming Guide, "CUDA Environment Variables").
 TORCH_READS = frozenset("""
 TORCH_DISTRIBUTED_DEBUG TORCH_SHOW_CPP_STACKTRACES TORCH_LOGS PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF
 PYTORCH_NO_CUDA_MEMORY_CACHING TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST GLOO_SOCKET_IFNAME GLOO_DEVICE_TRANSPORT
@@ -294,7 +294,8 @@ def check(snap: Dict[str, Any], host_net: Dict[str, Dict[str, Any]],
                                 "(\"not enough values to unpack\", runner.py:610) before any rank starts",
                                 "make every line KEY=VALUE, with no empty lines"))
     for line in ds_env.get("bad_names") or []:
-        # Checked with DeepSpeed's own export builder in tests/test_launchenv.py: `export # x=1; export B=2; cd ...`
+        # Checked with DeepSpeed's own export builder in tests/checks/launcher_ssh/test_launchenv.py:
+        # `export # x=1; export B=2; cd ...`
         found.append(EnvFinding(Status.FAIL, f"{line}: its name is not a variable name, and DeepSpeed's pdsh "
                                 "launcher puts it into `export NAME=VALUE;` in the command every host runs "
                                 "(multinode_runner.py:103-105): a '#' there comments out the rest of the command, "

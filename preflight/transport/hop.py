@@ -59,7 +59,7 @@ def close_client(client: Any, through_jump: bool) -> None:  # a paramiko SSHClie
 
     Through a jump host its socket is a channel of the jump host's connection, which must outlive the reader
     thread's own close of that channel: released first, the thread died on EOFError with a traceback on stderr
-    (1 run in 6 of tests/test_proxyjump.py). So wait for the thread; it ends at once, the bound is a backstop.
+    (1 run in 6 of tests/transport/test_proxyjump.py). So wait for the thread; it ends at once, the bound is a backstop.
     """
     thread = client.get_transport()
     wake_reader(client)

@@ -1,0 +1,113 @@
+"""The statistics hold their error rate: the t distribution and Holm's adjustment against known values, a fast subset
+of bench/calibration.py's grid (the checks' real evaluate on simulated fleets), and 10 healthy runs of 6 namespace
+hosts whose links and CPU quotas differ by 3% naming nobody."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.hostside import stats
+from tests.netcluster import NetCluster
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+
+# --- the distribution ----------------------------------------------------------------------------------------------
+
+# scipy.stats.t.cdf(t, df), recorded (scipy is no dependency of preflight).
+T_CDF = [((-8.6, 10), 3.1078688894149657e-06), ((-2.0, 2), 0.09175170953613698), ((-38.0, 1), 0.008374643104305376),
+         ((-1.0, 30), 0.1626543077130151), ((3.0, 5), 0.9849503760512687), ((-4.5, 1000), 3.7965355132491246e-06),
+         ((-0.1, 3.5), 0.46290220984344604)]
+
+
+@pytest.mark.parametrize("args,expected", T_CDF)
+def test_t_cdf_matches_scipy(args, expected):
+    assert stats.t_cdf(*args) == pytest.approx(expected, rel=1e-9)
+
+
+def test_holm_and_the_effect_floor():
+    assert stats.holm([0.001, 0.04, 0.03]) == pytest.approx([0.003, 0.06, 0.06])
+    c = stats.compare(82.0, [100, 101, 99, 100, 98, 102, 100], prior_spread=0.02, prior_df=4)
+    assert c.peers == 7 and c.df == 10 and c.ratio == pytest.approx(0.82) and c.p < 1e-5
+    assert stats.effect_text(c) == "82% of the median of 7 peers (100)"
+    stats.adjust([c])
+    assert stats.named(c, 0.01, 0.05) and not stats.named(c, 0.01, 0.2)  # 18% slower, not 20%
+    assert stats.compare(50.0, [100.0], 0.02, 4) is None  # one peer: no peer verdict
+
+
+def test_leave_one_out_in_one_pass_is_the_same_test():
+    values, noises = [91.0, 95.5, 88.0, 97.0, 60.0, 93.0], [0.01, 0.02, 0.005, 0.03, 0.01, 0.0]
+    fast = stats.compare_all(values, 0.02, 4, noises, 0.01)
+    for i, v in enumerate(values):
+        others = values[:i] + values[i + 1:]
+        slow = stats.compare(v, others, 0.02, 4, noises[i], sorted(noises[:i] + noises[i + 1:])[2], 0.01)
+        assert fast[i].t == pytest.approx(slow.t) and fast[i].median == pytest.approx(slow.median)
+
+
+# --- simulated fleets: the real evaluate() ---------------------------------------------------------------------------
+
+def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
+    np = pytest.importorskip("numpy")
+    del np
+    from bench import calibration
+    cells = [calibration.cell((check, n, spread, 0.01, runs, 11 + n))
+             for check, n, spread, runs in (("compute-cpu", 8, 0.02, 150), ("compute-cpu", 4, 0.03, 150),
+                                            ("allreduce", 16, 0.02, 150), ("iperf3", 8, 0.02, 60),
+                                            ("compute-cpu", 3, 0.02, 100))]
+    for c in cells:
+        # 0.5% of healthy runs at most is the target; 3 of 150 (2%) bounds a sample of it
+        assert c["false_alarm"] <= 0.02, c
+        assert c["power_50"] >= 0.95, c
+        if c["hosts"] >= 4:
+            assert c["power_80"] >= 0.95, c
+    committed = json.loads((REPO / "bench" / "results" / "calibration.json").read_text())
+    assert len(committed["commit"]) == 40 and committed["cells"]
+
+
+# --- healthy namespace hosts, 3% apart ------------------------------------------------------------------------------
+
+needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
+                                   reason=str(NetCluster.unavailable_reason()))
+# Small sizes so that 10 runs fit in a few minutes: 1-s iperf3 tests, a short all-reduce sweep, half-second compute
+# measured together (align_s) with one thread per host.
+CONFIG = ("[compute]\nalign_s = 10.0\nseconds = 0.5\nchunks = 5\ncpu_threads = 1\n"
+          "[iperf3]\nduration_s = 1.0\n"
+          "[allreduce]\nmin_bytes = 65536\nmax_bytes = 1048576\niters = 2\n")
+RATE = 200.0  # Mbit/s, as tests/checks/iperf3/test_iperf3.py
+
+
+@needs_cluster
+def test_ten_healthy_runs_of_six_hosts_3_percent_apart_name_nobody(netcluster_factory, tmp_path):
+    cluster = netcluster_factory(6)
+    cores = 1.8 / 6  # the 2 cores of this machine shared out, each host's quota 0-3% apart
+    for i, h in enumerate(cluster.hosts):
+        cluster.shape(h, round(RATE * (1 - 0.03 * i / 5), 1))
+        cluster.throttle(h, cores=cores * (1 - 0.03 * i / 5))
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    seen = []
+    try:
+        for run in range(10):
+            out = tmp_path / f"run{run}.json"
+            argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hosts")),
+                    "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key",
+                    str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--checks",
+                    "compute,iperf3,allreduce", "--config", str(config), "--json", str(out)]
+            proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400,
+                                  stdin=subprocess.DEVNULL, env=dict(os.environ))
+            assert out.exists(), proc.stderr[-3000:]
+            results = json.loads(out.read_text())["results"]
+            bad = [(r["host"], r["check"], r["status"], r["message"]) for r in results
+                   if r["check"] in ("compute", "iperf3", "allreduce") and r["status"] in ("warn", "fail", "error")]
+            seen.append(bad)
+    finally:
+        for h in cluster.hosts:
+            cluster.unthrottle(h)
+            cluster.unshape(h)
+    assert seen == [[]] * 10, seen
