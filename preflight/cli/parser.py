@@ -8,7 +8,7 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, NoReturn, Sequence
 
 from preflight import __version__
 from preflight import flags
@@ -61,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         choice = re.search(r"invalid choice: '([^']*)'", message)
         if choice:  # argparse names the choices, but suggests none: `preflight rnu`, `--transport shh`
             valid = [str(c) for a in self._actions if a.choices for c in a.choices]
