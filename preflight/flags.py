@@ -160,7 +160,7 @@ def check_inputs(args: argparse.Namespace, command: str) -> Dict[str, Any]:
 
 def parse_set(text: str) -> Tuple[str, str, Any]:
     """(check, key, value) of one --set CHECK.KEY=VALUE; the value is read as TOML (a word that is not TOML is
-    text: --set gpu.unusable_status=warn). ConfigError naming the argument if it is not of that form."""
+    text: --set driver_cuda.minor_compat_status=fail). ConfigError naming the argument if it is not of that form."""
     from preflight.config import ConfigError, tomllib
 
     match = re.fullmatch(r"\s*([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)\s*=(.*)", text, re.S)
@@ -188,7 +188,7 @@ def thresholds(args: argparse.Namespace) -> Dict[str, Dict[str, Any]]:
             value = getattr(args, option.dest, None) if option.threshold else None
             if value is not None:
                 config.override(result, spec.name, str(option.threshold), value, option.flag)
-    config.check_order("the options", result)
+    config.check_order("the thresholds with --set and the checks' options", result)
     return result
 
 
