@@ -119,9 +119,9 @@ def number(text: str) -> float:
     return value
 
 
-# The commands that can offer an Option: "run" (and the pytest plugin's --preflight- form of it), "node-check"
-# (the per-host checks on one node) and "rehearse" (the launch alone).
-COMMANDS = ("run", "node-check", "rehearse")
+# The commands that can offer a check's Option: "run" (and the pytest plugin's --preflight- form of it) and
+# "node-check" (the per-host checks on one node). `preflight rehearse` runs no check: it shares run's SSH group.
+COMMANDS = ("run", "node-check")
 OPTION_ACTIONS = ("store", "append", "store_true")
 
 
