@@ -217,11 +217,12 @@ class ClusterView(Protocol):
     """What a cluster check's ``coordinate(cluster)`` receives; the coordinator's ``runner.Cluster`` is one.
 
     hosts: reachable hosts; all_hosts: every host of the hostfile, in order; master: the first host.
-    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the run options the checks
-    read (CheckOptions: master_port, deepspeed_config, ...); thresholds: the merged config (read it with
-    ``limits``); parallel: the fan-out limit. ``call``/``call_all``/``start`` run a host-side function
-    ``"module.func"`` of this package through the agent on a host; ``shell`` is the coordinator's own command line
-    to a host (``HostShell``), for a program run under the check's own supervision (the ``launch`` check).
+    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the shared run options
+    (CheckOptions: master_port, deepspeed_config, ...) and this check's own inputs (``Option.value``);
+    thresholds: the merged config (read it with ``limits``); parallel: the fan-out limit.
+    ``call``/``call_all``/``start`` run a host-side function ``"module.func"`` of this package through the agent on
+    a host; ``shell`` is the coordinator's own command line to a host (``HostShell``), for a program run under the
+    check's own supervision (the ``launch`` check).
     """
 
     hosts: List[Any]
