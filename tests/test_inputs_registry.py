@@ -167,3 +167,27 @@ def test_a_malformed_option_or_two_different_declarations_of_one_flag_are_refuse
     with pytest.raises(TypeError, match="check y: its option --checkpoint-dir differs from the one checkpoint "
                                         "declares"):
         registry.options()
+
+
+def test_the_floor_flags_reach_the_verdicts_through_limits():
+    """--iperf3-min-gbps and --min-busbw set their checks' keys; evaluate reads them with limits() on recorded
+    facts, which hold no floor of their own."""
+    import json
+
+    from preflight.checks import allreduce, iperf3
+
+    facts = json.loads((ROOT / "tests" / "fixtures" / "iperf3" / "facts-3hosts-2networks.json").read_text())
+    assert "min_gbps" not in json.dumps(facts)
+    default = flags.thresholds(cli.build_parser().parse_args(["run"]))
+    assert iperf3.evaluate(facts, default)["*"].status == Status.PASS  # 383 Mbit/s, no floor
+    floor = flags.thresholds(cli.build_parser().parse_args(["run", "--iperf3-min-gbps", "1"]))
+    assert limits(floor, "iperf3")["min_gbps"] == 1.0
+    star = iperf3.evaluate(facts, floor)["*"]
+    assert star.status == Status.FAIL and "below the minimum 1.00 Gbit/s" in star.message
+    sweep = {"world_size": 2, "hosts": ["node01", "node02"], "backend": "gloo", "status": "ok",
+             "sizes": [{"bytes": 1 << 20, "time_s": 0.1, "iters": 5}]}
+    assert allreduce.evaluate(sweep, default)["*"].status == Status.PASS
+    busbw = flags.thresholds(cli.build_parser().parse_args(["run", "--min-busbw", "1000"]))
+    out = allreduce.evaluate(sweep, busbw)["*"]
+    assert out.status == Status.FAIL and "< --min-busbw 1000 GB/s" in out.message, out.message
+    assert out.metrics["min_busbw"] == 1000.0  # the HTML plot's dashed line
