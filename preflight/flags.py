@@ -1,4 +1,4 @@
-"""The run's inputs, declared once: the shared option groups (hosts, checks, the job, SSH), each check's own
+"""The run's inputs, declared once: the shared option groups (hosts, checks, the job, SSH, Slurm), each check's own
 ``CheckSpec.options`` and ``--set CHECK.KEY=VALUE``; and what is generated from them: the options of ``run``,
 ``node-check`` and ``rehearse``, the pytest plugin's ``--preflight-`` options, the thresholds with every override
 applied (a floor is read through ``limits()`` only), and each check's ``cluster.options.inputs``.
@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import checks as registry
+from preflight import transport as transports
 from preflight.hostside.seams import CheckOptions, Option, positive
 
 if TYPE_CHECKING:
@@ -96,6 +97,15 @@ SSH = (
            10.0),
 )
 
+SLURM = (
+    Option("--slurm", "take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set (inside a job this is "
+           "automatic; --hostfile still wins)", action="store_true", default=False),
+    Option("--gpus-per-node", "slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)",
+           positive_int, "N"),
+)
+# --transport's choices: the registered transports that reach other hosts ("local" is the run without a hostfile).
+TRANSPORT_CHOICES = [name for name in transports.names() if name != "local"]
+
 # node-check's own spelling of the shared options: one node, the job's interpreter on it.
 NODE_CHECK = (
     Option("--checks", "run only these per-host checks", metavar="A,B"),
@@ -137,6 +147,19 @@ def add(parser: Parser, option: Option, **override: Any) -> None:
 def add_all(parser: Parser, options: Sequence[Option]) -> None:
     for option in options:
         add(parser, option)
+
+
+def add_slurm(parser: Parser) -> None:
+    """The Slurm group: --slurm, --transport (each registered transport's help line) and each transport's own
+    flags (``Transport.OPTIONS``), --gpus-per-node."""
+    add(parser, SLURM[0])
+    parser.add_argument("--transport", choices=TRANSPORT_CHOICES, default=None,
+                        help="how to reach the hosts: " + "; ".join(f"{name}: {transports.kind(name).HELP}"
+                                                                   for name in TRANSPORT_CHOICES))
+    for option in transports.options():  # each transport's own flags (Transport.OPTIONS)
+        parser.add_argument(option.flag, dest=option.dest, choices=list(option.choices) or None,
+                            default=option.default, help=option.help)
+    add(parser, SLURM[1])
 
 
 def add_check_options(parser: Parser, command: str) -> None:

@@ -14,7 +14,6 @@ from preflight import __version__
 from preflight import flags
 from preflight import render
 from preflight.hostside.seams import CheckOptions, positive
-from preflight import transport as transports
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -23,9 +22,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 VERSION_LINE = f"preflight {__version__}"
 
 
-# --transport's choices: the registered transports that reach other hosts ("local" is the run without a hostfile);
-# a hostfile run outside a Slurm allocation uses the checks' default (CheckOptions.transport).
-TRANSPORT_CHOICES = [name for name in transports.names() if name != "local"]
+# --transport's choices (preflight/flags.py's Slurm group); a hostfile run outside a Slurm allocation uses the
+# checks' default (CheckOptions.transport).
+TRANSPORT_CHOICES = flags.TRANSPORT_CHOICES
 
 
 DEFAULT_TRANSPORT = CheckOptions.transport
@@ -123,7 +122,7 @@ def _add_run_parser(sub: Any) -> argparse.ArgumentParser:
                                                    "(CheckSpec.options; docs/checks.md)"), "run")
     flags.add_all(run.add_argument_group("SSH"), flags.SSH)
     _add_run_outputs(run.add_argument_group("output"))
-    _add_slurm_options(run)
+    flags.add_slurm(run.add_argument_group("slurm"))
     return run
 
 
@@ -159,21 +158,6 @@ def _add_rehearse_parser(sub: Any) -> argparse.ArgumentParser:
     outputs = [o for o in render.file_outputs() if o.name != "env_file"]
     rehearse.add_arguments(parser, outputs)
     return parser
-
-
-def _add_slurm_options(run: argparse.ArgumentParser) -> None:
-    g = run.add_argument_group("slurm")
-    g.add_argument("--slurm", action="store_true",
-                   help="take the hosts from the Slurm allocation even if SLURM_JOB_ID is not set "
-                        "(inside a job this is automatic; --hostfile still wins)")
-    g.add_argument("--transport", choices=TRANSPORT_CHOICES, default=None,
-                   help="how to reach the hosts: " + "; ".join(f"{name}: {transports.kind(name).HELP}"
-                                                              for name in TRANSPORT_CHOICES))
-    for option in transports.options():  # each transport's own flags (Transport.OPTIONS)
-        g.add_argument(option.flag, dest=option.dest, choices=list(option.choices) or None, default=option.default,
-                       help=option.help)
-    g.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
-                   help="slots per allocated node (default: SLURM_GPUS_ON_NODE, else SLURM_TASKS_PER_NODE)")
 
 
 def _add_node_check_parser(sub: Any) -> argparse.ArgumentParser:
