@@ -224,7 +224,8 @@ def test_a_check_turns_options_into_host_params_and_refuses_a_bad_one(tmp_path):
 
 
 def test_selected_by_names_check_options_only():
-    with pytest.raises(TypeError, match=r"selected_by must be a tuple of CheckOptions fields or its own options' dests \(deepspeed_config, "):
+    with pytest.raises(TypeError, match=r"selected_by must be a tuple of CheckOptions fields or its own options' "
+                                        r"dests \(deepspeed_config, "):
         seams.validate_spec(seams.CheckSpec("x", "x", "cluster", False, _evaluate, coordinate=lambda c: {},
                                             selected_by=("deepspeed_cfg",)), "x")
     with pytest.raises(TypeError, match="params_from_options must be a function"):
