@@ -335,16 +335,30 @@ def load_thresholds(path: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
             known = ", ".join(sorted(result))
             raise ConfigError(f"{path}: unknown section [{section}]; known sections: {known}")
         for key, value in values.items():
-            if key not in defaults.values[section]:
-                known = ", ".join(sorted(defaults.values[section]))
-                raise ConfigError(f"{path}: unknown key {section}.{key}; known keys: {known}")
-            default = defaults.values[section][key]
-            if isinstance(default, bool) != isinstance(value, bool) or (
-                    not isinstance(value, type(default))
-                    and not (isinstance(default, float) and isinstance(value, int))):
-                raise ConfigError(f"{path}: {section}.{key} = {_shown(value)} must be a {type(default).__name__}"
-                                  f" like the default {default!r}")
-            result[section][key] = _apply_rules(path, section, key, value, default,
-                                                defaults.rules.get((section, key)))
+            override(result, section, key, value, path)
     _check_order(path, result, defaults.rules)
     return result
+
+
+def override(result: Dict[str, Dict[str, Any]], section: str, key: str, value: Any, where: str) -> None:
+    """Set section.key of loaded thresholds to value, held to what a --config value is held to (the default's
+    type, the key's rule lines); ConfigError naming ``where`` (the file, ``--set ...``, ``--min-busbw``) if not.
+    The order rules (``# at most:``) are checked once every value is in: ``check_order``."""
+    defaults = registry_defaults()
+    if section not in defaults.values:
+        raise ConfigError(f"{where}: unknown section [{section}]; known sections: {', '.join(sorted(result))}")
+    if key not in defaults.values[section]:
+        known = ", ".join(sorted(defaults.values[section]))
+        raise ConfigError(f"{where}: unknown key {section}.{key}; known keys: {known}")
+    default = defaults.values[section][key]
+    if isinstance(default, bool) != isinstance(value, bool) or (
+            not isinstance(value, type(default))
+            and not (isinstance(default, float) and isinstance(value, int))):
+        raise ConfigError(f"{where}: {section}.{key} = {_shown(value)} must be a {type(default).__name__}"
+                          f" like the default {default!r}")
+    result[section][key] = _apply_rules(where, section, key, value, default, defaults.rules.get((section, key)))
+
+
+def check_order(where: str, result: Dict[str, Dict[str, Any]]) -> None:
+    """The ``# at most:`` rules of loaded thresholds, after overrides; ConfigError naming ``where``."""
+    _check_order(where, result, registry_defaults().rules)

@@ -15,6 +15,7 @@ import inspect
 import json
 import re
 import sys
+from typing import List
 from pathlib import Path
 from types import ModuleType
 
@@ -53,6 +54,20 @@ def _default(spec: CheckSpec) -> str:
         return "yes"
     flags = ", ".join(f"`--{option.replace('_', '-')}`" for option in spec.selected_by)
     return f"no, or with {flags}" if flags else "no"
+
+
+def _options(spec: CheckSpec) -> List[str]:
+    """One line per option the check declares (``CheckSpec.options``): its flag, where it is offered, its help."""
+    lines = []
+    for option in spec.options:
+        usage = option.flag + (f" {option.metavar}" if option.metavar and option.action != "store_true" else "")
+        where = ", ".join(f"`preflight {c}`" for c in option.commands)
+        more = [where + (" and the pytest plugin's `--preflight-" + option.flag[2:] + "`"
+                         if "run" in option.commands else "")]
+        if option.threshold:
+            more.append(f"sets the `{option.threshold}` threshold for the run")
+        lines.append(f"- `{usage}` ({'; '.join(more)}): {option.help}")
+    return ["", "Options:", ""] + lines if lines else []
 
 
 def _cell(text: str) -> str:
@@ -98,7 +113,7 @@ def render() -> str:
         source = _source(module)
         lines += ["", f"## {spec.name}", "",
                   f"[`{source}`](../{source}) · {' · '.join(facts)}", "",
-                  _first_paragraph(module), "", _thresholds(spec.name)]
+                  _first_paragraph(module), *_options(spec), "", _thresholds(spec.name)]
     return "\n".join(lines) + "\n"
 
 

@@ -69,41 +69,6 @@ class Flag:
         return "preflight_" + self.cli[2:].replace("-", "_")
 
 
-# The run's own options; the outputs' (--preflight-json, ...) come from preflight.render's RENDERERS (flags()).
-RUN_FLAGS: Tuple[Flag, ...] = (
-    Flag("--hostfile", "DeepSpeed hostfile: run preflight on its hosts and report each (host, check) as a test",
-         metavar="FILE"),
-    Flag("--include", "DeepSpeed syntax 'host1:0,1@host2'", metavar="SPEC"),
-    Flag("--slots", "GPUs (ranks) per host; without a hostfile: this machine's visible GPUs", metavar="N"),
-    Flag("--exclude", "DeepSpeed syntax 'host1:0,1@host2'", metavar="SPEC"),
-    Flag("--python", "interpreter on the hosts: the job's environment (default: python3)", metavar="PATH"),
-    Flag("--checks", "run only these checks (see `preflight list`)", metavar="A,B"),
-    Flag("--skip", "do not run these checks", metavar="A,B"),
-    Flag("--config", "thresholds TOML (preflight config --defaults prints every key, documented)", metavar="FILE"),
-    Flag("--timeout", "deadline of each check on a host, seconds (default 120)", metavar="S"),
-    Flag("--parallel", "hosts connected to at once (default 32); waiting on hosts is not limited", metavar="N"),
-    Flag("--nvme-path", "directory to measure with dd on every host (repeatable)", REPEAT, "DIR"),
-    Flag("--master-port", "torch.distributed master port to check (default 29500)", metavar="PORT"),
-    Flag("--master-addr", "the job's master address (DeepSpeed's --master_addr) to probe from every host (default: "
-         "the first of `hostname -I` on the first host, as DeepSpeed's launcher picks it)", metavar="ADDR"),
-    Flag("--deepspeed-config", "DeepSpeed config to validate against the cluster", metavar="FILE"),
-    Flag("--model-params", "model parameter count (e.g. 7e9) for the ZeRO memory estimate", metavar="N"),
-    Flag("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)", metavar="N"),
-    Flag("--model-parallel-size", "tensor x pipeline parallel degree (1: data parallel only) for the batch math",
-         metavar="N"),
-    Flag("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", metavar="GBPS"),
-    Flag("--checkpoint-dir", "the job's checkpoint directory to check on every host", metavar="DIR"),
-    Flag("--ssh-user", "SSH user", metavar="USER"),
-    Flag("--ssh-port", "SSH port", metavar="PORT"),
-    Flag("--launcher-ssh-port", "port DeepSpeed's launcher will ssh to (its --ssh_port; default: --ssh-port)",
-         metavar="PORT"),
-    Flag("--ssh-key", "private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)", metavar="FILE"),
-    Flag("--ssh-config", "ssh_config file (default ~/.ssh/config)", metavar="FILE"),
-    Flag("--known-hosts", "known_hosts file (default ~/.ssh/known_hosts)", metavar="FILE"),
-    Flag("--accept-new-host-keys", "record unknown host keys in the known_hosts file (a changed key is always "
-         "refused)", SWITCH),
-    Flag("--connect-timeout", "TCP connect + SSH handshake deadline per host, seconds (default 10)", metavar="S"),
-)
 STRICT = Flag("--strict", "a WARN fails its test (like `preflight run --strict`)", SWITCH)
 # A CLI flag inside a message, not the tail of a longer flag (--json inside --preflight-json).
 _CLI_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
@@ -119,12 +84,22 @@ class PreflightWarning(UserWarning):
 
 # ------------------------------------------------------------------------------------------- options
 
+def run_flags() -> Tuple[Flag, ...]:
+    """The run's own options as --preflight- options, generated from their one declaration (preflight/flags.py:
+    the shared groups the plugin offers, and every check's ``CheckSpec.options``)."""
+    from preflight import flags as declared
+
+    kinds = {"store": VALUE, "append": REPEAT, "store_true": SWITCH}
+    return tuple(Flag(o.flag, declared.PLUGIN_HELP.get(o.flag, o.help), kinds[o.action], o.metavar)
+                 for o in declared.plugin_options())
+
+
 def flags() -> Tuple[Flag, ...]:
     """Every --preflight- option: the run's, the outputs the plugin offers (read from the renderer registry when
     pytest asks, so a renderer registered before pytest collects options is offered too), and --preflight-strict."""
     outputs = tuple(Flag(output.flag, output.pytest_help or "", metavar=output.metavar)
                     for output in render.pytest_outputs())
-    return RUN_FLAGS + outputs + (STRICT,)
+    return run_flags() + outputs + (STRICT,)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

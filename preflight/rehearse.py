@@ -134,9 +134,12 @@ class Rehearsal(LaunchRun):
 
 # ------------------------------------------------------------------------------------------------- the CLI
 
-def add_arguments(parser: argparse.ArgumentParser, outputs: Sequence[Any], positive_int: Any, seconds: Any,
-                  count: Any, port: Any) -> None:
-    """``preflight rehearse``'s options (the CLI's argparse types passed in, so the checks are the same)."""
+def add_arguments(parser: argparse.ArgumentParser, outputs: Sequence[Any]) -> None:
+    """``preflight rehearse``'s options: the launch's own, the SSH group shared with ``run`` (preflight/flags.py)
+    but for --launcher-ssh-port (DeepSpeed's, passed as given), and the outputs."""
+    from preflight import flags
+    from preflight.flags import count, port, positive_int, seconds
+
     g = parser.add_argument_group("the launch")
     g.add_argument("--hostfile", metavar="FILE", required=True,
                    help="the job's DeepSpeed hostfile; the launcher reads this file's text on the launch host")
@@ -174,16 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser, outputs: Sequence[Any], posit
     g.add_argument("--workdir", default="/tmp", metavar="DIR",
                    help="where the launch directory is made on every host (default /tmp); removed at the end")
     g = parser.add_argument_group("SSH (preflight's own, to write the script and clean up)")
-    g.add_argument("--ssh-user", metavar="USER", help="user to log in as on every host (see `preflight run --help`)")
-    g.add_argument("--ssh-port", type=port, metavar="PORT", help="sshd port on every host")
-    g.add_argument("--ssh-key", metavar="FILE", help="private key (default: ssh-agent, ~/.ssh/config, ~/.ssh/id_*)")
-    g.add_argument("--ssh-config", default="~/.ssh/config", metavar="FILE",
-                   help="OpenSSH client config (default ~/.ssh/config; /dev/null: none)")
-    g.add_argument("--known-hosts", default="~/.ssh/known_hosts", metavar="FILE",
-                   help="known_hosts file the host keys are verified against (default ~/.ssh/known_hosts)")
-    g.add_argument("--accept-new-host-keys", action="store_true", help="record unknown host keys in --known-hosts")
-    g.add_argument("--connect-timeout", type=seconds, default=10.0, metavar="S",
-                   help="TCP connect + SSH handshake deadline per host (default 10)")
+    flags.add_all(g, [o for o in flags.SSH if o is not flags.LAUNCHER_SSH_PORT])
     g = parser.add_argument_group("output")
     for output in outputs:
         g.add_argument(output.flag, metavar=output.metavar, help=output.help)
@@ -241,9 +235,8 @@ def build_options(args: argparse.Namespace) -> Tuple[RehearseOptions, Optional[s
             env_text = read_text_limited(env_name, "./" + env_name, 1 << 20)
         except (OSError, UnicodeDecodeError, InputError) as exc:
             raise UsageError(f"./{env_name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
-                     known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
-                     connect_timeout=args.connect_timeout)
+    from preflight.flags import ssh_options
+    ssh = ssh_options(args)
     launch_from = LOCAL if args.launch_from == "local" else args.launch_from
     options = RehearseOptions(
         hostfile=args.hostfile, hosts=hosts, deepspeed_config=os.path.abspath(args.deepspeed_config),

@@ -5,6 +5,7 @@ host that hangs becomes ERROR cells for that host, and every wait is bounded by 
 """
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import functools
 import shlex
@@ -131,6 +132,12 @@ class Cluster:
 
     def start(self, host: str, func: str, params: Dict[str, Any], timeout: float) -> Service:
         return self._nodes[host].agent.start(func, params, timeout)
+
+    def for_check(self, spec: CheckSpec) -> "Cluster":
+        """This cluster as one check sees it: ``options`` holds the shared fields and that check's own inputs."""
+        view = copy.copy(self)
+        view.options = self.options.for_check(spec)
+        return view
 
     def shell(self, host: str) -> Transport:
         """The host's connection itself (seams.HostShell), for a program a check runs under its own supervision
@@ -425,7 +432,7 @@ class Runner:
         try:
             if spec.coordinate is None:
                 raise TypeError(f"{spec.name} has scope {spec.scope!r} and no coordinate function")
-            facts = spec.coordinate(cluster)
+            facts = spec.coordinate(cluster.for_check(spec))
             self.facts.setdefault(CLUSTER, {})[spec.name] = facts
             evaluation = evaluate_safely(spec, facts, self.o.thresholds)
             outcomes = {CLUSTER: evaluation} if isinstance(evaluation, Outcome) else evaluation

@@ -48,7 +48,7 @@ import importlib
 import threading
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from preflight.hostside.outcome import Outcome, Status
@@ -197,6 +197,14 @@ class FakeService:
         self.killed = True
         self._stop.set()
         self._end_scripted()
+
+
+def check_options(**values: Any) -> CheckOptions:
+    """A ``cluster.options`` for a FakeCluster: the shared fields by name, every other name one of the check's
+    inputs (its Option's dest): ``check_options(deepspeed_config="ds.json", checkpoint_dir="/ckpt")``."""
+    shared = {f.name for f in fields(CheckOptions)} - {"inputs"}
+    return CheckOptions(**{k: v for k, v in values.items() if k in shared},
+                        inputs={k: v for k, v in values.items() if k not in shared})
 
 
 @dataclass

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import List
+from typing import Dict, List, Tuple
 
-from ..hostside.seams import CheckSpec, validate_spec
+from ..hostside.seams import CheckSpec, Option, validate_spec
 
 # Stable check ids, in the order they run and appear as matrix columns.
 ORDER = [
@@ -80,3 +80,20 @@ def all_specs() -> List[CheckSpec]:
 
 def all_checks() -> List[ModuleType]:
     return [load(name) for name in ORDER]
+
+
+def options(command: str = "run") -> List[Tuple[Option, List[str]]]:
+    """Every check's own command-line inputs the command offers, in ORDER, each flag once: (option, the checks that
+    declare it). An input several checks read is the same ``Option`` in each of their SPECs; two different
+    declarations of one flag are a TypeError naming both checks."""
+    seen: Dict[str, Tuple[Option, List[str]]] = {}
+    for spec_ in all_specs():
+        for option in spec_.options:
+            if command not in option.commands:
+                continue
+            if option.flag in seen and seen[option.flag][0] != option:
+                raise TypeError(f"check {spec_.name}: its option {option.flag} differs from the one "
+                                f"{seen[option.flag][1][0]} declares; declare it once (preflight/hostside/jobinputs.py)"
+                                " and list the same Option in both SPECs")
+            seen.setdefault(option.flag, (option, []))[1].append(spec_.name)
+    return list(seen.values())

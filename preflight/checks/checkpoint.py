@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
+from ..hostside.jobinputs import CHECKPOINT_DIR, MODEL_PARAMS
 from ..hostside.seams import CheckSpec, ClusterView, HostContext
 from ..hostside.proc import read_text
 from ..hostside import tempfiles
@@ -103,9 +104,9 @@ def cleanup(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
 
 def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     import secrets
-    path = cluster.options.checkpoint_dir
+    path = CHECKPOINT_DIR.value(cluster.options)
     hosts = [h.name for h in cluster.hosts]
-    facts: Dict[str, Any] = {"path": path, "hosts": hosts, "model_params": cluster.options.model_params,
+    facts: Dict[str, Any] = {"path": path, "hosts": hosts, "model_params": MODEL_PARAMS.value(cluster.options),
                              "world_size": sum(h.slots for h in cluster.hosts),
                              "slots": {h.name: h.slots for h in cluster.hosts},
                              "unreachable": [h.name for h in cluster.all_hosts if h.name not in hosts],
@@ -248,6 +249,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
+    options=(CHECKPOINT_DIR, MODEL_PARAMS),
     # Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
     quiet=True,
 )

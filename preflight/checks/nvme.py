@@ -21,7 +21,7 @@ import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..hostside.outcome import Finding, Outcome, Status, combine, limits, skip
-from ..hostside.seams import CheckSpec, HostContext, PromSample
+from ..hostside.seams import CheckOptions, CheckSpec, HostContext, Option, PromSample
 from ..hostside.proc import read_text, sh
 from ..hostside import tempfiles
 
@@ -448,6 +448,16 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
     return out
 
 
+NVME_PATH = Option("--nvme-path", "directory to measure with dd on every host (repeatable); the test file is removed",
+                   metavar="DIR", default=(), action="append", commands=("run", "node-check"))
+
+
+def params_from_options(options: CheckOptions) -> Dict[str, Any]:
+    """The --nvme-path directories, as every host's nvme_paths (a DeepSpeed config's nvme_path adds its own)."""
+    paths = [str(p) for p in NVME_PATH.value(options)]
+    return {"nvme_paths": paths} if paths else {}
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -461,5 +471,7 @@ SPEC = CheckSpec(
     # Compared with the host's own past runs (preflight/history/): a disk that wears drops against itself.
     baseline={"paths[*].write_Bps": "higher", "paths[*].read_Bps": "higher"},
     host_params=params_from_thresholds,
+    options=(NVME_PATH,),
+    params_from_options=params_from_options,
     prom_metrics=prom_metrics,
 )

@@ -1,11 +1,13 @@
 """``preflight config --defaults`` (and ``preflight list --thresholds``): the thresholds' defaults as one TOML page."""
 from __future__ import annotations
 
+from typing import TextIO
+
 from preflight.cli.parser import EXIT_OK, EXIT_USAGE, drop_stdout
 from preflight.config import ConfigError, default_page
 
 
-def cmd_config_defaults(out, err) -> int:
+def cmd_config_defaults(out: TextIO, err: TextIO) -> int:
     """``preflight config --defaults``: the documented defaults page on stdout; it loads back as a --config."""
     try:
         page = default_page()

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import List
+from typing import List, TextIO
 
 from preflight.cli.parser import EXIT_OK, EXIT_USAGE, drop_stdout
 from preflight.hostfile import HostfileError, expanded_text, load_hostfile
 
 
-def cmd_hostfile(args: argparse.Namespace, out, err) -> int:
+def cmd_hostfile(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``preflight hostfile FILE``: the hosts as parsed, one line each, and the totals; ``preflight hostfile --expand
     IN``: the hostfile with its ranges written out. Either on stdout, exit 0; a bad hostfile is one line, exit 2."""
     if bool(args.file) == bool(args.expand):

@@ -1,11 +1,13 @@
 """``preflight list``: every check, one line each: ``gpu  [per host]  GPUs visible, ...``."""
 from __future__ import annotations
 
+from typing import TextIO
+
 from preflight import checks as registry
 from preflight.cli.parser import EXIT_OK, drop_stdout
 
 
-def cmd_list(out) -> int:
+def cmd_list(out: TextIO) -> int:
     width = max(len(n) for n in registry.ORDER)
     lines = []
     for name in registry.ORDER:

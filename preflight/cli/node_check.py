@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Any, Dict
 
 from preflight import checks as registry
+from preflight import flags
 from preflight import render
 from preflight.cli.history import history_path
 from preflight.cli.parser import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from preflight.cli.validate import check_output_path, select_checks
-from preflight.config import ConfigError, load_thresholds
+from preflight.cli.validate import check_output_path, merge_params, params_from_options, select_checks
+from preflight.config import ConfigError
+from preflight.hostside.seams import CheckOptions
 from preflight.hostfile import split_csv
 
 
@@ -20,7 +23,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     from preflight import nodecheck
 
     try:
-        thresholds = load_thresholds(args.config)
+        thresholds = flags.thresholds(args)
         names = select_checks(args.checks, args.skip, None, thresholds, args.config)
         cluster_only = [n for n in split_csv(args.checks or "") if registry.load(n).SPEC.scope != "host"]
         if cluster_only:
@@ -29,13 +32,19 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         if args.prom_textfile == render.STDOUT:
             raise UsageError("--prom-textfile -: node-check prints its verdict on stdout; name a file")
         check_output_path("--prom-textfile", args.prom_textfile)
+        from_options = params_from_options(CheckOptions(python=args.python,
+                                                        inputs=flags.check_inputs(args, "node-check")), "node-check")
+        host_params: Dict[str, Any] = {}
+        for name in names:
+            merge_params(host_params, from_options.get(name, {}))
     except (UsageError, ConfigError) as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    checks = [n for n in names if registry.load(n).SPEC.scope == "host"]
     options = nodecheck.NodeCheckOptions(
-        checks=[n for n in names if registry.load(n).SPEC.scope == "host"], thresholds=thresholds, python=args.python,
-        deadline=args.deadline, timeout=args.deadline, slots=args.slots, strict=args.strict, drain=args.drain,
-        node_name=args.node_name, host_params={"nvme_paths": list(args.nvme_path)}, history=history_path(args))
+        checks=checks, thresholds=thresholds, python=args.python, deadline=args.deadline, timeout=args.deadline,
+        slots=args.slots, strict=args.strict, drain=args.drain, node_name=args.node_name,
+        host_params=host_params, history=history_path(args))
     verdict = nodecheck.run_checks(options)
     if args.prom_textfile:
         from preflight.render import prometheus

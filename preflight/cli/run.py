@@ -8,24 +8,63 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from preflight import flags
 from preflight import render
 from preflight import transport as transports
 from preflight.cli.history import history_path
 from preflight.cli.parser import DEFAULT_TRANSPORT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, drop_stdout
 from preflight.cli.validate import (check_input_file, check_output_path, merge_params, params_from_options,
                                     select_checks)
-from preflight.config import ConfigError, load_thresholds
-from preflight.hostfile import HostfileError, apply_filters, first_nodes, load_hostfile, local_cluster, with_slots
-from preflight.hostside.seams import CheckOptions
+from preflight.config import ConfigError
+from preflight.hostfile import (HostfileError, HostSpec, apply_filters, first_nodes, load_hostfile, local_cluster,
+                                with_slots)
 from preflight.inputs import MAX_DEEPSPEED_CONFIG_BYTES, MAX_SSH_FILE_BYTES, InputError
 from preflight.results import CLUSTER_NAME
-from preflight.transport import SSHOptions
 
-
-def build_options(args: argparse.Namespace):
+if TYPE_CHECKING:
     from preflight.runner import RunOptions
+
+
+def build_options(args: argparse.Namespace) -> "RunOptions":
+    """The run's options from its arguments, every input checked (UsageError, HostfileError, ConfigError, InputError:
+    one line, exit 2) before any host is contacted."""
+    from preflight.runner import RunOptions
+    _check_outputs(args)
+    thresholds = flags.thresholds(args)  # the defaults, --config, --set, the checks' threshold options
+    notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
+    info: List[str] = []  # what preflight decided for the user (e.g. where the local slot count came from)
+    if args.slots is not None and (args.include or args.exclude):
+        # DeepSpeed: "Cannot specify num_nodes/gpus with include/exclude"
+        raise UsageError("--slots cannot be combined with --include/--exclude (as DeepSpeed's --num_gpus)")
+    if getattr(args, "num_nodes", None) is not None and (args.include or args.exclude):
+        # DeepSpeed runner.py:462-464 raises the same for --num_nodes.
+        raise UsageError("--num_nodes cannot be combined with --include/--exclude (DeepSpeed: \"Cannot specify "
+                         "num_nodes/gpus with include/exclude\")")
+    slurm_hosts, transport, host_source = _slurm_selection(args)
+    hosts, local = _hosts(args, slurm_hosts, notes, info)
+    if args.deepspeed_config:
+        check_input_file("--deepspeed-config", args.deepspeed_config, MAX_DEEPSPEED_CONFIG_BYTES)
+    check_options = flags.check_options(args, transport)
+    if args.rehearse and not args.deepspeed_config:
+        raise UsageError("--rehearse needs --deepspeed-config FILE: the launch is rehearsed with the job's config")
+    from_options = params_from_options(check_options)
+    checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
+    host_params: Dict[str, Any] = {}
+    for name in checks:
+        merge_params(host_params, from_options.get(name, {}))
+    _check_ssh_inputs(args, local, transport, notes)
+    return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python,
+                      ssh=flags.ssh_options(args), timeout=args.timeout, parallel=args.parallel, strict=args.strict,
+                      transport=transport,
+                      transport_options={o.dest: getattr(args, o.dest) for o in transports.options()},
+                      host_params=host_params, host_source=host_source, info_notes=info,
+                      input_notes=notes, check_options=check_options)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file an output option names can be written, and at most one of them is stdout."""
     outputs = render.file_outputs()
     for output in outputs:
         check_output_path(output.flag, getattr(args, output.dest))
@@ -34,61 +73,40 @@ def build_options(args: argparse.Namespace):
     check_output_path("--write-hostfile", getattr(args, "write_hostfile", None))
     if [getattr(args, output.dest) for output in outputs].count(render.STDOUT) > 1:
         raise UsageError(f"only one of {'/'.join(o.flag for o in outputs)} can be '-' (stdout)")
-    thresholds = load_thresholds(args.config)
-    notes: List[str] = []  # warnings about the input, printed before the run (e.g. text DeepSpeed ignores)
-    info: List[str] = []  # what preflight decided for the user (e.g. where the local slot count came from)
-    if args.slots is not None and (args.include or args.exclude):
-        # DeepSpeed: "Cannot specify num_nodes/gpus with include/exclude"
-        raise UsageError("--slots cannot be combined with --include/--exclude (as DeepSpeed's --num_gpus)")
+
+
+def _hosts(args: argparse.Namespace, slurm_hosts: Optional[List[HostSpec]], notes: List[str],
+           info: List[str]) -> Tuple[List[HostSpec], bool]:
+    """(the hosts to check, whether the run is this machine alone) from --hostfile, the allocation or neither."""
     num_nodes = getattr(args, "num_nodes", None)
-    if num_nodes is not None and (args.include or args.exclude):
-        # DeepSpeed runner.py:462-464 raises the same for --num_nodes.
-        raise UsageError("--num_nodes cannot be combined with --include/--exclude (DeepSpeed: \"Cannot specify "
-                         "num_nodes/gpus with include/exclude\")")
-    slurm_hosts, transport, host_source = _slurm_selection(args)
     if args.hostfile:
         hosts = apply_filters(load_hostfile(args.hostfile, notes), args.include, args.exclude)
         if num_nodes is not None:
             hosts = first_nodes(hosts, num_nodes, notes)
         if args.slots is not None:
             hosts = with_slots(hosts, args.slots)
-        local = False
         if any(h.name == CLUSTER_NAME for h in hosts):
             raise UsageError(f"{args.hostfile}: a host named {CLUSTER_NAME!r} would share the name of the "
                              "cluster-wide results in the reports; use another name for it (e.g. its address)")
-    elif slurm_hosts is not None:
-        hosts, local = apply_filters(slurm_hosts, args.include, args.exclude), False
-        if num_nodes is not None:
-            hosts = first_nodes(hosts, num_nodes, notes)
-    else:
-        if args.include or args.exclude:
-            raise UsageError("--include/--exclude need --hostfile")
-        if num_nodes is not None and num_nodes > 1:
-            # runner.py:476-477: "Num nodes is >1 but no extra nodes available via hostfile".
-            raise UsageError(f"--num_nodes {num_nodes} needs a --hostfile: without one the cluster is this machine "
-                             "(DeepSpeed: \"Num nodes is >1 but no extra nodes available via hostfile\")")
-        hosts, local = local_cluster(args.slots, info), True
-        if not shutil.which(args.python):
-            raise UsageError(f"--python {args.python}: not found on this machine (without --hostfile the checks run "
-                             "here); pass an existing interpreter")
-    if args.deepspeed_config:
-        check_input_file("--deepspeed-config", args.deepspeed_config, MAX_DEEPSPEED_CONFIG_BYTES)
-    check_options = CheckOptions(
-        transport=transport, master_port=args.master_port, deepspeed_config=args.deepspeed_config,
-        model_params=args.model_params, largest_layer_params=args.largest_layer_params,
-        model_parallel_size=args.model_parallel_size, min_busbw=args.min_busbw, python=args.python,
-        checkpoint_dir=args.checkpoint_dir, launcher_ssh_port=args.launcher_ssh_port or args.ssh_port,
-        master_addr=args.master_addr, rehearse=args.rehearse, hostfile=args.hostfile)
-    if args.rehearse and not args.deepspeed_config:
-        raise UsageError("--rehearse needs --deepspeed-config FILE: the launch is rehearsed with the job's config")
-    from_options = params_from_options(check_options)
-    checks = select_checks(args.checks, args.skip, check_options, thresholds, args.config)
-    host_params: Dict[str, Any] = {"nvme_paths": list(args.nvme_path)}
-    for name in checks:
-        merge_params(host_params, from_options.get(name, {}))
-    ssh = SSHOptions(user=args.ssh_user, port=args.ssh_port, key=args.ssh_key, config_path=args.ssh_config,
-                     known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
-                     connect_timeout=args.connect_timeout)
+        return hosts, False
+    if slurm_hosts is not None:
+        hosts = apply_filters(slurm_hosts, args.include, args.exclude)
+        return (first_nodes(hosts, num_nodes, notes) if num_nodes is not None else hosts), False
+    if args.include or args.exclude:
+        raise UsageError("--include/--exclude need --hostfile")
+    if num_nodes is not None and num_nodes > 1:
+        # runner.py:476-477: "Num nodes is >1 but no extra nodes available via hostfile".
+        raise UsageError(f"--num_nodes {num_nodes} needs a --hostfile: without one the cluster is this machine "
+                         "(DeepSpeed: \"Num nodes is >1 but no extra nodes available via hostfile\")")
+    if not shutil.which(args.python):
+        raise UsageError(f"--python {args.python}: not found on this machine (without --hostfile the checks run "
+                         "here); pass an existing interpreter")
+    return local_cluster(args.slots, info), True
+
+
+def _check_ssh_inputs(args: argparse.Namespace, local: bool, transport: str, notes: List[str]) -> None:
+    """The SSH group's files: the key exists; ~/.ssh/config and known_hosts are bounded regular files if present;
+    the config's lines parse (a Match/Include it cannot honour is a note)."""
     if args.ssh_key and not Path(args.ssh_key).expanduser().is_file():
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
     for option, path in (("--ssh-config", args.ssh_config), ("--known-hosts", args.known_hosts)):
@@ -101,14 +119,9 @@ def build_options(args: argparse.Namespace):
             notes.extend(sshconfig.load(args.ssh_config).warnings)
         except sshconfig.SSHConfigError as exc:
             raise UsageError(f"--ssh-config {exc}") from None
-    return RunOptions(hosts=hosts, checks=checks, thresholds=thresholds, local=local, python=args.python, ssh=ssh,
-                      timeout=args.timeout, parallel=args.parallel, strict=args.strict, transport=transport,
-                      transport_options={o.dest: getattr(args, o.dest) for o in transports.options()},
-                      host_params=host_params, host_source=host_source, info_notes=info,
-                      input_notes=notes, check_options=check_options)
 
 
-def _slurm_selection(args: argparse.Namespace):
+def _slurm_selection(args: argparse.Namespace) -> Tuple[Optional[List[HostSpec]], str, str]:
     """(allocation's hosts or None, transport, one line saying where the hosts came from)."""
     from preflight import slurm
 
@@ -166,7 +179,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from preflight import history  # each host's figures against its own past (WARNs), then the run recorded
     history.record_report(result, options.thresholds, history_path(args),
                           lambda text: err.print(Text(rep.plain(f"preflight: warning: {text}")), soft_wrap=True))
-    # The files first: a terminal that goes away (`| head -1`, a closed ssh session) must not lose them.
+    return _report(args, result, err)
+
+
+def _report(args: argparse.Namespace, result: Any, err: Any) -> int:
+    """The files first (a terminal that goes away, `| head -1` or a closed ssh session, must not lose them), then
+    the terminal report; the exit code."""
+    from rich.text import Text
+
+    from preflight import launchable
+    from preflight.render import terminal as rep
+
     paths = {output.name: getattr(args, output.dest) for output in render.file_outputs()}
     for output in render.file_outputs():
         path = paths[output.name]
@@ -179,18 +202,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 err.print(Text(rep.plain(f"preflight: error: cannot write {path}: {exc.strerror}")))
                 return EXIT_USAGE
-    if render.STDOUT in paths.values():
-        stream, width = sys.stderr, None  # stdout holds the report file alone
-    else:
-        # Piped output (CI logs, files) gets a wide fixed width unless COLUMNS says otherwise.
-        tty = sys.stdout.isatty() or "COLUMNS" in os.environ
-        stream, width = sys.stdout, None if tty else 240
     if args.write_hostfile:  # the healthy hosts (preflight/launchable.py), named in the verdict's launch command
         try:
             render.write_atomic(args.write_hostfile, lambda fh: launchable.write(result, fh))
         except OSError as exc:
             err.print(Text(rep.plain(f"preflight: error: cannot write {args.write_hostfile}: {exc.strerror}")))
             return EXIT_USAGE
+    if render.STDOUT in paths.values():
+        stream, width = sys.stderr, None  # stdout holds the report file alone
+    else:
+        # Piped output (CI logs, files) gets a wide fixed width unless COLUMNS says otherwise.
+        tty = sys.stdout.isatty() or "COLUMNS" in os.environ
+        stream, width = sys.stdout, None if tty else 240
     context = launchable.Context(args.hostfile or "", args.write_hostfile or "", in_slurm(args),
                                  args.min_hosts or "")
     try:
@@ -198,7 +221,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         stream.flush()
     except BrokenPipeError:
         drop_stdout()
-    return launchable.exit_code(result, args.min_hosts or "")
+    exit_code: int = launchable.exit_code(result, args.min_hosts or "")
+    return exit_code
 
 
 def in_slurm(args: argparse.Namespace) -> bool:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from preflight import checks as registry
 from preflight import render
 from preflight.cli.parser import UsageError, did_you_mean
+from preflight.flags import given
 from preflight.hostfile import split_csv
 from preflight.hostside.seams import CheckOptions
 from preflight.inputs import read_text_limited
@@ -27,10 +28,6 @@ def _configured_checks(thresholds: Optional[Dict[str, Dict[str, Any]]], key: str
             raise UsageError(f"{where}: unknown check {name[:60]!r}{did_you_mean(name, registry.ORDER)}; "
                              f"known checks: {', '.join(registry.ORDER)}")
     return list(value)
-
-
-def _given(option_names: Sequence[str], options: Optional[CheckOptions]) -> bool:
-    return options is not None and any(getattr(options, name, None) not in (None, "", [], ()) for name in option_names)
 
 
 def select_checks(only: Optional[str], skip: Optional[str], options: Optional[CheckOptions],
@@ -66,7 +63,7 @@ def select_checks(only: Optional[str], skip: Optional[str], options: Optional[Ch
     if wanted:
         chosen = [n for n in known if n in wanted]
     else:
-        chosen = [n for n in known if registry.spec(n).default or _given(registry.spec(n).selected_by, options)]
+        chosen = [n for n in known if registry.spec(n).default or given(options, registry.spec(n).selected_by)]
     return [n for n in chosen if n not in skipped]
 
 
@@ -150,15 +147,18 @@ def check_input_file(option: str, path: str, max_bytes: int) -> None:
         raise UsageError(f"{option} {path}: not a UTF-8 text file") from None
 
 
-def params_from_options(options: CheckOptions) -> Dict[str, Dict[str, Any]]:
+def params_from_options(options: CheckOptions, command: str = "run") -> Dict[str, Dict[str, Any]]:
     """{check: per-host params} from each check's ``SPEC.params_from_options`` (the nvme paths and ops a DeepSpeed
-    config asks of every host). A check that cannot use an option it reads (a config DeepSpeed would refuse at
-    start: nothing to check it against) is a UsageError, before any host is contacted, whether it runs or not."""
+    config asks of every host), given the check's own inputs (``CheckOptions.for_check``). A check that cannot use
+    an option it reads (a config DeepSpeed would refuse at start: nothing to check it against) is a UsageError,
+    before any host is contacted, whether it runs or not. node-check asks only the checks whose options it offers
+    (the run's launch environment, ./.deepspeed_env, is not the node's)."""
     out: Dict[str, Dict[str, Any]] = {}
     for spec in registry.all_specs():
-        if spec.params_from_options is not None:
+        offered = command == "run" or any(command in o.commands for o in spec.options)
+        if spec.params_from_options is not None and offered:
             try:
-                out[spec.name] = spec.params_from_options(options)
+                out[spec.name] = spec.params_from_options(options.for_check(spec))
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
     return out

@@ -6,8 +6,10 @@ which the coordinator's ``runner.Cluster`` satisfies.
 """
 from __future__ import annotations
 
+import argparse
+import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union,
                     runtime_checkable)
 
@@ -91,33 +93,123 @@ class HostShell(Protocol):
               max_output: Optional[int] = None) -> Any: ...
 
 
+def positive(kind: Callable[[str], Any], noun: str, most: float) -> Callable[[str], Any]:
+    """An ``Option.type``: a finite number of ``kind`` with 0 < value <= most; the command names the option."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value <= 0 or value > most:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; expected 0 < x <= {most:g}")
+        return value
+    return parse
+
+
+def number(text: str) -> float:
+    """An ``Option.type`` for a threshold override: any finite number (the key's own range rule bounds it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+# The commands that can offer a check's Option: "run" (and the pytest plugin's --preflight- form of it) and
+# "node-check" (the per-host checks on one node). `preflight rehearse` runs no check: it shares run's SSH group.
+COMMANDS = ("run", "node-check")
+OPTION_ACTIONS = ("store", "append", "store_true")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line input, declared once: a check lists its own as ``CheckSpec.options``, and the coordinator
+    generates from it the option of each command that offers it, the pytest plugin's ``--preflight-`` form, the
+    check's entry in docs/checks.md and, for a threshold, the override of that threshold.
+
+    flag: the long option (``--checkpoint-dir``), its value reached as ``dest`` (``checkpoint_dir``); help: one
+    sentence, the same in --help, the plugin and the docs; type: the text -> the value (ValueError or argparse's
+    ArgumentTypeError with a short reason: the command's exit 2 names the option); metavar; default: the value when
+    the flag is not given. threshold: the key of the check's own thresholds section the flag overrides (``[allreduce]
+    min_busbw``): the value is held to that key's rule lines like a --config value, and the check reads it through
+    ``limits()`` only (it is not in ``cluster.options``). action: "store", "append" (repeatable: a list) or
+    "store_true" (a switch). commands: the commands that offer it (``COMMANDS``). aliases: other spellings.
+    """
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] = str
+    metavar: Optional[str] = None
+    default: Any = None
+    threshold: Optional[str] = None
+    action: str = "store"
+    commands: Tuple[str, ...] = ("run",)
+    aliases: Tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def value(self, options: "CheckOptions") -> Any:
+        """This input's value in a check's ``cluster.options`` (its default when not given)."""
+        return options.inputs.get(self.dest, self.default)
+
+    def problems(self) -> List[str]:
+        """What is wrong with this declaration, one clause each (empty: well-formed)."""
+        out = []
+        name = self.flag[2:]
+        if not (self.flag.startswith("--") and name and name[0].isalpha() and name.replace("-", "").isalnum()
+                and name == name.lower()):
+            out.append(f"option {self.flag!r} must be a lowercase long option like --checkpoint-dir")
+        if not self.help.strip():
+            out.append(f"option {self.flag} has no help")
+        if self.action not in OPTION_ACTIONS:
+            out.append(f"option {self.flag}: action {self.action!r} is not one of {', '.join(OPTION_ACTIONS)}")
+        if not self.commands or any(c not in COMMANDS for c in self.commands):
+            out.append(f"option {self.flag}: commands must name some of {', '.join(COMMANDS)}")
+        if self.threshold is not None and (self.action != "store" or not self.threshold.isidentifier()):
+            out.append(f"option {self.flag}: a threshold override takes one value (action 'store') and names a key")
+        if not callable(self.type):
+            out.append(f"option {self.flag}: type must be a function of the text")
+        return out
+
+
 @dataclass
 class CheckOptions:
-    """The run's options that cluster checks read, as ``cluster.options`` (the CLI's flags of the same names).
+    """The run's options that cluster checks read, as ``cluster.options``: the few the whole run shares, and the
+    check's own inputs (``inputs``, read through the check's ``Option.value``).
 
     transport: how the coordinator reaches the hosts, "ssh" or "srun" (a run without a hostfile is local but says
-    "ssh"); master_port: the job's torch.distributed master port; deepspeed_config: the DeepSpeed config file, if
-    any; model_params, largest_layer_params: parameter counts for the ZeRO estimates; model_parallel_size: tensor x
-    pipeline degree; min_busbw: the all-reduce bus bandwidth floor (GB/s); python: the hosts' interpreter;
-    checkpoint_dir: the job's checkpoint directory; launcher_ssh_port: the port DeepSpeed's launcher will ssh to
-    (--launcher-ssh-port, else --ssh-port; DeepSpeed's --ssh_port); master_addr: the job's --master_addr (without
-    it DeepSpeed's launcher takes the first address of the first host's `hostname -I`); rehearse: --rehearse (True
-    selects the ``launch`` check); hostfile: the --hostfile path (the fixes name it). None: not given.
+    "ssh"); python: the hosts' interpreter; hostfile: the --hostfile path (the fixes name it); master_port,
+    master_addr: the job's torch.distributed rendezvous (--master-port; --master-addr, without which DeepSpeed's
+    launcher takes the first address of the first host's `hostname -I`); launcher_ssh_port: the port DeepSpeed's
+    launcher will ssh to (--launcher-ssh-port, else --ssh-port); deepspeed_config: the job's DeepSpeed config file.
+    inputs: {Option.dest: value}: the run's every check input for the coordinator (``CheckOptions.for_check``
+    keeps a check's own when it is handed to the check). None: not given.
     """
 
     transport: str = "ssh"
-    master_port: int = 29500
-    deepspeed_config: Optional[str] = None
-    model_params: Optional[float] = None
-    largest_layer_params: Optional[float] = None
-    model_parallel_size: Optional[int] = None
-    min_busbw: Optional[float] = None
     python: Optional[str] = None
-    checkpoint_dir: Optional[str] = None
-    launcher_ssh_port: Optional[int] = None
-    master_addr: Optional[str] = None
-    rehearse: Optional[bool] = None
     hostfile: Optional[str] = None
+    master_port: int = 29500
+    master_addr: Optional[str] = None
+    launcher_ssh_port: Optional[int] = None
+    deepspeed_config: Optional[str] = None
+    inputs: Dict[str, Any] = field(default_factory=dict)
+
+    def for_check(self, spec: "CheckSpec") -> "CheckOptions":
+        """What ``spec``'s check sees: the shared fields and its own inputs (a threshold's goes through limits())."""
+        own = {o.dest: self.inputs.get(o.dest, o.default) for o in spec.options if o.threshold is None}
+        return replace(self, inputs=own)
+
+    def given(self, name: str) -> bool:
+        """A shared field or an input of that name holds a value (what selects an opt-in check)."""
+        value = self.inputs.get(name) if name in self.inputs else getattr(self, name, None)
+        return value not in (None, "", [], (), False)
 
 
 @runtime_checkable
@@ -125,11 +217,12 @@ class ClusterView(Protocol):
     """What a cluster check's ``coordinate(cluster)`` receives; the coordinator's ``runner.Cluster`` is one.
 
     hosts: reachable hosts; all_hosts: every host of the hostfile, in order; master: the first host.
-    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the run options the checks
-    read (CheckOptions: master_port, deepspeed_config, ...); thresholds: the merged config (read it with
-    ``limits``); parallel: the fan-out limit. ``call``/``call_all``/``start`` run a host-side function
-    ``"module.func"`` of this package through the agent on a host; ``shell`` is the coordinator's own command line
-    to a host (``HostShell``), for a program run under the check's own supervision (the ``launch`` check).
+    facts: {host name: {check name: facts}} from the host checks (and "ssh"); options: the shared run options
+    (CheckOptions: master_port, deepspeed_config, ...) and this check's own inputs (``Option.value``);
+    thresholds: the merged config (read it with ``limits``); parallel: the fan-out limit.
+    ``call``/``call_all``/``start`` run a host-side function ``"module.func"`` of this package through the agent on
+    a host; ``shell`` is the coordinator's own command line to a host (``HostShell``), for a program run under the
+    check's own supervision (the ``launch`` check).
     """
 
     hosts: List[Any]
@@ -228,11 +321,15 @@ class CheckSpec:
     quiet: a cluster check that measures nothing load disturbs; it may run beside its quiet neighbours.
     uses_torch: collect imports torch, so the agent imports it once before the host checks.
     host_params: thresholds -> extra per-host params for collect (e.g. nvme's test size).
-    selected_by: ``CheckOptions`` fields that, when given, select this opt-in check without ``--checks``
-    (ds_config: ``deepspeed_config``). params_from_options: the run's ``CheckOptions`` -> extra per-host params
-    for the host checks' collect (a list extends the same key's list, e.g. ``nvme_paths``), used when this check
-    is selected; ValueError with one line for an option it cannot use (the CLI's exit 2, before any host is
-    contacted). The CLI calls it for every check that has one, selected or not, so a bad option always stops.
+    options: the check's own command-line inputs (``Option``): its flags in every command that offers them, the
+    plugin and docs/checks.md, its ``cluster.options.inputs`` (or a threshold override); an Option several checks
+    read (the model's size) is the same object in each of their SPECs, offered once.
+    selected_by: ``CheckOptions`` fields or the dests of its own options that, when given, select this opt-in check
+    without ``--checks`` (ds_config: ``deepspeed_config``). params_from_options: the check's ``CheckOptions`` (its
+    own inputs, ``CheckOptions.for_check``) -> extra per-host params for the host checks' collect (a list extends
+    the same key's list, e.g. ``nvme_paths``), used when this check is selected; ValueError with one line for an
+    option it cannot use (the CLI's exit 2, before any host is contacted). The CLI calls it for every check that
+    has one, selected or not, so a bad option always stops.
     reads: the other checks whose facts this one reads (``cluster.facts[host][name]``): a declared dependency,
     never an import of their modules.
     html: its own section of the HTML report, if any.
@@ -261,6 +358,7 @@ class CheckSpec:
     quiet: bool = False
     uses_torch: bool = False
     host_params: Optional[Callable[[Thresholds], Dict[str, Any]]] = None
+    options: Tuple[Option, ...] = ()
     selected_by: Tuple[str, ...] = ()
     params_from_options: Optional[Callable[[CheckOptions], Dict[str, Any]]] = None
     reads: Tuple[str, ...] = ()
@@ -309,10 +407,19 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
     if not isinstance(spec.baseline, Mapping) or not all(isinstance(k, str) and k and v in BASELINE_DIRECTIONS
                                                             for k, v in spec.baseline.items()):
         problems.append(f"baseline must map metric keys to {' or '.join(repr(d) for d in BASELINE_DIRECTIONS)}")
-    options = {f.name for f in fields(CheckOptions)}
+    if not isinstance(spec.options, tuple) or not all(isinstance(o, Option) for o in spec.options):
+        problems.append("options must be a tuple of Option")
+    else:
+        for option in spec.options:
+            problems += option.problems()
+        flags = [o.flag for o in spec.options]
+        problems += [f"option {f} is declared twice" for f in sorted(set(flags)) if flags.count(f) > 1]
+    own = [o.dest for o in spec.options] if isinstance(spec.options, tuple) else []
+    options = {f.name for f in fields(CheckOptions) if f.name != "inputs"} | set(own)
     if not isinstance(spec.selected_by, tuple) or not all(isinstance(o, str) and o in options
                                                            for o in spec.selected_by):
-        problems.append(f"selected_by must be a tuple of CheckOptions fields ({', '.join(sorted(options))})")
+        problems.append(f"selected_by must be a tuple of CheckOptions fields or its own options' dests "
+                        f"({', '.join(sorted(options))})")
     if problems:
         raise TypeError(f"check module {where}: {'; '.join(problems)}")
     return spec

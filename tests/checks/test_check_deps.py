@@ -19,6 +19,7 @@ import pytest
 
 import preflight
 from preflight import checks as registry
+from preflight import testing
 from preflight.hostside import seams
 from tests.project.test_layout import _resolve_from  # one resolver of relative imports for both walkers
 
@@ -198,7 +199,7 @@ def test_an_opt_in_check_runs_when_an_option_it_is_selected_by_is_given(tmp_path
     assert not set(by) & set(every)
     for spec in registry.all_specs():
         if spec.name in by:
-            given = seams.CheckOptions(**{option: str(tmp_path / "x") for option in spec.selected_by})
+            given = testing.check_options(**{option: str(tmp_path / "x") for option in spec.selected_by})
             assert spec.name in select_checks(None, "", given)
             assert spec.name not in select_checks(None, spec.name, given)  # --skip still wins
             assert select_checks("gpu", "", given) == ["gpu"]  # so does --checks
@@ -223,7 +224,8 @@ def test_a_check_turns_options_into_host_params_and_refuses_a_bad_one(tmp_path):
 
 
 def test_selected_by_names_check_options_only():
-    with pytest.raises(TypeError, match=r"selected_by must be a tuple of CheckOptions fields \(checkpoint_dir, "):
+    with pytest.raises(TypeError, match=r"selected_by must be a tuple of CheckOptions fields or its own options' "
+                                        r"dests \(deepspeed_config, "):
         seams.validate_spec(seams.CheckSpec("x", "x", "cluster", False, _evaluate, coordinate=lambda c: {},
                                             selected_by=("deepspeed_cfg",)), "x")
     with pytest.raises(TypeError, match="params_from_options must be a function"):

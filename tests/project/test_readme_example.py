@@ -156,3 +156,30 @@ def test_the_module_its_toml_and_one_registry_line_are_all_a_check_needs(with_ex
     bad = _preflight(root, "node-check", "--checks", "shm_free", "--config", str(config))
     assert bad.returncode == 2 and "shm_free.min_free_mib = -1 is out of range; expected 0 <= x <= 1048576" \
         in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_its_option_is_in_run_help_the_plugin_and_the_docs_and_sets_its_threshold(with_example):
+    """The example's one Option (its SPEC.options), with nothing else added for it: `preflight run --help` and
+    `node-check --help` offer it, the pytest plugin has its --preflight- form, docs/checks.md lists it, and the
+    value reaches the check through limits() (held to the key's range rule, exit 2 before anything runs)."""
+    root, _ = with_example
+    (code,) = _blocks("python")
+    (option,) = _load(code).SPEC.options
+    assert option.flag == "--shm-min-free" and option.threshold == "min_free_mib"
+    for command in ("run", "node-check"):
+        shown = _preflight(root, command, "--help")
+        assert shown.returncode == 0 and f"{option.flag} {option.metavar}" in shown.stdout, shown.stdout
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "--help"],
+                            cwd=root, capture_output=True, text=True, timeout=300, env=_env(),
+                            stdin=subprocess.DEVNULL)
+    assert "--preflight-shm-min-free=MIB" in plugin.stdout, plugin.stdout[-3000:] + plugin.stderr[-2000:]
+    docs = (root / "docs" / "checks.md").read_text()
+    section = docs[docs.index("## shm_free"):]
+    assert f"- `{option.flag} {option.metavar}` (`preflight run`, `preflight node-check` and the pytest plugin's " \
+           f"`--preflight-shm-min-free`; sets the `min_free_mib` threshold for the run): {option.help}" in section
+    run = _preflight(root, "node-check", "--checks", "shm_free", "--python", sys.executable, "-v",
+                     "--shm-min-free", "1048576")
+    assert "(expected >= 1048576)" in run.stdout or "no /dev/shm here" in run.stdout, run.stdout + run.stderr
+    bad = _preflight(root, "node-check", "--checks", "shm_free", "--shm-min-free", "-1")
+    assert bad.returncode == 2 and bad.stderr.strip() == "preflight: error: --shm-min-free: shm_free.min_free_mib " \
+        "= -1 is out of range; expected 0 <= x <= 1048576", bad.stderr

@@ -213,8 +213,9 @@ def test_the_launch_check_is_opt_in_and_selected_by_rehearse(tmp_path):
     from preflight import cli
     from preflight.checks import launch
     from preflight.hostside.seams import CheckOptions
+    from preflight.testing import check_options
     assert "launch" not in cli.select_checks(None, None, CheckOptions(deepspeed_config="c.json"))
-    assert "launch" in cli.select_checks(None, None, CheckOptions(deepspeed_config="c.json", rehearse=True))
+    assert "launch" in cli.select_checks(None, None, check_options(deepspeed_config="c.json", rehearse=True))
     assert cli.select_checks("launch", None, CheckOptions()) == ["launch"]
     proc = subprocess.run([sys.executable, "-m", "preflight", "run", "--rehearse"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60, env=_env())

@@ -20,7 +20,7 @@ from .common import NAME
 from .html import TITLE, render as render_html
 from .orchestrate import coordinate
 from .verdict import evaluate
-from ...hostside.seams import CheckSpec, HtmlSection, PromSample
+from ...hostside.seams import CheckSpec, HtmlSection, Option, PromSample, number
 
 
 __all__ = ["NAME", "SPEC", "coordinate", "evaluate"]
@@ -46,6 +46,11 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
     return out
 
 
+# --min-busbw overrides [allreduce] min_busbw (thresholds.toml, with its range rule): read through limits() only.
+MIN_BUSBW = Option("--min-busbw", "all-reduce bus bandwidth below this (GB/s) fails", number, "GBPS",
+                   threshold="min_busbw")
+
+
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
 SPEC = CheckSpec(
@@ -57,6 +62,7 @@ SPEC = CheckSpec(
     evaluate=evaluate,
     # Compared with the same hosts' past runs (preflight/history/): the bus bandwidth of the largest message.
     baseline={"busbw_GBps": "higher"},
+    options=(MIN_BUSBW,),
     # python's rank_view and gpu's GPUs (what the ranks will see), the hosts ports and iperf3 proved unreachable,
     # iperf3's chosen network and its stragglers.
     reads=("python", "gpu", "ports", "iperf3"),

@@ -442,7 +442,7 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
     hosts = [h for h in hosts if h.name not in {e["host"] for e in excluded}]
     facts: Dict[str, Any] = {"hosts": [h.name for h in hosts], "slots": {h.name: h.slots for h in hosts},
                              "world_size": sum(h.slots for h in hosts), "master_port": port,
-                             "min_busbw": cluster.options.min_busbw, "excluded": excluded,
+                             "excluded": excluded,
                              "unreachable": [h.name for h in cluster.all_hosts if h.name not in reachable],
                              "addresses": addresses, **({"firewalls": firewalls} if firewalls else {})}
 

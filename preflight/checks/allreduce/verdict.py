@@ -37,7 +37,7 @@ def judge(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Tuple[List[Finding], Di
         return findings, notes
     last = table[-1]
     busbw, size = last["busbw_GBps"], human_bytes(last["bytes"])
-    min_busbw = facts.get("min_busbw")
+    min_busbw = float(cfg.get("min_busbw") or 0)  # [allreduce] min_busbw, which --min-busbw overrides
     if min_busbw:
         floor = gbps(float(min_busbw))
         if busbw < float(min_busbw):
@@ -194,7 +194,7 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
         summary += f" (sweep stopped early: {facts['stopped_early']})"
     metrics.update(sizes=table, largest_bytes=last["bytes"], busbw_GBps=last["busbw_GBps"],
                    algbw_GBps=last["algbw_GBps"], stopped_early=facts.get("stopped_early"), ranks=facts.get("ranks"),
-                   min_busbw=facts.get("min_busbw"), **notes)
+                   min_busbw=float(cfg.get("min_busbw") or 0) or None, **notes)
     flagged = [f for f in findings if f.status in (Status.WARN, Status.FAIL)]
     if flagged and suspects:
         findings.append(Finding(flagged[0].status, "suspect: " + "; ".join(

@@ -26,7 +26,7 @@ from ...hostside.seams import CheckOptions, CheckSpec, ClusterView
 from ...hostside.outcome import Finding, Outcome, Status, combine, limits
 from .batch import check_auto_plain, check_batch, plain_auto_keys
 from .cpus import check_cpus_per_slot
-from .gather import HOST_FACTS, base_facts, deepspeed_validation, no_config_finding, probe_hosts
+from .gather import HOST_FACTS, OPTIONS, base_facts, deepspeed_validation, no_config_finding, probe_hosts
 from .launch import check_config_file, check_resume
 from .keycheck import (FORBID_EXTRA, check_deprecated, check_installed, check_keys, check_optimizer, check_validated,
                        check_versions)
@@ -199,6 +199,7 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     reads=HOST_FACTS,
+    options=OPTIONS,
     selected_by=("deepspeed_config",),  # --deepspeed-config runs it without --checks
     params_from_options=params_from_options,
     # Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER

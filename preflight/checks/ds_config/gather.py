@@ -10,11 +10,20 @@ import os
 from typing import Any, Dict, List
 
 from ...hostside.launchenv import read_deepspeed_env
-from ...hostside.seams import ClusterView
+from ...hostside.jobinputs import CHECKPOINT_DIR, MODEL_PARAMS
+from ...hostside.seams import ClusterView, Option, positive
 from ...hostside.outcome import Finding, Status
 from .parse import nvme_paths, offload_devices
 from .deepspeed_models import validate_or_why, clean_models
 from .host import file_digest
+
+LARGEST_LAYER_PARAMS = Option("--largest-layer-params", "parameters of the largest layer (ZeRO-3 estimate)",
+                              positive(float, "a number", 1e15), "N")
+MODEL_PARALLEL_SIZE = Option("--model-parallel-size", "tensor x pipeline parallel degree of the job (1: data parallel "
+                             "only), so the batch math uses the data-parallel size: world size / N",
+                             positive(int, "an integer", 100000), "N")
+# ds_config's own inputs, and those it shares with checkpoint (hostside/jobinputs.py).
+OPTIONS = (MODEL_PARAMS, LARGEST_LAYER_PARAMS, MODEL_PARALLEL_SIZE, CHECKPOINT_DIR)
 
 # The host checks whose facts the verdicts read (compute: each host's CPUs, cpu.threads).
 HOST_FACTS = ("gpu", "ds_report", "nvme", "python", "compute")
@@ -27,8 +36,8 @@ def base_facts(cluster: ClusterView) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "config_path": opts.deepspeed_config, "config": None, "load_findings": [],
         "world_size": int(cluster.world_size), "hosts": hosts,
-        "model_params": opts.model_params, "largest_layer_params": opts.largest_layer_params,
-        "model_parallel_size": opts.model_parallel_size, "checkpoint_dir": opts.checkpoint_dir,
+        "model_params": MODEL_PARAMS.value(opts), "largest_layer_params": LARGEST_LAYER_PARAMS.value(opts),
+        "model_parallel_size": MODEL_PARALLEL_SIZE.value(opts), "checkpoint_dir": CHECKPOINT_DIR.value(opts),
         "host_facts": {}, "host_memory": {}, "host_probe": {}, "deepspeed_models": None,
         "launch_env": read_deepspeed_env(),
     }

@@ -37,7 +37,7 @@ from .orchestrate import AGENT_MARGIN_S, best_links, coordinate
 from .recommendation import recommend
 from .verdict import evaluate, fix_slow
 from ...hostside.mesh import find_stragglers
-from ...hostside.seams import CheckSpec, HtmlSection, PromSample
+from ...hostside.seams import CheckSpec, HtmlSection, Option, PromSample, number
 
 # The names callers use as ``iperf3.X``; serve, client and interfaces are also what the agent resolves
 # "iperf3.serve" etc. to (hostside/agent.py: _call imports this package and takes the attribute).
@@ -58,6 +58,12 @@ def prom_metrics(results: Sequence[Mapping[str, Any]]) -> List[PromSample]:
 
 # What the registry knows of this check (preflight/hostside/seams.py: CheckSpec); last, as it names the
 # functions above.
+# --iperf3-min-gbps overrides [iperf3] min_gbps (thresholds.toml, with its range rule): read through limits() only.
+MIN_GBPS = Option("--iperf3-min-gbps", "TCP bandwidth floor (Gbit/s, iperf3): a host's median or the chosen network's "
+                  "median below it fails (default: [iperf3] min_gbps, 0: the link-rate floor only)", number, "GBPS",
+                  threshold="min_gbps")
+
+
 SPEC = CheckSpec(
     name=NAME,
     description="TCP bandwidth between host pairs on every shared network (iperf3); names stragglers, picks the NIC",
@@ -67,6 +73,7 @@ SPEC = CheckSpec(
     evaluate=evaluate,
     # Compared with the host's own past runs (preflight/history.py): its median link rate, and the network's.
     baseline={"median_gbps": "higher", "networks[*].median_gbps": "higher"},
+    options=(MIN_GBPS,),
     html=HtmlSection("Host-to-host bandwidth (iperf3)", html_section),
     # interfaces: the candidate networks (and their facts, listed here when that check did not run); python and
     # driver_cuda: NCCL's version, for the recommended environment.

@@ -20,7 +20,7 @@ import shlex
 from typing import Any, Dict, List, Optional
 
 from ...hostside.outcome import BlockedBy, Outcome, Status, limits
-from ...hostside.seams import CheckSpec, ClusterView, Thresholds
+from ...hostside.seams import CheckSpec, ClusterView, Option, Thresholds
 from .drive import LaunchRun
 from .judge import CLUSTER, ENV_FILE_NAME, LaunchPlan
 
@@ -141,6 +141,11 @@ def evaluate(facts: Dict[str, Any], thresholds: Thresholds) -> Dict[str, Outcome
     return out
 
 
+REHEARSE = Option("--rehearse", "also rehearse the job's launch (the launch check, with --deepspeed-config): "
+                  "DeepSpeed's launcher over pdsh starts a tiny model with the config on every slot (docs/rehearse.md)",
+                  action="store_true")
+
+
 SPEC = CheckSpec(
     name=NAME,
     description="the job's launch rehearsed (opt-in, --rehearse): DeepSpeed's launcher over pdsh starts a tiny model "
@@ -150,6 +155,7 @@ SPEC = CheckSpec(
     default=False,
     coordinate=coordinate,
     evaluate=evaluate,
+    options=(REHEARSE,),
     selected_by=("rehearse",),  # --rehearse runs it without --checks
     reads=("ext_locks",),  # a rank stuck on a stale lock is blocked by that host's ext_locks result
 )

@@ -23,7 +23,7 @@ THRESHOLDS = load_defaults()
 # Facts recorded from a gloo run on the namespace cluster: 3 hosts, 1 slot each, links shaped to 200 Mbit/s.
 HEALTHY = {
     "hosts": ["node01", "node02", "node03"], "slots": {"node01": 1, "node02": 1, "node03": 1}, "world_size": 3,
-    "master_port": 29500, "min_busbw": None, "unreachable": [], "master": "node01", "master_addr": "198.18.0.1",
+    "master_port": 29500, "unreachable": [], "master": "node01", "master_addr": "198.18.0.1",
     "network": None, "iperf3_median_gbps": None, "init_timeout_s": 10.0, "torch": {"node01": "2.13.0+cpu"},
     "interfaces": {h: {"ifname": "eth0", "address": a, "source": "route to MASTER_ADDR"}
                    for h, a in (("node01", "198.18.0.1"), ("node02", "198.18.0.2"), ("node03", "198.18.0.3"))},
@@ -98,17 +98,24 @@ def test_healthy_table_passes_with_per_size_metrics():
     assert res.metrics["interfaces"] == {"node01": "eth0", "node02": "eth0", "node03": "eth0"}
 
 
+def _floor(gbps: float) -> dict:
+    """The thresholds with [allreduce] min_busbw set, as --min-busbw sets it (the floor is read through limits())."""
+    thresholds = copy.deepcopy(THRESHOLDS)
+    thresholds["allreduce"]["min_busbw"] = gbps
+    return thresholds
+
+
 def test_low_busbw_below_min_busbw_fails_and_names_the_suspect():
-    facts = dict(HEALTHY, min_busbw=0.05, localization={"suspects": [
+    facts = dict(HEALTHY, localization={"suspects": [
         {"host": "node02", "kind": "slow", "source": "pairwise",
          "reason": "its best pairwise all-reduce reaches 0.006 GB/s busbw, the median host's 0.024 GB/s"}]})
-    out = allreduce.evaluate(facts, THRESHOLDS)
+    out = allreduce.evaluate(facts, _floor(0.05))
     assert out["*"].status == Status.FAIL
     assert "< --min-busbw 0.05 GB/s" in out["*"].message and "node02" in out["*"].message
     assert out["node02"].status == Status.FAIL and "0.006 GB/s" in out["node02"].message
     assert "node02" in out["node02"].fix
     # Above the bar: PASS, and no per-host cells.
-    out = allreduce.evaluate(dict(HEALTHY, min_busbw=0.02), THRESHOLDS)
+    out = allreduce.evaluate(HEALTHY, _floor(0.02))
     assert set(out) == {"*"} and out["*"].status == Status.PASS
 
 
@@ -129,7 +136,7 @@ def test_world_size_one_skips_without_touching_the_hosts():
         hosts = all_hosts = [type("H", (), {"name": "node01", "slots": 1, "gpus": [0], "index": 0})()]
         master = hosts[0]
         facts: dict = {}
-        options = CheckOptions(master_port=29500, min_busbw=None)
+        options = CheckOptions(master_port=29500)
         thresholds = THRESHOLDS
 
         def address(self, name):

@@ -23,7 +23,7 @@ from preflight.checks import ds_config as D
 from preflight.checks.ds_config import batch, deepspeed_models, keycheck, memory, parse, findings
 from preflight.checks.ds_config import host as ds_host
 from preflight.checks.ds_config import keys as K
-from preflight.hostside.seams import CheckOptions, HostContext
+from preflight.hostside.seams import HostContext
 from preflight.hostside.outcome import Status, ThresholdsError
 from preflight.checks.ds_report import parse_ds_report
 from preflight.checks.gpu import normalize_nvml_gpu
@@ -728,7 +728,7 @@ def FakeCluster(config_path: str, hosts: int = 2, fail_on: str = "", **options: 
             raise RuntimeError("agent died")
         return testing.run_host_function("ds_config.host.probe", params, timeout)
 
-    opts = CheckOptions(**{"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None,
+    opts = testing.check_options(**{"deepspeed_config": config_path, "model_params": None, "largest_layer_params": None,
                            **options})
     facts = {h: {"gpu": {"gpus": [h100_gpu(i) for i in range(8)]}, "ds_report": recorded_ds_report()} for h in names}
     return testing.FakeCluster(names, slots=8, thresholds=TH, facts=facts, options=opts,

@@ -33,7 +33,6 @@ from preflight.checks.ds_report import parse_ds_report
 from preflight.config import load_thresholds
 from preflight.hostside import jit
 from preflight.hostside.outcome import Status
-from preflight.hostside.seams import CheckOptions
 from tests.h100 import read
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -280,8 +279,8 @@ def resume(config: str, checkpoint: Path, hosts: int = 2, slots: int = 4, **opti
     """ds_config's coordinate and evaluate on in-process hosts (the host probe reads the real files)."""
     names = [f"node{i:02d}" for i in range(1, hosts + 1)]
     cluster = testing.FakeCluster(names, slots=slots, thresholds=TH,
-                                  options=CheckOptions(deepspeed_config=config, checkpoint_dir=str(checkpoint),
-                                                       **options))
+                                  options=testing.check_options(deepspeed_config=config,
+                                                                checkpoint_dir=str(checkpoint), **options))
     facts = D.coordinate(cluster)
     return facts, D.evaluate(facts, TH)
 
@@ -362,8 +361,9 @@ def test_resume_edge_cases(tmp_path):
         return testing.run_host_function("ds_config.host.probe", params, timeout)
 
     cluster = testing.FakeCluster(names, slots=4, thresholds=TH, handlers={"ds_config.host.probe": probe},
-                                  options=CheckOptions(deepspeed_config=write_config(tmp_path / "z2.json", 2),
-                                                       checkpoint_dir=str(ckpt2)))
+                                  options=testing.check_options(
+                                      deepspeed_config=write_config(tmp_path / "z2.json", 2),
+                                      checkpoint_dir=str(ckpt2)))
     out = D.evaluate(D.coordinate(cluster), TH)
     (found,) = resume_findings(out["*"])
     assert "not visible on node02" in found.message and out["node02"].status == Status.FAIL
@@ -383,7 +383,7 @@ def test_config_missing_or_different_on_a_host_is_named(tmp_path):
 
     cluster = testing.FakeCluster(["node01", "node02", "node03"], slots=1, thresholds=TH,
                                   handlers={"ds_config.host.probe": probe},
-                                  options=CheckOptions(deepspeed_config=config))
+                                  options=testing.check_options(deepspeed_config=config))
     out = D.evaluate(D.coordinate(cluster), TH)
     msgs = [f.message for f in out["*"].findings if f.status == Status.FAIL]
     assert any("is missing on node02" in m for m in msgs), msgs
