@@ -54,21 +54,27 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Fit:
 
 @dataclass(frozen=True)
 class Broadcast:
-    """What the srun client pays for each node it writes its stdin to (--input=all): s_per_byte for each byte of
-    input read in full messages (the probe's bulk write), s_per_line for each line read alone as a message of its
-    own (the probe's paced lines). A run's requests lie between the two: srun reads what has arrived, so lines that
-    come faster than it forwards them share a message (``coalesced``, the bulk cost), lines that come one by one do
-    not (the per-line cost, the bound)."""
-    s_per_byte: float
-    s_per_line: float
+    """What the srun client pays for its stdin (--input=all), as fitted over the probes' sizes: per byte read in full
+    messages (the bulk probe), ``per_byte`` fixed plus ``per_byte_node`` for each node it is written to; per line
+    read alone as a message of its own (the paced probe), ``per_line`` plus ``per_line_node``. A run's requests lie
+    between the two: srun reads what has arrived, so lines that come faster than it forwards them share a message
+    (``coalesced``, the bulk cost), lines that come one by one do not (the per-line cost, the bound)."""
+    per_byte: float
+    per_byte_node: float
+    per_line: float
+    per_line_node: float
 
     def seconds(self, nodes: float, code_bytes: float, request_bytes_per_node: float, lines_per_node: float,
                 coalesced: bool = True, steps: int = 1) -> float:
-        """Every node's requests and the code, each written to every node of its step: the requests of N nodes to
-        N nodes is N^2, split over ``steps`` equal shared steps N^2/steps; the code is written once to each node."""
-        per_step = nodes / max(1, steps)
-        requests = (self.s_per_byte * request_bytes_per_node if coalesced else self.s_per_line * lines_per_node)
-        return requests * per_step * nodes + self.s_per_byte * code_bytes * nodes
+        """Every node's requests and the code, each written to every node of its step: N nodes' requests to the
+        N/steps nodes of their step is N^2/steps; the code goes once to each node, i.e. once per step."""
+        steps = max(1, steps)
+        per_step = nodes / steps
+        if coalesced:
+            requests = request_bytes_per_node * nodes * (self.per_byte + self.per_byte_node * per_step)
+        else:
+            requests = lines_per_node * nodes * (self.per_line + self.per_line_node * per_step)
+        return requests + code_bytes * steps * (self.per_byte + self.per_byte_node * per_step)
 
 
 def srun_linear(nodes: Sequence[float], srun_cpu_s: Sequence[float], bcast: Broadcast, code_bytes: Sequence[float],

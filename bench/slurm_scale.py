@@ -231,14 +231,18 @@ def measure(n: int, reps: int, workdir: Path) -> Dict[str, Any]:
                                                                       "slurmd_cpu_s")}
         out["probes"][key] = {**med, "read_bytes": median([s["read_bytes"] for s in samples]),
                               "exit": max(s["exit"] for s in samples), "samples": samples}
-    # The probes' srun CPU beyond the launch's, per unit written to a node (or forwarded back).
-    launch = out["probes"]["launch"]["srun_cpu_s"]
-    bulk, lines = out["probes"]["bulk"], out["probes"]["lines"]
-    out["s_per_byte_node"] = (bulk["srun_cpu_s"] - launch) / (bulk["samples"][0]["stdin_bytes"] * n)
-    out["s_per_line_node"] = (lines["srun_cpu_s"] - launch) / (lines["samples"][0]["stdin_lines"] * n)
-    fanin = out["probes"]["fanin"]
-    out["s_per_fanin_byte"] = (fanin["srun_cpu_s"] - launch) / max(1, fanin["read_bytes"])
+    out.update(probe_costs(out["probes"]))
     return out
+
+
+def probe_costs(probes: Dict[str, Any]) -> Dict[str, float]:
+    """The probes' srun CPU beyond the launch's, per byte and per line of stdin (written to every node of the
+    step) and per byte of output forwarded back."""
+    launch = probes["launch"]["srun_cpu_s"]
+    bulk, lines, fanin = probes["bulk"], probes["lines"], probes["fanin"]
+    return {"s_per_byte": (bulk["srun_cpu_s"] - launch) / bulk["samples"][0]["stdin_bytes"],
+            "s_per_line": (lines["srun_cpu_s"] - launch) / lines["samples"][0]["stdin_lines"],
+            "s_per_fanin_byte": (fanin["srun_cpu_s"] - launch) / max(1, fanin["read_bytes"])}
 
 
 def _fit_dict(f: Fit, target: int = TARGET) -> Dict[str, Any]:
@@ -249,14 +253,15 @@ def _fit_dict(f: Fit, target: int = TARGET) -> Dict[str, Any]:
 def model(sizes: List[Dict[str, Any]], target: int = TARGET, budget_s: float = BUDGET_S) -> Dict[str, Any]:
     """Lines through the medians per size; the coordinator's share at target nodes per workload (over srun)."""
     nodes = [float(s["nodes"]) for s in sizes]
-    # srun's cost per line and per byte written to a node: the largest size's probes, where the most went through
-    # (the smaller sizes' are in the results too, to show whether it stays flat).
-    big = max(sizes, key=lambda s: s["nodes"])
-    bcast = Broadcast(big["s_per_byte_node"], big["s_per_line_node"])
-    out: Dict[str, Any] = {"target_nodes": target, "budget_s": budget_s, "s_per_byte_node": bcast.s_per_byte,
-                           "s_per_line_node": bcast.s_per_line, "lines": {}, "share": {},
-                           "by_size": {s["nodes"]: {k: s[k] for k in ("s_per_line_node", "s_per_byte_node",
-                                                                      "s_per_fanin_byte")} for s in sizes}}
+    # srun's CPU per byte (bulk) and per line (paced) of stdin at each size, as fixed + per node it is written to.
+    costs = [probe_costs(s["probes"]) for s in sizes]
+    per_byte = fit_line(nodes, [c["s_per_byte"] for c in costs])
+    per_line = fit_line(nodes, [c["s_per_line"] for c in costs])
+    bcast = Broadcast(per_byte.fixed, per_byte.per_unit, per_line.fixed, per_line.per_unit)
+    out: Dict[str, Any] = {"target_nodes": target, "budget_s": budget_s, "broadcast": vars(bcast), "lines": {},
+                           "share": {}}
+    out["lines"]["probe bulk|srun_s_per_byte"] = _fit_dict(per_byte, target)
+    out["lines"]["probe lines|srun_s_per_line"] = _fit_dict(per_line, target)
     for key in sizes[0]["runs"]:
         runs = [s["runs"][key] for s in sizes]
         for metric in ("wall_s", "coord_cpu_s", "children_cpu_s", "tree_cpu_s", "all_connected_s"):
@@ -299,20 +304,23 @@ def print_tables(data: Dict[str, Any]) -> None:
     print(table(["nodes", "run", "wall_s", "coord_ms/node", "children_ms/node", "tree_ms/node", "all_conn_s",
                  "lines/node", "sent_B/node", "read_B/node", "exit", "wall_vs_ssh", "tree_vs_ssh"], rows))
     print()
-    print(table(["nodes", "tree_width", "launch_s", "launch_srun_s", "launch_ctld_s", "bulk_srun_s", "ns/byte-node",
-                 "lines_srun_s", "us/line-node", "fanin_srun_s", "ns/fanin-byte", "build_s", "ctld_rss_mib"],
+    print(table(["nodes", "tree_width", "launch_s", "launch_srun_s", "launch_ctld_s", "bulk_srun_s", "ns/byte",
+                 "lines_srun_s", "us/line", "fanin_srun_s", "ns/fanin-byte", "build_s", "ctld_rss_mib"],
                 [[s["nodes"], s["tree_width"], s["probes"]["launch"]["wall_s"], s["probes"]["launch"]["srun_cpu_s"],
-                  s["probes"]["launch"]["ctld_cpu_s"], s["probes"]["bulk"]["srun_cpu_s"], 1e9 * s["s_per_byte_node"],
-                  s["probes"]["lines"]["srun_cpu_s"], 1e6 * s["s_per_line_node"], s["probes"]["fanin"]["srun_cpu_s"],
-                  1e9 * s["s_per_fanin_byte"], s["bed_build_s"], s["ctld_rss_mib"]] for s in sizes]))
+                  s["probes"]["launch"]["ctld_cpu_s"], s["probes"]["bulk"]["srun_cpu_s"], 1e9 * c["s_per_byte"],
+                  s["probes"]["lines"]["srun_cpu_s"], 1e6 * c["s_per_line"], s["probes"]["fanin"]["srun_cpu_s"],
+                  1e9 * c["s_per_fanin_byte"], s["bed_build_s"], s["ctld_rss_mib"]]
+                 for s, c in ((s, probe_costs(s["probes"])) for s in sizes)]))
     m = data["model"]
     target = m["target_nodes"]
     print(f"\nmodel (least squares over {[s['nodes'] for s in sizes]} nodes), not a measurement:")
     print(table(["what", "fixed_s", "per_node_ms", "residuals_s", "r2", f"at_{target}_s"],
                 [[k, v["fixed"], 1000 * v["per_node"], " ".join(f"{r:+.3f}" for r in v["residuals"]), v["r2"],
                   v[f"at_{target}"]] for k, v in m["lines"].items()]))
-    print(f"\ncoordinator share at {target} nodes over one shared step (srun: {1e6 * m['s_per_line_node']:.2f} us per "
-          f"line per node, {1e9 * m['s_per_byte_node']:.2f} ns per bulk byte per node):")
+    b = m["broadcast"]
+    print(f"\ncoordinator share at {target} nodes (srun's stdin: {1e9 * b['per_byte']:.2f} + "
+          f"{1e9 * b['per_byte_node']:.3f} x N ns per bulk byte, {1e6 * b['per_line']:.2f} + "
+          f"{1e6 * b['per_line_node']:.3f} x N us per paced line):")
     print(table(["workload", "coordinator_s", "srun_per_node_s", "srun_broadcast_s", "serial_s", "parallel_s",
                  "lines/node", "request_B/node", "code_B", f"nodes_in_{m['budget_s']:.0f}s"],
                 [[k, v["coordinator_s"], v["srun_per_node_s"], v["srun_broadcast_s"], v["serial_s"], v["parallel_s"],
@@ -321,8 +329,8 @@ def print_tables(data: Dict[str, Any]) -> None:
     print("\nmeasured srun CPU of the runs against the broadcast the probes predict for them (s):")
     print(table(["nodes", "run", "srun_cpu_s", "bcast_coalesced_s", "bcast_per_line_s"],
                 [[s["nodes"], k, r["children_cpu_s"],
-                  m["s_per_byte_node"] * (r["code_bytes"] + r["sent_bytes"]) * s["nodes"],
-                  (m["s_per_byte_node"] * r["code_bytes"] + m["s_per_line_node"] * r["sent_lines"]) * s["nodes"]]
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], r["sent_bytes"] / s["nodes"], 0),
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], 0, r["sent_lines"] / s["nodes"], False)]
                  for s in sizes for k, r in s["runs"].items() if k.startswith("srun")]))
 
 
@@ -332,13 +340,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/slurm_scale.json)")
     parser.add_argument("--report", metavar="JSON", help="print the tables and the model of a results file (no run)")
+    parser.add_argument("--add", action="store_true", help="add the sizes measured to --out's sizes (an earlier run "
+                        "of the same commit) instead of starting a new file")
     args = parser.parse_args(argv)
     if args.report:
         data = json.loads(Path(args.report).read_text())
         data["model"] = model(data["sizes"])
         print_tables(data)
         return 0
-    if len(set(args.sizes)) < 2:
+    if len(set(args.sizes)) < 2 and not args.add:
         sys.exit("--sizes: the model needs at least two sizes")
     if bad := [n for n in args.sizes if not 2 <= n <= 252]:
         sys.exit(f"--sizes: {bad[0]} is outside 2..252 (one /24 holds the controller and 252 nodes)")
@@ -350,9 +360,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 capture_output=True, text=True).stdout.strip())
     data: Dict[str, Any] = {"commit": commit, "preflight_dirty": dirty, "cores": os.cpu_count(),
                             "workloads": WORKLOADS, "host_python": HOST_PYTHON, "reps": args.reps, "sizes": []}
+    if args.add:
+        if not args.out or not Path(args.out).exists():
+            sys.exit("--add needs --out FILE, an earlier results file")
+        data = json.loads(Path(args.out).read_text())
+        changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", str(data.get("commit")), "HEAD", "--",
+                                  "preflight"], capture_output=True).returncode
+        if changed or dirty:
+            sys.exit(f"--add: {args.out} measured {str(data.get('commit'))[:7]}, and preflight/ has changed since: "
+                     "measure every size anew")
+        data["added"] = {**data.get("added", {}), **{str(n): commit for n in args.sizes}}
+        data["sizes"] = [s for s in data["sizes"] if s["nodes"] not in args.sizes]
     with tempfile.TemporaryDirectory(prefix="pf-slurm-scale-") as tmp:
         for n in sorted(args.sizes):
             data["sizes"].append(measure(n, args.reps, Path(tmp)))
+            data["sizes"].sort(key=lambda s: s["nodes"])
             if len(data["sizes"]) >= 2:
                 data["model"] = model(data["sizes"])
             write_json("slurm_scale", data, args.out)
