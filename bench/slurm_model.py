@@ -79,10 +79,11 @@ class Broadcast:
 
 def srun_linear(nodes: Sequence[float], srun_cpu_s: Sequence[float], bcast: Broadcast, code_bytes: Sequence[float],
                 request_bytes_per_node: Sequence[float], lines_per_node: Sequence[float],
-                coalesced: bool = True) -> Fit:
-    """The srun client's CPU in the measured runs less its broadcast (from the probes), fitted as fixed + per node:
-    what remains is launch, the I/O connection per node and the fan-in of every node's output."""
-    rest = [cpu - bcast.seconds(n, c, b, k, coalesced)
+                coalesced: bool = True, steps: int = 1) -> Fit:
+    """The srun clients' CPU in the measured runs (through `steps` steps) less their broadcast (from the probes),
+    fitted as fixed + per node: what remains is launch, the I/O connection per node and the fan-in of every node's
+    output."""
+    rest = [cpu - bcast.seconds(n, c, b, k, coalesced, steps)
             for n, cpu, c, b, k in zip(nodes, srun_cpu_s, code_bytes, request_bytes_per_node, lines_per_node)]
     return fit_line(nodes, rest)
 
@@ -96,25 +97,32 @@ class Workload:
     lines_per_node: float
 
 
+def steps_for(nodes: float, step_nodes: int = 0) -> int:
+    """How many shared steps serve `nodes` when a step holds at most step_nodes (0: one step for all)."""
+    return max(1, -(-int(nodes) // step_nodes)) if step_nodes else 1
+
+
 def coordinator_share(nodes: float, coordinator: Fit, srun_rest: Fit, bcast: Broadcast, work: Workload,
-                      coalesced: bool = True, steps: int = 1) -> Dict[str, float]:
-    """Submit-host CPU seconds of one run at `nodes`: the coordinator process's line, the srun client's per-node
-    line (once per step for its fixed part) and its broadcast term. ``serial_s`` is their sum (one core does it
-    all); ``parallel_s`` is the largest process (the coordinator and each srun on a core of its own)."""
+                      coalesced: bool = True, step_nodes: int = 0) -> Dict[str, float]:
+    """Submit-host CPU seconds of one run at `nodes`: the coordinator process's line, the srun clients' per-node
+    line (its fixed part once per step) and their broadcast term, with steps of at most step_nodes nodes (0: one
+    step). ``serial_s`` is their sum (one core does it all); ``parallel_s`` is the larger of the coordinator and the
+    srun clients together (each on a core of its own)."""
+    steps = steps_for(nodes, step_nodes)
     coord = coordinator.at(nodes)
-    rest = srun_rest.per_unit * nodes + srun_rest.fixed * max(1, steps)
+    rest = srun_rest.per_unit * nodes + srun_rest.fixed * steps
     broadcast = bcast.seconds(nodes, work.code_bytes, work.request_bytes_per_node, work.lines_per_node, coalesced,
                               steps)
     return {"nodes": nodes, "steps": steps, "coordinator_s": coord, "srun_per_node_s": rest,
             "srun_broadcast_s": broadcast, "srun_s": rest + broadcast, "serial_s": coord + rest + broadcast,
-            "parallel_s": max(coord, (rest + broadcast) / max(1, steps))}
+            "parallel_s": max(coord, rest + broadcast)}
 
 
 def nodes_within(budget_s: float, coordinator: Fit, srun_rest: Fit, bcast: Broadcast, work: Workload,
-                 coalesced: bool = True, steps: int = 1, limit: int = 1_000_000) -> int:
+                 coalesced: bool = True, step_nodes: int = 0, limit: int = 1_000_000) -> int:
     """The largest node count whose serial share stays within budget_s (0 if none; the share must grow with N)."""
     def share(n: int) -> float:
-        return coordinator_share(n, coordinator, srun_rest, bcast, work, coalesced, steps)["serial_s"]
+        return coordinator_share(n, coordinator, srun_rest, bcast, work, coalesced, step_nodes)["serial_s"]
     if share(1) > budget_s:
         return 0
     lo, hi = 1, limit

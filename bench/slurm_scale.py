@@ -63,9 +63,12 @@ PROBE_LINE_GAP_S = 0.001  # between two lines: srun reads each before the next c
 FANIN_LINES = 5000  # per node, 76 bytes each
 TARGET = 4000
 BUDGET_S = 120.0
-# (label, requests coalesced into srun's full messages, shared steps): the central case, the bound where every
-# request line is a message of its own, and the central case split over 16 shared steps of N/16 nodes each.
-SCENARIOS = (("coalesced", True, 1), ("a message per line", False, 1), ("coalesced, 16 steps", True, 16))
+# (label, requests coalesced into srun's full messages, most nodes per shared step or 0 for one step): srun reads
+# each request line as a message of its own (what the runs' srun CPU matches best), or lines share its messages
+# (the bulk probe's cost), through one step or through steps of at most 128 nodes (srun.STEP_NODES_MAX).
+SPLIT = 4  # the gate also runs through this many shared steps: a measured check of the model's steps term
+SCENARIOS = (("one step, a message per line", False, 0), ("one step, coalesced", True, 0),
+             ("steps of 128, a message per line", False, 128), ("steps of 128, coalesced", True, 128))
 _ALL_IN = re.compile(r"\[\s*([\d.]+)s\] connecting: (\d+)/(\d+)")
 # The coordinator runs in-process under this wrapper: it counts what the shared step carries (SharedStep's stdin
 # once, every send_to, and srun's output as the demultiplexer is fed) and writes that with its own CPU and its
@@ -73,6 +76,9 @@ _ALL_IN = re.compile(r"\[\s*([\d.]+)s\] connecting: (\d+)/(\d+)")
 _WRAPPER = """
 import json, os, sys
 from preflight.transport import srun as s
+if os.environ.get("PF_BENCH_STEPS"):  # the bench's split runs: this many shared steps of equal size
+    n = int(os.environ["PF_BENCH_NODES"])
+    s.STEP_NODES_MAX = -(-n // int(os.environ["PF_BENCH_STEPS"]))
 io = {"code_bytes": 0, "sent_bytes": 0, "sent_lines": 0, "read_bytes": 0}
 init, send_to, feed = s.SharedStep.__init__, s.SharedStep.send_to, s.StepOutput.feed
 def _init(self, names, argv, stdin, job_id=""):
@@ -99,8 +105,11 @@ sys.exit(rc)
 """
 
 
-def _run(cluster: SlurmCluster, transport: str, checks: str, workdir: Path, env: Dict[str, str]) -> Dict[str, Any]:
-    """One `preflight run` under _WRAPPER, timed from the outside."""
+def _run(cluster: SlurmCluster, transport: str, checks: str, workdir: Path, env: Dict[str, str],
+         steps: int = 0) -> Dict[str, Any]:
+    """One `preflight run` under _WRAPPER, timed from the outside; with steps, through that many shared steps."""
+    if steps:
+        env = dict(env, PF_BENCH_STEPS=str(steps), PF_BENCH_NODES=str(len(cluster.names)))
     cpu_file, report = workdir / "cpu.json", workdir / "report.json"
     for f in (cpu_file, report):
         f.unlink(missing_ok=True)
@@ -204,8 +213,10 @@ def measure(n: int, reps: int, workdir: Path) -> Dict[str, Any]:
         probes: Dict[str, List[Dict[str, Any]]] = {}
         for rep in range(reps):
             for wl, checks in WORKLOADS.items():
-                for transport in ("ssh", "srun"):  # interleaved: a slow minute on this machine hits both
-                    r = _run(cluster, transport, checks, workdir, envs[transport])
+                # interleaved: a slow minute on this machine hits all alike
+                for transport in ("ssh", "srun", f"srun{SPLIT}") if wl == "gate" else ("ssh", "srun"):
+                    r = _run(cluster, transport, checks, workdir, envs[transport[:4]],
+                             SPLIT if transport.endswith(str(SPLIT)) else 0)
                     runs.setdefault(f"{transport} {wl}", []).append(r)
                     print(f"{n} nodes rep {rep} {transport} {wl}: {r['wall_s']:.1f} s, coordinator "
                           f"{r['coord_cpu_s']:.2f} + children {r['children_cpu_s']:.2f} CPU-s, all connected "
@@ -271,10 +282,13 @@ def model(sizes: List[Dict[str, Any]], target: int = TARGET, budget_s: float = B
         code = [float(r["code_bytes"]) for r in runs]
         req = [r["sent_bytes"] / s["nodes"] for r, s in zip(runs, sizes)]
         lines = [r["sent_lines"] / s["nodes"] for r, s in zip(runs, sizes)]
-        work = Workload(max(code), max(req), max(lines))
+        work = Workload(code[-1], req[-1], lines[-1])  # what the largest size sent
         coord = fit_line(nodes, [r["coord_cpu_s"] for r in runs])
+        split = SPLIT if key.split()[0].endswith(str(SPLIT)) else 1
         out["lines"][f"{key}|srun_cpu_less_broadcast_s"] = _fit_dict(
-            srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines), target)
+            srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines, False, split), target)
+        if split > 1:
+            continue
         for label, coalesced, steps in SCENARIOS:
             rest = srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines, coalesced)
             share = coordinator_share(target, coord, rest, bcast, work, coalesced, steps)
@@ -329,9 +343,15 @@ def print_tables(data: Dict[str, Any]) -> None:
     print("\nmeasured srun CPU of the runs against the broadcast the probes predict for them (s):")
     print(table(["nodes", "run", "srun_cpu_s", "bcast_coalesced_s", "bcast_per_line_s"],
                 [[s["nodes"], k, r["children_cpu_s"],
-                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], r["sent_bytes"] / s["nodes"], 0),
-                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], 0, r["sent_lines"] / s["nodes"], False)]
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], r["sent_bytes"] / s["nodes"], 0, True,
+                                         _split(k)),
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], 0, r["sent_lines"] / s["nodes"], False,
+                                         _split(k))]
                  for s in sizes for k, r in s["runs"].items() if k.startswith("srun")]))
+
+
+def _split(key: str) -> int:
+    return SPLIT if key.split()[0].endswith(str(SPLIT)) else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
