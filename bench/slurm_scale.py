@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -273,24 +273,37 @@ def model(sizes: List[Dict[str, Any]], target: int = TARGET, budget_s: float = B
                            "share": {}}
     out["lines"]["probe bulk|srun_s_per_byte"] = _fit_dict(per_byte, target)
     out["lines"]["probe lines|srun_s_per_line"] = _fit_dict(per_line, target)
+    rests: Dict[Tuple[str, bool], Fit] = {}
+    for key in [k for k in sizes[0]["runs"] if k.startswith("srun")]:  # first: the scenarios below use them all
+        runs = [s["runs"][key] for s in sizes]
+        code = [float(r["code_bytes"]) / _split(key) for r in runs]  # counted once per step, for each step's nodes
+        req = [r["sent_bytes"] / s["nodes"] for r, s in zip(runs, sizes)]
+        lines = [r["sent_lines"] / s["nodes"] for r, s in zip(runs, sizes)]
+        for coalesced in (False, True):
+            rests[key, coalesced] = srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines,
+                                                coalesced, _split(key))
     for key in sizes[0]["runs"]:
         runs = [s["runs"][key] for s in sizes]
         for metric in ("wall_s", "coord_cpu_s", "children_cpu_s", "tree_cpu_s", "all_connected_s"):
             out["lines"][f"{key}|{metric}"] = _fit_dict(fit_line(nodes, [r[metric] for r in runs]), target)
         if not key.startswith("srun"):
             continue
-        code = [float(r["code_bytes"]) for r in runs]
+        code = [float(r["code_bytes"]) / _split(key) for r in runs]  # counted once per step, for each step's nodes
         req = [r["sent_bytes"] / s["nodes"] for r, s in zip(runs, sizes)]
         lines = [r["sent_lines"] / s["nodes"] for r, s in zip(runs, sizes)]
         work = Workload(code[-1], req[-1], lines[-1])  # what the largest size sent
         coord = fit_line(nodes, [r["coord_cpu_s"] for r in runs])
-        split = SPLIT if key.split()[0].endswith(str(SPLIT)) else 1
-        out["lines"][f"{key}|srun_cpu_less_broadcast_s"] = _fit_dict(
-            srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines, False, split), target)
-        if split > 1:
+        out["lines"][f"{key}|srun_cpu_less_broadcast_s"] = _fit_dict(rests[key, False], target)
+        if _split(key) > 1:
             continue
         for label, coalesced, steps in SCENARIOS:
-            rest = srun_linear(nodes, [r["children_cpu_s"] for r in runs], bcast, code, req, lines, coalesced)
+            rest = rests[key, coalesced]
+            split = rests.get((f"srun{SPLIT} gate", coalesced))
+            if steps and split is not None:
+                # What more steps cost srun beyond the broadcast (a client, a launch and an I/O setup each),
+                # measured: the gate through SPLIT steps against one, per node.
+                extra = max(0.0, split.per_unit - rests["srun gate", coalesced].per_unit)
+                rest = Fit(rest.fixed, rest.per_unit + extra, rest.residuals, rest.r2)
             share = coordinator_share(target, coord, rest, bcast, work, coalesced, steps)
             out["share"][f"{key}, {label}"] = {
                 **share, "code_bytes": work.code_bytes, "request_bytes_per_node": work.request_bytes_per_node,
@@ -343,15 +356,87 @@ def print_tables(data: Dict[str, Any]) -> None:
     print("\nmeasured srun CPU of the runs against the broadcast the probes predict for them (s):")
     print(table(["nodes", "run", "srun_cpu_s", "bcast_coalesced_s", "bcast_per_line_s"],
                 [[s["nodes"], k, r["children_cpu_s"],
-                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], r["sent_bytes"] / s["nodes"], 0, True,
-                                         _split(k)),
-                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"], 0, r["sent_lines"] / s["nodes"], False,
-                                         _split(k))]
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"] / _split(k), r["sent_bytes"] / s["nodes"], 0,
+                                         True, _split(k)),
+                  Broadcast(**b).seconds(s["nodes"], r["code_bytes"] / _split(k), 0, r["sent_lines"] / s["nodes"],
+                                         False, _split(k))]
                  for s in sizes for k, r in s["runs"].items() if k.startswith("srun")]))
 
 
 def _split(key: str) -> int:
+    """How many shared steps a run's key says it used ("srun4 gate": SPLIT; else 1)."""
     return SPLIT if key.split()[0].endswith(str(SPLIT)) else 1
+
+
+NAMES = {"srun python|coord_cpu_s": "srun, python: coordinator process CPU",
+         "srun gate|coord_cpu_s": "srun, gate: coordinator process CPU",
+         "srun python|srun_cpu_less_broadcast_s": "srun, python: srun CPU less the broadcast (a message per line)",
+         "srun gate|srun_cpu_less_broadcast_s": "srun, gate: srun CPU less the broadcast (a message per line)",
+         "ssh python|coord_cpu_s": "SSH, python: coordinator process CPU",
+         "ssh gate|coord_cpu_s": "SSH, gate: coordinator process CPU",
+         "probe bulk|srun_s_per_byte": "srun CPU per stdin byte, bulk (probe)",
+         "probe lines|srun_s_per_line": "srun CPU per stdin line, paced (probe)"}
+
+
+def markdown(data: Dict[str, Any], cite: str, results: str = "bench/results/slurm-scale.json") -> str:
+    """The tables of bench/README.md and docs/performance.md, each row citing `cite` (the results commit)."""
+    sizes, m = data["sizes"], data["model"]
+    end = f" | `{cite}` | `{results}` |"
+    out = ["| nodes | checks | SSH wall s | srun wall s | srun / SSH wall | SSH coordinator ms/node | "
+           "srun: coordinator ms/node | srun: srun client ms/node | srun / SSH coordinator tree CPU | commit | "
+           "results |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for s in sizes:
+        n = s["nodes"]
+        for wl in WORKLOADS:
+            for key in (f"srun {wl}", f"srun{SPLIT} {wl}"):
+                r, ssh = s["runs"].get(key), s["runs"][f"ssh {wl}"]
+                if r is None:
+                    continue
+                how = wl if key.startswith("srun ") else f"{wl}, {SPLIT} steps"
+                out.append(f"| {n} | {how} | {ssh['wall_s']:.2f} | {r['wall_s']:.2f} | "
+                           f"{r['wall_s'] / ssh['wall_s']:.2f} | "
+                           f"{1000 * ssh['coord_cpu_s'] / n:.1f} | {1000 * r['coord_cpu_s'] / n:.1f} | "
+                           f"{1000 * r['children_cpu_s'] / n:.1f} | {r['tree_cpu_s'] / ssh['tree_cpu_s']:.2f}" + end)
+    out += ["", "| nodes | launch s | srun CPU ms, launch | srun CPU ns per stdin byte (bulk) | "
+            "srun CPU us per stdin line (paced) | srun CPU ns per output byte | slurmctld CPU s per step | commit | "
+            "results |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for s in sizes:
+        c, p = probe_costs(s["probes"]), s["probes"]
+        out.append(f"| {s['nodes']} | {p['launch']['wall_s']:.2f} | {1000 * p['launch']['srun_cpu_s']:.0f} | "
+                   f"{1e9 * c['s_per_byte']:.0f} | {1e6 * c['s_per_line']:.0f} | {1e9 * c['s_per_fanin_byte']:.1f} | "
+                   f"{p['launch']['ctld_cpu_s']:.2f}" + end)
+    out += ["", "| line (least squares over the sizes) | fixed | per node | largest residual | r2 | commit | results |",
+            "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    units = {"probe bulk|srun_s_per_byte": (1e9, "ns per byte"), "probe lines|srun_s_per_line": (1e6, "us per line")}
+    for key in ("srun python|coord_cpu_s", "srun gate|coord_cpu_s", "srun python|srun_cpu_less_broadcast_s",
+                "srun gate|srun_cpu_less_broadcast_s", "ssh python|coord_cpu_s", "ssh gate|coord_cpu_s",
+                "probe bulk|srun_s_per_byte", "probe lines|srun_s_per_line"):
+        f = m["lines"][key]
+        scale, unit = units.get(key, (1.0, "s"))
+        per = f"{scale * f['per_node']:.3f} {unit}" if unit != "s" else f"{1000 * f['per_node']:.2f} ms"
+        out.append(f"| {NAMES.get(key, key)} | {scale * f['fixed']:.2f} {unit} | {per} | "
+                   f"{scale * max(abs(r) for r in f['residuals']):.3f} {unit} | {f['r2']:.3f}" + end)
+    out += ["", f"| {m['target_nodes']:,} nodes | coordinator s | srun: per node s | srun: broadcast s | "
+            f"share s (one core) | nodes within {m['budget_s']:.0f} s | commit | results |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for key, v in m["share"].items():
+        out.append(f"| {key.replace('srun ', '', 1)} | {v['coordinator_s']:.1f} | {v['srun_per_node_s']:.1f} | "
+                   f"{v['srun_broadcast_s']:.1f} | **{v['serial_s']:.0f}** | {v['nodes_within_budget']:,}" + end)
+    out += ["", "| nodes | run | srun CPU s, measured | broadcast predicted, coalesced | "
+            "broadcast predicted, a message per line | commit | results |",
+            "| ---: | --- | ---: | ---: | ---: | --- | --- |"]
+    b = Broadcast(**m["broadcast"])
+    for s in sizes:
+        for k, r in s["runs"].items():
+            if k.startswith("srun"):
+                n = s["nodes"]
+                code, steps = r["code_bytes"] / _split(k), _split(k)
+                out.append(f"| {n} | {k} | {r['children_cpu_s']:.2f} | "
+                           f"{b.seconds(n, code, r['sent_bytes'] / n, 0, True, steps):.2f} | "
+                           f"{b.seconds(n, code, 0, r['sent_lines'] / n, False, steps):.2f}" + end)
+    return "\n".join(out)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -360,13 +445,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--out", default=None, help="JSON file (default bench/results/slurm_scale.json)")
     parser.add_argument("--report", metavar="JSON", help="print the tables and the model of a results file (no run)")
+    parser.add_argument("--markdown", metavar="COMMIT",
+                        help="with --report: the Markdown tables instead, citing COMMIT")
     parser.add_argument("--add", action="store_true", help="add the sizes measured to --out's sizes (an earlier run "
                         "of the same commit) instead of starting a new file")
     args = parser.parse_args(argv)
     if args.report:
         data = json.loads(Path(args.report).read_text())
         data["model"] = model(data["sizes"])
-        print_tables(data)
+        if args.markdown:
+            print(markdown(data, args.markdown, args.report))
+        else:
+            print_tables(data)
         return 0
     if len(set(args.sizes)) < 2 and not args.add:
         sys.exit("--sizes: the model needs at least two sizes")
