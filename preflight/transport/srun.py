@@ -166,10 +166,10 @@ _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 _LINE_FRAME = re.compile(re.escape(LINE_FRAME) + rb" (\d+) ([a-z]) ([A-Za-z0-9+/=]*)\.")
 _PARTIAL_MAX = 8192  # a line frame is at most ~1.1 KB; more text without one is noise
 # Nodes per shared step, at most. srun writes every line of its stdin to every node of the step (--input=all), so
-# one step's srun spends CPU in proportion to N requests x its N nodes: measured 9.7 ns per byte and 2.5 us per
-# request line for each node written to (bench/slurm_scale.py, 8-128 nodes), a model of 6-7 minutes of srun CPU for
-# a 4,000-node gate through one step (docs/performance.md). Steps of at most 128 nodes (the largest measured) cut it
-# by N/128; each costs one srun client and one step-create more.
+# one step's srun spends CPU in proportion to N nodes' requests x its N nodes: its price per line and per byte for
+# each node written to is measured by bench/slurm_scale.py, and its model puts a 4,000-node gate through one step at
+# minutes of srun CPU (docs/performance.md, "Slurm at 4,000 nodes"). Steps of at most 128 nodes (the largest step
+# measured) cut that by N/128; each costs one srun client, one launch and one step-create more.
 STEP_NODES_MAX = 128
 
 
