@@ -94,5 +94,10 @@ def test_coordinator_share_and_the_nodes_a_budget_holds(m):
     n = m.nodes_within(120.0, coord, rest, b, work)
     assert m.coordinator_share(n, coord, rest, b, work)["serial_s"] <= 120.0
     assert m.coordinator_share(n + 1, coord, rest, b, work)["serial_s"] > 120.0
-    assert m.nodes_within(120.0, coord, rest, b, work, steps=16) > n
+    assert m.nodes_within(120.0, coord, rest, b, work, step_nodes=128) > n
+    # Steps of at most 128 nodes: 4,000 nodes take 32 steps, each writing its 125 nodes' requests to its 125 nodes.
+    split = m.coordinator_share(4000, coord, rest, b, work, step_nodes=128)
+    assert split["steps"] == 32
+    assert split["srun_broadcast_s"] == pytest.approx(5e-9 * (4e5 * 4000 + 400 * 4000 * 125))
+    assert split["srun_per_node_s"] == pytest.approx(0.001 * 4000 + 0.01 * 32)
     assert m.nodes_within(0.1, coord, rest, b, work) == 0
