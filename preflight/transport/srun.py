@@ -95,11 +95,13 @@ class SrunTransport(Transport):
 
     @classmethod
     def open_shared(cls, transports: Sequence[Transport], argv: Sequence[str], stdin: bytes,
-                    options: Mapping[str, Any]) -> Optional["SharedStep"]:
+                    options: Mapping[str, Any]) -> Optional["SharedStep | SharedSteps"]:
         nodes = [t for t in transports if isinstance(t, SrunTransport)]
         if not nodes or options.get("srun_steps", "shared") != "shared":
             return None
-        return SharedStep([n.name for n in nodes], argv, stdin, nodes[0].job_id)
+        groups = step_groups([n.name for n in nodes], STEP_NODES_MAX)
+        steps = [SharedStep(names, argv, stdin, nodes[0].job_id) for names in groups]
+        return steps[0] if len(steps) == 1 else SharedSteps(steps)
 
     def __init__(self, name: str, job_id: str = "", extra_flags: Sequence[str] = ()):
         self.name = name
@@ -163,6 +165,26 @@ STEP_FLAGS = ("--overlap", "--exact", "--ntasks-per-node=1", "--unbuffered", "--
 _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 _LINE_FRAME = re.compile(re.escape(LINE_FRAME) + rb" (\d+) ([a-z]) ([A-Za-z0-9+/=]*)\.")
 _PARTIAL_MAX = 8192  # a line frame is at most ~1.1 KB; more text without one is noise
+# Nodes per shared step, at most. srun writes every line of its stdin to every node of the step (--input=all), so
+# one step's srun spends CPU in proportion to N nodes' requests x its N nodes: its price per line and per byte for
+# each node written to is measured by bench/slurm_scale.py, and its model puts a 4,000-node gate through one step at
+# minutes of srun CPU (docs/performance.md, "Slurm at 4,000 nodes"). Steps of at most 128 nodes (the largest step
+# measured) cut that by N/128; each costs one srun client, one launch and one step-create more.
+STEP_NODES_MAX = 128
+
+
+def step_groups(names: Sequence[str], most: int) -> list:
+    """names in consecutive groups of at most `most`, as equal as can be (300 in 128s: 100, 100, 100)."""
+    if not names:
+        return []
+    count = -(-len(names) // max(1, most))
+    size, extra = divmod(len(names), count)
+    groups, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(list(names[start:end]))
+        start = end
+    return groups
 
 
 class _StepChannel(RunningCommand):
@@ -333,3 +355,20 @@ class SharedStep:
         if not self._cmd.join(grace_s):
             self._cmd.kill()
             self._cmd.join(5)
+
+
+class SharedSteps:
+    """Several SharedSteps as one session (open_shared past STEP_NODES_MAX nodes): every node's channel, and one
+    close() that gives every step its EOF first and then the same grace, so that closing takes one grace, not one
+    per step."""
+
+    def __init__(self, steps: Sequence[SharedStep]):
+        self.steps = list(steps)
+        self.channels: Dict[str, _StepChannel] = {k: v for step in self.steps for k, v in step.channels.items()}
+
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        for step in self.steps:
+            step._cmd.close_stdin(wait=False)
+        deadline = time.monotonic() + grace_s
+        for step in self.steps:
+            step.close(max(0.0, deadline - time.monotonic()))

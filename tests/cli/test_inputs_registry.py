@@ -16,7 +16,7 @@ from preflight.config import ConfigError, load_defaults
 from preflight.hostside import seams
 from preflight.hostside.outcome import Outcome, Status, limits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _commands() -> Dict[str, argparse.ArgumentParser]:

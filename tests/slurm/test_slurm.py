@@ -269,6 +269,49 @@ def test_a_shared_step_that_cannot_start_leaves_each_node_a_step_of_its_own(brok
     assert len({i for ids in launched.values() for i in ids}) == 3, launched
 
 
+def test_past_step_nodes_max_the_agents_share_several_steps_and_each_node_keeps_its_own_result(broken3, tmp_path,
+                                                                                                 monkeypatch):
+    """srun writes every request line to every node of its step, so one step over 4,000 nodes would cost srun
+    minutes of CPU (docs/performance.md): nodes share steps of at most STEP_NODES_MAX. At 2 here, slm1 and slm2
+    share one step and slm3 has one of its own; each node's verdict is still its own agent's (slm2's libaio FAILs).
+    In-process, so that the limit can be lowered; the allocation is cancelled at the end."""
+    from preflight.cli import main
+    from preflight.transport import srun
+    monkeypatch.setattr(srun, "STEP_NODES_MAX", 2)
+    monkeypatch.setattr(srun, "_addr_cache", {})  # this cluster's addresses stay out of other tests' runs
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))]:
+        monkeypatch.delenv(key)
+    alloc = broken3.client(["salloc", "--no-shell", "-N3"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    for key, value in (("SLURM_CONF", broken3.env["SLURM_CONF"]), ("SLURM_JOB_ID", job),
+                       ("SLURM_JOB_NODELIST", "slm[1-3]"), ("SLURM_TASKS_PER_NODE", "1(x3)")):
+        monkeypatch.setenv(key, value)
+    before = _step_launches(broken3)
+    out = tmp_path / "report.json"
+    try:
+        rc = main(["run", "--python", sys.executable, "--checks", "libaio", "--json", str(out), "-q"])
+        launched = {n: ids[len(before[n]):] for n, ids in _step_launches(broken3).items()}
+    finally:
+        broken3.client(["scancel", job], check=False)
+    cells = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
+    assert rc == 1
+    assert cells[("slm2", "libaio")]["status"] == "fail" and "load" in cells[("slm2", "libaio")]["message"]
+    assert cells[("slm1", "libaio")]["status"] == "pass" and cells[("slm3", "libaio")]["status"] == "pass"
+    assert all("one step shared by" in cells[(n, "ssh")]["message"] for n in broken3.names), \
+        [cells[(n, "ssh")]["message"] for n in broken3.names]
+    assert len(launched["slm1"]) == 1 and launched["slm1"] == launched["slm2"], launched
+    assert len(launched["slm3"]) == 1 and launched["slm3"] != launched["slm1"], launched
+
+
+def test_step_groups_are_consecutive_and_as_equal_as_can_be():
+    from preflight.transport.srun import step_groups
+    names = [f"n{i}" for i in range(300)]
+    groups = step_groups(names, 128)
+    assert [len(g) for g in groups] == [100, 100, 100] and sum(groups, []) == names
+    assert [len(g) for g in step_groups(names[:7], 3)] == [3, 2, 2]
+    assert step_groups(names[:128], 128) == [names[:128]] and step_groups([], 128) == []
+
+
 def test_node_check_drain_drains_exactly_the_broken_node_and_resumes_only_its_own_drains(broken3, node_code):
     cluster = broken3
     procs = {n: _node_check(cluster, n, node_code, "--drain", "--checks", "libaio") for n in cluster.names}
