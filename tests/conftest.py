@@ -39,9 +39,11 @@ def netcluster_factory():
         yield make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster3():
-    """Three hosts node01..node03 shared by a module; tests must undo what they change."""
+    """Three hosts node01..node03 shared by every module that uses it (one per pytest-xdist worker): a test must
+    undo what it changes (a firewall, a shaped link, a file in a host's /tmp), and a fault host it adds stays for
+    the session, so its name must be new (``add_blackhole("deadhost")`` is tests/cli/test_pytest_plugin.py's)."""
     _skip_without_netcluster()
     with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
         yield cluster
@@ -261,19 +263,33 @@ def _tier(item) -> str:
     return "unit"
 
 
+# Namespace-host modules whose assertions compare measurements (link rates shaped by tc, CPU quotas, stragglers,
+# latencies, a run's wall time against a healthy one's): under --dist loadgroup they are one group, run one after the
+# other on one worker, so that no two of them measure at once.
+MEASURING = {"test_allreduce", "test_calibration", "test_compute", "test_coordinator_scale", "test_failfast",
+             "test_history", "test_html", "test_iperf3", "test_iperf3_floor", "test_latency", "test_netcluster",
+             "test_recommend_inherited", "test_severity", "test_single_node"}
+
+
+def xdist_group(item, tier: str) -> str:
+    """The pytest-xdist group of a test under --dist loadgroup: "measure" for a namespace test of MEASURING, else its
+    module (a module's fixtures, module- or session-scoped, are then built once on the worker that runs it)."""
+    module = item.path.stem
+    return "measure" if tier in ("cluster", "slurm", "gpu") and module in MEASURING else module
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist's --dist loadgroup (.ci/run with PREFLIGHT_CI_JOBS=2): the tests that build namespace hosts
-    # are one group, run one after the other on one worker as in a serial run (their timings are measured against
-    # each other); every other module is a group of its own (its module-scoped fixtures are built once), and those
-    # share the other worker.
+    # Under pytest-xdist's --dist loadgroup (.ci/run runs `-n 2 --dist loadgroup`; PREFLIGHT_CI_JOBS=1 runs serially):
+    # each module is a group, so that namespace modules that only read their hosts, and the unit and slow tiers, run
+    # beside each other; the measuring namespace modules are one group (MEASURING). NetCluster claims its own /24s,
+    # namespaces, names and state directory, so clusters of two workers never meet.
     grouped = getattr(config.option, "loadgroup", False)  # what xdist sets in a worker for --dist loadgroup
     for item in items:
         tier = _tier(item)
         item.add_marker(getattr(pytest.mark, tier))
         if grouped:
-            item.add_marker(pytest.mark.xdist_group("namespace" if tier in ("cluster", "slurm", "gpu")
-                                                    else item.path.stem))
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item, tier)))
 
 
 @pytest.hookimpl(hookwrapper=True)
