@@ -38,11 +38,23 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
         return Outcome(Status.PASS, f"no torch extensions cache at {root} ({facts.get('root_from')}): no lock; the "
                        "first job start JIT-builds the ops it loads", metrics=metrics)
     findings = []
-    min_age = float(lim["min_age_s"])
+    min_age, quiet = float(lim["min_age_s"]), float(lim["quiet_s"])
     for d in jit.stale_locks(facts):
         lock = d["lock"]
         age = float(lock.get("age_s") or 0.0)
         if age < min_age:  # a build that is just starting (the lock is made before ninja runs): not yet stale
+            continue
+        idle = d.get("idle_s")
+        if isinstance(idle, (int, float)) and idle < quiet:
+            # Written to moments ago by no process we can see: a build in another container or PID namespace
+            # sharing this cache holds it; calling that stale would tell the user to break a running build.
+            findings.append(Finding(
+                Status.WARN,
+                f"torch extensions lock {lock['path']} (op {d['op']}, {jit.age_text(age)} old): no process this "
+                f"host's /proc shows holds it, but {d['dir']} was written {jit.age_text(idle)} ago: a build in "
+                "another container or PID namespace that shares this cache may still be running",
+                f"if no build of {d['op']} runs on this host in any container, the lock is stale: "
+                f"rm -f {shlex.quote(lock['path'])}"))
             continue
         unsure = (f"; {facts['unreadable_procs']} process(es) could not be looked at (permission denied: another "
                   "user's, or another namespace's)" if facts.get("unreadable_procs") else "")

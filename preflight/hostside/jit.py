@@ -340,7 +340,8 @@ def scan_extensions(root: str, now: Optional[float] = None, proc_root: str = "/p
         held = holders(directory, links)
         entry: Dict[str, Any] = {"dir": directory, "op": os.path.basename(directory), "lock": None,
                                  "libraries": sorted(n for n in names if n.endswith(".so"))[:5],
-                                 "objects": sum(1 for n in names if n.endswith(".o")), "holders": held}
+                                 "objects": sum(1 for n in names if n.endswith(".o")), "holders": held,
+                                 "idle_s": _idle_s(directory, names, now)}
         lock = os.path.join(directory, LOCK_NAME)
         try:
             st = os.lstat(lock)
@@ -350,6 +351,19 @@ def scan_extensions(root: str, now: Optional[float] = None, proc_root: str = "/p
             entry["lock"] = {"path": lock, "age_s": round(max(0.0, now - st.st_mtime), 1), "holders": held}
         out["dirs"].append(entry)
     return out
+
+
+def _idle_s(directory: str, names: List[str], now: float) -> Optional[float]:
+    """Seconds since the newest write to any file in the build directory (ninja's log and objects, the lock): a
+    build that this host's /proc cannot see (another container or PID namespace) still writes here."""
+    newest = None
+    for name in names:
+        try:
+            mtime = os.lstat(os.path.join(directory, name)).st_mtime
+        except OSError:
+            continue
+        newest = mtime if newest is None else max(newest, mtime)
+    return None if newest is None else round(max(0.0, now - newest), 1)
 
 
 def stale_locks(scan: Mapping[str, Any]) -> List[Dict[str, Any]]:

@@ -32,8 +32,9 @@ def _plant(root: Path, layout: str = "py311_cpu", age_s: float = 7200.0, objects
     lock.write_text("")
     then = time.time() - age_s
     os.utime(lock, (then, then))
-    for i in range(objects):
+    for i in range(objects):  # a killed build's objects are as old as its lock
         (op_dir / f"src{i}.o").write_text("")
+        os.utime(op_dir / f"src{i}.o", (then, then))
     return lock
 
 
@@ -85,6 +86,21 @@ def test_a_lock_a_live_process_holds_open_or_a_build_running_there_is_not_stale(
         worker.kill()
         worker.wait()
     assert ext_locks.evaluate(jit.scan_extensions(str(root)), _thresholds()).status == Status.FAIL
+
+
+def test_an_old_lock_in_a_directory_written_just_now_warns_of_a_build_this_host_cannot_see(tmp_path):
+    """A build in another container sharing the cache: its lock is old (a long build) and no process here holds it,
+    but ninja wrote an object a moment ago. A WARN that says so, not a FAIL that would break a running build; once the
+    directory has been quiet for quiet_s, the same lock FAILs."""
+    lock = _plant(tmp_path / "ext", objects=1)
+    (lock.parent / "src_new.o").write_text("")  # written now
+    out = ext_locks.evaluate(jit.scan_extensions(str(tmp_path / "ext")), _thresholds())
+    assert out.status == Status.WARN, out
+    assert f"torch extensions lock {lock} (op {OP}, 2 h 0 min old)" in out.message
+    assert "another container or PID namespace" in out.message and out.fix.endswith(f"rm -f {shlex.quote(str(lock))}")
+    then = time.time() - 600
+    os.utime(lock.parent / "src_new.o", (then, then))
+    assert ext_locks.evaluate(jit.scan_extensions(str(tmp_path / "ext")), _thresholds()).status == Status.FAIL
 
 
 def test_a_fresh_lock_is_a_build_starting_and_no_cache_passes(tmp_path):
