@@ -2,6 +2,7 @@
 may not skip for lack of root, namespaces or a tool."""
 
 import contextlib
+import fcntl
 import functools
 import inspect
 import os
@@ -292,12 +293,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(xdist_group(item, tier)))
 
 
+@contextlib.contextmanager
+def _measuring_alone(item):
+    """Under pytest-xdist, a test of the "measure" group holds an exclusive lock of this test run and every other
+    test a shared one, so that a measurement never runs beside another worker's tests (they would take the 2
+    cores it measures on: a healthy host's TCP round trip read 10 ms beside them). Outside xdist, nothing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    group = item.get_closest_marker("xdist_group")
+    alone = bool(group and group.args and group.args[0] == "measure")
+    # The workers' temporary directories (popen-gw0, ...) share a parent: this run's, which pytest rotates away.
+    path = item.config._tmp_path_factory.getbasetemp().parent / f"measure-{run}.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # Set for a unit test's setup, call and teardown (and every process it starts), unset for every other test.
     if item.get_closest_marker("unit"):
         os.environ[NO_NAMESPACES] = item.nodeid
     try:
-        yield
+        with _measuring_alone(item):
+            yield
     finally:
         os.environ.pop(NO_NAMESPACES, None)
