@@ -298,10 +298,11 @@ def _measuring_alone(item):
     """Under pytest-xdist, a test of the "measure" group holds an exclusive lock of this test run and every other
     test a shared one, so that a measurement never runs beside another worker's tests (they would take the 2
     cores it measures on: a healthy host's TCP round trip read 10 ms beside them). Outside xdist, nothing."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
+    worker = getattr(item.config, "workerinput", None)  # only an xdist worker, not a pytest a test starts
+    if worker is None:
         yield
         return
+    run = worker["testrunuid"]
     group = item.get_closest_marker("xdist_group")
     alone = bool(group and group.args and group.args[0] == "measure")
     # The workers' temporary directories (popen-gw0, ...) share a parent: this run's, which pytest rotates away.
