@@ -62,6 +62,8 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("calibration*", ["preflight/hostside/stats.py", "preflight/checks/compute.py", "preflight/checks/compute.toml",
                       "preflight/checks/iperf3/*",
                       "preflight/checks/allreduce/stragglers.py", "bench/calibration.py"]),
+    ("healthy-fleet*", ["preflight/hostside/*", "preflight/checks/compute.py", "preflight/checks/compute.toml",
+                        "preflight/checks/iperf3/*", "preflight/checks/allreduce/*", "bench/healthy_fleet.py"]),
 )
 
 _RESULTS = re.compile(r"`(bench/results/[^`]+)`")

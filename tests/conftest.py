@@ -2,6 +2,7 @@
 may not skip for lack of root, namespaces or a tool."""
 
 import contextlib
+import fcntl
 import functools
 import inspect
 import os
@@ -39,9 +40,11 @@ def netcluster_factory():
         yield make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster3():
-    """Three hosts node01..node03 shared by a module; tests must undo what they change."""
+    """Three hosts node01..node03 shared by every module that uses it (one per pytest-xdist worker): a test must
+    undo what it changes (a firewall, a shaped link, a file in a host's /tmp), and a fault host it adds stays for
+    the session, so its name must be new (``add_blackhole("deadhost")`` is tests/cli/test_pytest_plugin.py's)."""
     _skip_without_netcluster()
     with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
         yield cluster
@@ -261,19 +264,55 @@ def _tier(item) -> str:
     return "unit"
 
 
+# Namespace-host modules whose assertions compare measurements (link rates shaped by tc, CPU quotas, stragglers,
+# latencies, a run's wall time against a healthy one's): under --dist loadgroup they are one group, run one after the
+# other on one worker, so that no two of them measure at once.
+MEASURING = {"test_allreduce", "test_calibration", "test_compute", "test_coordinator_scale", "test_failfast",
+             "test_history", "test_html", "test_iperf3", "test_iperf3_floor", "test_latency", "test_netcluster",
+             "test_recommend_inherited", "test_severity", "test_single_node"}
+
+
+def xdist_group(item, tier: str) -> str:
+    """The pytest-xdist group of a test under --dist loadgroup: "measure" for a namespace test of MEASURING, else its
+    module (a module's fixtures, module- or session-scoped, are then built once on the worker that runs it)."""
+    module = item.path.stem
+    return "measure" if tier in ("cluster", "slurm", "gpu") and module in MEASURING else module
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist's --dist loadgroup (.ci/run with PREFLIGHT_CI_JOBS=2): the tests that build namespace hosts
-    # are one group, run one after the other on one worker as in a serial run (their timings are measured against
-    # each other); every other module is a group of its own (its module-scoped fixtures are built once), and those
-    # share the other worker.
+    # Under pytest-xdist's --dist loadgroup (.ci/run runs `-n 2 --dist loadgroup`; PREFLIGHT_CI_JOBS=1 runs serially):
+    # each module is a group, so that namespace modules that only read their hosts, and the unit and slow tiers, run
+    # beside each other; the measuring namespace modules are one group (MEASURING). NetCluster claims its own /24s,
+    # namespaces, names and state directory, so clusters of two workers never meet.
     grouped = getattr(config.option, "loadgroup", False)  # what xdist sets in a worker for --dist loadgroup
     for item in items:
         tier = _tier(item)
         item.add_marker(getattr(pytest.mark, tier))
         if grouped:
-            item.add_marker(pytest.mark.xdist_group("namespace" if tier in ("cluster", "slurm", "gpu")
-                                                    else item.path.stem))
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item, tier)))
+
+
+@contextlib.contextmanager
+def _measuring_alone(item):
+    """Under pytest-xdist, a test of the "measure" group holds an exclusive lock of this test run and every other
+    test a shared one, so that a measurement never runs beside another worker's tests (they would take the 2
+    cores it measures on: a healthy host's TCP round trip read 10 ms beside them). Outside xdist, nothing."""
+    worker = getattr(item.config, "workerinput", None)  # only an xdist worker, not a pytest a test starts
+    if worker is None:
+        yield
+        return
+    run = worker["testrunuid"]
+    group = item.get_closest_marker("xdist_group")
+    alone = bool(group and group.args and group.args[0] == "measure")
+    # The workers' temporary directories (popen-gw0, ...) share a parent: this run's, which pytest rotates away.
+    path = item.config._tmp_path_factory.getbasetemp().parent / f"measure-{run}.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -282,6 +321,7 @@ def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker("unit"):
         os.environ[NO_NAMESPACES] = item.nodeid
     try:
-        yield
+        with _measuring_alone(item):
+            yield
     finally:
         os.environ.pop(NO_NAMESPACES, None)

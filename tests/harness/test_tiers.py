@@ -54,9 +54,9 @@ def test_each_test_gets_its_tier_from_what_it_uses():
 
 
 def test_test_file_names_are_unique_and_the_tier_tables_name_real_files():
-    """SLOW and NEEDS_ROOT are keyed by a test file's name without its folder (tests/<what>/test_x.py): two files
+    """SLOW, NEEDS_ROOT and MEASURING are keyed by a test file's name without its folder (tests/<what>/test_x.py): two files
     of one name in two folders would share an entry, and an entry whose file moved or was renamed would silently
     put its tests back in the unit tier."""
     names = [p.stem for p in (REPO / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
-    assert sorted((set(conftest.SLOW) | set(conftest.NEEDS_ROOT)) - set(names)) == []
+    assert sorted((set(conftest.SLOW) | set(conftest.NEEDS_ROOT) | conftest.MEASURING) - set(names)) == []

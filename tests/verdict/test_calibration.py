@@ -1,11 +1,9 @@
 """The statistics hold their error rate: the t distribution and Holm's adjustment against known values, a fast subset
-of bench/calibration.py's grid (the checks' real evaluate on simulated fleets), and 10 healthy runs of 6 namespace
-hosts whose links and CPU quotas differ by 3% naming nobody."""
+of bench/calibration.py's grid (the checks' real evaluate on simulated fleets), and 3 healthy runs of 6 namespace
+hosts whose links and CPU quotas differ by 3% naming nobody (bench/healthy_fleet.py runs 10)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -74,40 +72,21 @@ def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
 
 needs_cluster = pytest.mark.skipif(NetCluster.unavailable_reason() is not None,
                                    reason=str(NetCluster.unavailable_reason()))
-# Small sizes so that 10 runs fit in a few minutes: 1-s iperf3 tests, a short all-reduce sweep, half-second compute
-# measured together (align_s) with one thread per host.
-CONFIG = ("[compute]\nalign_s = 10.0\nseconds = 0.5\nchunks = 5\ncpu_threads = 1\n"
-          "[iperf3]\nduration_s = 1.0\n"
-          "[allreduce]\nmin_bytes = 65536\nmax_bytes = 1048576\niters = 2\n")
-RATE = 200.0  # Mbit/s, as tests/checks/iperf3/test_iperf3.py
+# 3 runs here (one per ~40 s on 2 cores); bench/healthy_fleet.py runs the full 10 with the same hosts and config.
+RUNS = 3
 
 
 @needs_cluster
-def test_ten_healthy_runs_of_six_hosts_3_percent_apart_name_nobody(netcluster_factory, tmp_path):
-    cluster = netcluster_factory(6)
-    cores = 1.8 / 6  # the 2 cores of this machine shared out, each host's quota 0-3% apart
-    for i, h in enumerate(cluster.hosts):
-        cluster.shape(h, round(RATE * (1 - 0.03 * i / 5), 1))
-        cluster.throttle(h, cores=cores * (1 - 0.03 * i / 5))
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG)
+def test_healthy_runs_of_six_hosts_3_percent_apart_name_nobody(netcluster_factory, tmp_path):
+    from bench import healthy_fleet
+    cluster = netcluster_factory(healthy_fleet.HOSTS)
     seen = []
+    healthy_fleet.shape(cluster)
     try:
-        for run in range(10):
-            out = tmp_path / f"run{run}.json"
-            argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(tmp_path / "hosts")),
-                    "--python", sys.executable, "--ssh-config", str(cluster.ssh_config), "--ssh-key",
-                    str(cluster.user_key), "--known-hosts", str(cluster.known_hosts), "--checks",
-                    "compute,iperf3,allreduce", "--config", str(config), "--json", str(out)]
-            proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400,
-                                  stdin=subprocess.DEVNULL, env=dict(os.environ))
-            assert out.exists(), proc.stderr[-3000:]
-            results = json.loads(out.read_text())["results"]
-            bad = [(r["host"], r["check"], r["status"], r["message"]) for r in results
-                   if r["check"] in ("compute", "iperf3", "allreduce") and r["status"] in ("warn", "fail", "error")]
-            seen.append(bad)
+        for run in range(RUNS):
+            named, _, error = healthy_fleet.one_run(cluster, tmp_path, run)
+            assert not error, error
+            seen.append(named)
     finally:
-        for h in cluster.hosts:
-            cluster.unthrottle(h)
-            cluster.unshape(h)
-    assert seen == [[]] * 10, seen
+        healthy_fleet.unshape(cluster)
+    assert seen == [[]] * RUNS, seen
