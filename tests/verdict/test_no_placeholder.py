@@ -1,7 +1,7 @@
 """No placeholder where a fact belongs (issue 30 item 2): no HOST, ADDRESS, FINGERPRINT, PORT or PATH standing for a
 value in any message or fix of any check, nor in a grouped cause's line.
 
-The checks' own unit tests are the fixtures: they run again in a child pytest with tests/placeholder_plugin.py, which
+The checks' own unit tests are the fixtures: their unit tier (-m unit) runs again in a child pytest with tests/placeholder_plugin.py, which
 records what every check's ``evaluate`` returns (message, fix, findings) and every cause line printed, and each
 recorded text is grepped (tests/placeholders.py). Namespace-host tests are left out there (the scenarios' reports
 are grepped by their own tests).
