@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..hostside.outcome import BlockedBy, Finding, Outcome, Status, combine, error, limits, skip
 from ..hostside.jobinputs import CHECKPOINT_DIR, MODEL_PARAMS
@@ -141,6 +141,56 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
+def _host_findings(h: str, p: Dict[str, Any], facts: Dict[str, Any], total: Optional[float], shared: bool,
+                   lim: Dict[str, Any]) -> Tuple[List[Finding], Dict[str, Any], bool]:
+    """(host h's findings on its checkpoint dir, its metrics, whether it lacks room for its share)."""
+    path, params = facts.get("path"), facts.get("model_params")
+    world = int(facts.get("world_size") or 0) or 1
+    lacks_room = False
+    findings: List[Finding] = []
+    metrics = {k: p.get(k) for k in ("free_bytes", "size_bytes", "fstype", "source", "st_dev", "fsid")}
+    if not p.get("exists"):
+        findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
+                                f"create it on {h} (mkdir -p {path}), or mount the shared checkpoint filesystem "
+                                "there"))
+    elif not p.get("writable"):
+        findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
+                                f"fix the permissions for the job's user on {h} (ls -ld {path}; is it mounted "
+                                "read-only?)"))
+    if total is not None and p.get("exists"):
+        # On one shared filesystem the whole checkpoint lands there; on local disks each host keeps its ranks'.
+        need = total if shared else total * int((facts.get("slots") or {}).get(h, 1)) / world
+        need *= float(lim["free_margin"])
+        metrics["needed_bytes"] = int(need)
+        if p.get("free_bytes") is not None and p["free_bytes"] < need:
+            lacks_room = True
+            if shared:
+                whose = "the whole checkpoint: shared filesystem"
+            else:
+                whose = f"this host's {int((facts.get('slots') or {}).get(h, 1))} of {world} ranks' shards"
+            findings.append(Finding(Status.FAIL, f"{h}: {path} has {_gib(p['free_bytes'])} free, a checkpoint of "
+                                    f"{float(params or 0):.3g} params needs {_gib(need)} there ({whose})",
+                                    f"free space on {h} or point --checkpoint-dir (the job's save_checkpoint "
+                                    "path) at a larger filesystem"))
+    return findings, metrics, lacks_room
+
+
+def _not_shared(path: Any, probes: Dict[str, Dict[str, Any]], writers: List[str], seen: Dict[str, Optional[List[str]]],
+                lim: Dict[str, Any], summary_metrics: Dict[str, Any]) -> Outcome:
+    """The cluster row when the hosts write to the checkpoint dir but not all of them see each other's files."""
+    lonely = sorted(h for h in writers if set(seen.get(h) or []) < set(writers))
+    status = Status.WARN if lim["require_shared"] else Status.PASS
+    verb_s = "s" if len(lonely) == 1 else ""
+    files = ("its own test file" if all(seen.get(h) == [h] for h in lonely)
+             else "some of the others' test files")
+    ids = ", ".join(f"{h} {probes[h].get('st_dev')}/{probes[h].get('fsid')}" for h in writers[:4])
+    return Outcome(status, f"{path} is not one shared filesystem: {', '.join(lonely[:6])} see{verb_s} only "
+                           f"{files} (st_dev/fsid: {ids}); a file written by rank 0 (a config, the 'latest' tag) "
+                           "is not visible to the other ranks, so they wait or load stale state",
+                           f"mount one shared filesystem (NFS/Lustre/GPFS) at {path} on every host, or set "
+                           "DeepSpeed's checkpoint.use_node_local_storage and save on every node", summary_metrics)
+
+
 def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
     lim = limits(thresholds, NAME)
     out: Dict[str, Outcome] = {}
@@ -160,38 +210,14 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     params = facts.get("model_params")
     per_param = float(lim["optimizer_bytes_per_param"]) + float(lim["weight_bytes_per_param"])
     total = float(params) * per_param if params else None
-    world = int(facts.get("world_size") or 0) or 1
     # One filesystem that several hosts write to: its lack of room is one cause, the cluster row's, and each host's
     # cell only repeats it (a victim, blocked by that row), as "3 hosts need fixing" would send the user to 3 hosts.
     one_fs = shared and len(writers) >= 2
     short: List[str] = []
     for h, p in probes.items():
-        findings: List[Finding] = []
-        metrics = {k: p.get(k) for k in ("free_bytes", "size_bytes", "fstype", "source", "st_dev", "fsid")}
-        if not p.get("exists"):
-            findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
-                                    f"create it on {h} (mkdir -p {path}), or mount the shared checkpoint filesystem "
-                                    "there"))
-        elif not p.get("writable"):
-            findings.append(Finding(Status.FAIL, f"{h}: checkpoint dir {path}: {p.get('error')}",
-                                    f"fix the permissions for the job's user on {h} (ls -ld {path}; is it mounted "
-                                    "read-only?)"))
-        if total is not None and p.get("exists"):
-            # On one shared filesystem the whole checkpoint lands there; on local disks each host keeps its ranks'.
-            need = total if shared else total * int((facts.get("slots") or {}).get(h, 1)) / world
-            need *= float(lim["free_margin"])
-            metrics["needed_bytes"] = int(need)
-            if p.get("free_bytes") is not None and p["free_bytes"] < need:
-                if one_fs and h in writers:
-                    short.append(h)
-                if shared:
-                    whose = "the whole checkpoint: shared filesystem"
-                else:
-                    whose = f"this host's {int((facts.get('slots') or {}).get(h, 1))} of {world} ranks' shards"
-                findings.append(Finding(Status.FAIL, f"{h}: {path} has {_gib(p['free_bytes'])} free, a checkpoint of "
-                                        f"{float(params or 0):.3g} params needs {_gib(need)} there ({whose})",
-                                        f"free space on {h} or point --checkpoint-dir (the job's save_checkpoint "
-                                        "path) at a larger filesystem"))
+        findings, metrics, lacks_room = _host_findings(h, p, facts, total, shared, lim)
+        if lacks_room and one_fs and h in writers:
+            short.append(h)
         ok = f"{path} writable on {h} ({p.get('fstype') or '?'}, {_gib(p.get('free_bytes') or 0)} free)"
         out[h] = combine(findings, ok, metrics)
         if h in short and len(findings) == 1:  # only the shared filesystem's lack of room: the cluster row's cause
@@ -201,17 +227,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     if short:
         out[CLUSTER] = _shared_too_small(facts, probes, writers, short, total or 0.0, lim, summary_metrics)
     elif len(probes) >= 2 and writers and not shared:
-        lonely = sorted(h for h in writers if set(seen.get(h) or []) < set(writers))
-        status = Status.WARN if lim["require_shared"] else Status.PASS
-        verb_s = "s" if len(lonely) == 1 else ""
-        files = ("its own test file" if all(seen.get(h) == [h] for h in lonely)
-                 else "some of the others' test files")
-        ids = ", ".join(f"{h} {probes[h].get('st_dev')}/{probes[h].get('fsid')}" for h in writers[:4])
-        out[CLUSTER] = Outcome(status, f"{path} is not one shared filesystem: {', '.join(lonely[:6])} see{verb_s} only "
-                               f"{files} (st_dev/fsid: {ids}); a file written by rank 0 (a config, the 'latest' tag) "
-                               "is not visible to the other ranks, so they wait or load stale state",
-                               f"mount one shared filesystem (NFS/Lustre/GPFS) at {path} on every host, or set "
-                               "DeepSpeed's checkpoint.use_node_local_storage and save on every node", summary_metrics)
+        out[CLUSTER] = _not_shared(path, probes, writers, seen, lim, summary_metrics)
     else:
         state = (f"one shared filesystem on all {len(writers)} hosts" if shared and len(writers) > 1
                  else "writable" if writers else "not writable anywhere")

@@ -644,11 +644,8 @@ def _xid_findings(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> List[Fin
     return findings
 
 
-def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
-    expected, why_expected = gpus_expected(facts, bool(limits(thresholds, NAME)["gpus_expected"]))
-    gpus = facts.get("gpus") or []
-    metrics: Dict[str, Any] = {"gpu_count": len(gpus), "driver": facts.get("driver"), "source": facts.get("source")}
-
+def _unqueried(facts: Dict[str, Any], expected: bool, why_expected: str, metrics: Dict[str, Any]) -> Optional[Outcome]:
+    """The outcome when there is no driver, or nothing could query the GPUs; None when they were read."""
     if not facts.get("driver_present"):
         nvml_error, smi_error = facts.get("nvml_error") or "unavailable", facts.get("smi_error") or "unavailable"
         reason = (f"no NVIDIA driver on this host (NVML: {nvml_error}; nvidia-smi: {smi_error}; "
@@ -671,6 +668,17 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
                                 "install nvidia-ml-py / the driver's utilities matching the kernel module "
                                 "(cat /proc/driver/nvidia/version), or reboot after a driver upgrade")],
                        "", metrics)
+    return None
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Outcome:
+    expected, why_expected = gpus_expected(facts, bool(limits(thresholds, NAME)["gpus_expected"]))
+    gpus = facts.get("gpus") or []
+    metrics: Dict[str, Any] = {"gpu_count": len(gpus), "driver": facts.get("driver"), "source": facts.get("source")}
+
+    unqueried = _unqueried(facts, expected, why_expected, metrics)
+    if unqueried is not None:
+        return unqueried
 
     findings: List[Finding] = []
     if not gpus:

@@ -254,6 +254,26 @@ def deepspeed_master_addr() -> Dict[str, Any]:
     return {"address": words[0] if words else None, "all": words[:16], "error": error}
 
 
+def _bind_random(count: int, lo: int, hi: int, master_port: Any, addresses: List[str],
+                 socks: List[socket.socket]) -> List[int]:
+    """Up to ``count`` random free ports of lo..hi bound on addresses (their sockets added to socks), sorted."""
+    ports: List[int] = []
+    rng = random.SystemRandom()
+    for _ in range(count * 20):
+        if len(ports) >= count:
+            break
+        port = rng.randint(lo, hi)
+        if port in ports or port == master_port:
+            continue
+        try:
+            socks.extend(_bind_on(port, addresses))
+        except OSError:
+            continue  # taken: try another
+        ports.append(port)
+    ports.sort()
+    return ports
+
+
 def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     """Listen on ``count`` random free ports of ip_local_port_range (NCCL binds port 0, so the kernel picks its
     ports from there) and on ``master_port`` if given; accept-and-close until stopped; always close them."""
@@ -282,19 +302,7 @@ def listen(params: Dict[str, Any], ctx: HostContext) -> Dict[str, Any]:
     try:
         if master_port:
             info["master_port"] = _claim_master_port(int(master_port), socks, addresses)
-        rng = random.SystemRandom()
-        for _ in range(count * 20):
-            if len(info["ports"]) >= count:
-                break
-            port = rng.randint(lo, hi)
-            if port in info["ports"] or port == master_port:
-                continue
-            try:
-                socks.extend(_bind_on(port, addresses))
-            except OSError:
-                continue  # taken: try another
-            info["ports"].append(port)
-        info["ports"].sort()
+        info["ports"] = _bind_random(count, lo, hi, master_port, addresses, socks)
         accepted: Dict[int, int] = {}
         thread = threading.Thread(target=_accept_loop, args=(socks, stop, accepted), daemon=True)
         thread.start()

@@ -276,6 +276,41 @@ def _sources(sources: Sequence[Any]) -> List[str]:
     return out
 
 
+def _nft_fix(where: str, nft: Dict[str, Any], ipt: Dict[str, Any], srcs: List[str], ports: str, ipt_line: str,
+             sudo: str) -> str:
+    """firewall_fix under nftables: an accept rule in each input chain that drops the traffic (iptables' own line
+    for iptables-nft's INPUT chain and for iptables-legacy's rules), or where else the block is."""
+    v6 = all(":" in s for s in srcs)
+    family_word = "ip6" if v6 else "ip"
+    nft_src = srcs[0] if len(srcs) == 1 else "{ " + ", ".join(srcs) + " }"
+    lines: List[str] = []
+    drops = (dropping_input_chains(nft["ruleset"], v6) if nft.get("ruleset") is not None else
+             [c for c in nft.get("drops6" if v6 else "drops") or [] if isinstance(c, dict)])
+    odd = [c for c in drops if not all(_NAME.fullmatch(str(c.get(k) or "")) for k in ("table", "chain"))
+           or c.get("family") not in ("ip", "ip6", "inet")]
+    for c in drops:
+        if c in odd:
+            continue
+        if c.get("compat") and c["table"] == "filter" and c["chain"] == "INPUT":
+            if ipt_line not in lines:
+                lines.append(ipt_line)  # iptables-nft's own chain: iptables edits it
+            continue
+        lines.append(f"{sudo}nft insert rule {c['family']} {c['table']} {c['chain']} {family_word} saddr "
+                     f"{nft_src} tcp dport {ports} accept")
+    if ipt.get("backend") == "legacy" and _iptables_drops(ipt.get("rules")) and ipt_line not in lines:
+        lines.append(ipt_line)  # iptables-legacy's rules are not in nft's ruleset
+    if odd:
+        shown = ", ".join(f"{validate.quote(c.get('table'))} {validate.quote(c.get('chain'))}" for c in odd)
+        lines.append(f"# and in {shown} (names not safe to paste): insert the same accept rule there")
+    if lines:
+        chains = len([x for x in lines if " nft insert " in " " + x])
+        head = (f"{where} allow TCP {ports} from the cluster in every input chain that drops it "
+                f"({'each base chain decides on its own: ' if chains > 1 else ''}a rule must go in the "
+                "chain that drops, before its drop):")
+        return head + "\n" + "\n".join("  " + x for x in lines)
+    return (f"{where} no input chain of the nftables ruleset drops this traffic (nft list ruleset): the block is "
+            "outside the host (a security group, a switch ACL) or in iptables-legacy (iptables-legacy -S INPUT)")
+
 def firewall_fix(host: str, state: Optional[Dict[str, Any]], sources: Sequence[Any], ports: str) -> str:
     """The lines that let ``sources`` reach TCP ``ports`` ('1024-65535' or '29500') on host, for the firewall the
     host runs (``read_firewall``'s state): prose first, then one command per line, indented by two spaces."""
@@ -287,7 +322,6 @@ def firewall_fix(host: str, state: Optional[Dict[str, Any]], sources: Sequence[A
     if not srcs:
         return f"{where} allow inbound TCP {ports} from the other hosts of the cluster (firewall)"
     v6 = all(":" in s for s in srcs)
-    lines: List[str] = []
     fwd = (state or {}).get("firewalld") or {}
     if fwd.get("running"):
         zone = fwd.get("zone")
@@ -306,38 +340,11 @@ def firewall_fix(host: str, state: Optional[Dict[str, Any]], sources: Sequence[A
             "\n".join("  " + x for x in lines)
     nft = (state or {}).get("nft") or {}
     ipt = (state or {}).get("iptables") or {}
-    family_word = "ip6" if v6 else "ip"
-    nft_src = srcs[0] if len(srcs) == 1 else "{ " + ", ".join(srcs) + " }"
     ipt_span = lo if lo == hi else f"{lo}:{hi}"
     ipt_cmd = ("ip6tables" if v6 else "iptables")
     ipt_line = f"{sudo}{ipt_cmd} -I INPUT -p tcp -s {','.join(srcs)} --dport {ipt_span} -j ACCEPT"
     if nft.get("read") or nft.get("ruleset") is not None:
-        drops = (dropping_input_chains(nft["ruleset"], v6) if nft.get("ruleset") is not None else
-                 [c for c in nft.get("drops6" if v6 else "drops") or [] if isinstance(c, dict)])
-        odd = [c for c in drops if not all(_NAME.fullmatch(str(c.get(k) or "")) for k in ("table", "chain"))
-               or c.get("family") not in ("ip", "ip6", "inet")]
-        for c in drops:
-            if c in odd:
-                continue
-            if c.get("compat") and c["table"] == "filter" and c["chain"] == "INPUT":
-                if ipt_line not in lines:
-                    lines.append(ipt_line)  # iptables-nft's own chain: iptables edits it
-                continue
-            lines.append(f"{sudo}nft insert rule {c['family']} {c['table']} {c['chain']} {family_word} saddr "
-                         f"{nft_src} tcp dport {ports} accept")
-        if ipt.get("backend") == "legacy" and _iptables_drops(ipt.get("rules")) and ipt_line not in lines:
-            lines.append(ipt_line)  # iptables-legacy's rules are not in nft's ruleset
-        if odd:
-            shown = ", ".join(f"{validate.quote(c.get('table'))} {validate.quote(c.get('chain'))}" for c in odd)
-            lines.append(f"# and in {shown} (names not safe to paste): insert the same accept rule there")
-        if lines:
-            chains = len([x for x in lines if " nft insert " in " " + x])
-            head = (f"{where} allow TCP {ports} from the cluster in every input chain that drops it "
-                    f"({'each base chain decides on its own: ' if chains > 1 else ''}a rule must go in the "
-                    "chain that drops, before its drop):")
-            return head + "\n" + "\n".join("  " + x for x in lines)
-        return (f"{where} no input chain of the nftables ruleset drops this traffic (nft list ruleset): the block is "
-                "outside the host (a security group, a switch ACL) or in iptables-legacy (iptables-legacy -S INPUT)")
+        return _nft_fix(where, nft, ipt, srcs, ports, ipt_line, sudo)
     if ipt.get("rules") is not None:
         if _iptables_drops(ipt["rules"]):
             return f"{where} allow TCP {ports} from the cluster in iptables' INPUT chain:\n  {ipt_line}"

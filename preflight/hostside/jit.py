@@ -120,32 +120,11 @@ def skip_cuda_check(facts: Mapping[str, Any], launch_env: Optional[Mapping[str, 
     return "the host's environment" if facts.get("ds_skip_cuda_check") == "1" else None
 
 
-def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str, str]] = None) -> List[Blocker]:
-    """What stops the JIT build of ``op`` on a host whose ds_report facts are ``facts`` (ops, ninja_binary or ninja,
-    torch_cuda, nvcc, cuda_home, nvcc_error, cxx, cxx_name, ds_skip_cuda_check); [] when it is
-    pre-built, not compatible (ds_report's own verdict says so), or nothing stops it. A fact that was not recorded
-    is no blocker."""
-    entry = (facts.get("ops") or {}).get(op)
-    if not isinstance(entry, Mapping) or entry.get("installed") or not entry.get("compatible"):
-        return []
+def _cuda_blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str, str]],
+                   python: Any) -> List[Blocker]:
+    """What stops the JIT build of the CUDA op ``op`` that blockers() does not: no nvcc, or one whose major version
+    is not torch's CUDA's."""
     found: List[Blocker] = []
-    python = facts.get("python")  # the job's interpreter (ds_report's sys.executable): its pip is the one to run
-    ninja = facts.get("ninja_binary") if "ninja_binary" in facts else facts.get("ninja")
-    if not ninja:
-        # DeepSpeed 0.19.8 jit_load: torch's verify_ninja_availability runs `ninja --version` (builder.py:573-577).
-        found.append(Blocker(Status.FAIL, "no ninja on PATH: the JIT build stops with \"Unable to JIT load the "
-                             f"{op} op due to ninja not being installed.\"",
-                             pip_fix("install ninja with the job's interpreter, and put its bin directory on the "
-                                     "PATH of a non-interactive ssh login", python, "ninja"), "no ninja"))
-    if "cxx" in facts and not facts.get("cxx"):
-        name = facts.get("cxx_name") or "c++"
-        origin = "$CXX" if name != "c++" else "$CXX unset, so c++"
-        found.append(Blocker(Status.FAIL, f"no C++ compiler: torch builds the op with {name} ({origin}), not found on "
-                             "PATH",
-                             "install one (apt-get install -y g++; dnf install -y gcc-c++), or point CXX at it in "
-                             "the job's environment (.deepspeed_env)", f"no C++ compiler ({name})"))
-    if not (is_cuda_op(op, entry) and needs_cuda(facts)):
-        return found
     torch_cuda = facts.get("torch_cuda")
     nvcc = facts.get("nvcc")
     if not nvcc and "nvcc" in facts:
@@ -183,6 +162,35 @@ def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str
                                  match + "; DS_SKIP_CUDA_CHECK=1 in .deepspeed_env is DeepSpeed's override, at your "
                                  "own risk", short))
     return found
+
+
+def blockers(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str, str]] = None) -> List[Blocker]:
+    """What stops the JIT build of ``op`` on a host whose ds_report facts are ``facts`` (ops, ninja_binary or ninja,
+    torch_cuda, nvcc, cuda_home, nvcc_error, cxx, cxx_name, ds_skip_cuda_check); [] when it is
+    pre-built, not compatible (ds_report's own verdict says so), or nothing stops it. A fact that was not recorded
+    is no blocker."""
+    entry = (facts.get("ops") or {}).get(op)
+    if not isinstance(entry, Mapping) or entry.get("installed") or not entry.get("compatible"):
+        return []
+    found: List[Blocker] = []
+    python = facts.get("python")  # the job's interpreter (ds_report's sys.executable): its pip is the one to run
+    ninja = facts.get("ninja_binary") if "ninja_binary" in facts else facts.get("ninja")
+    if not ninja:
+        # DeepSpeed 0.19.8 jit_load: torch's verify_ninja_availability runs `ninja --version` (builder.py:573-577).
+        found.append(Blocker(Status.FAIL, "no ninja on PATH: the JIT build stops with \"Unable to JIT load the "
+                             f"{op} op due to ninja not being installed.\"",
+                             pip_fix("install ninja with the job's interpreter, and put its bin directory on the "
+                                     "PATH of a non-interactive ssh login", python, "ninja"), "no ninja"))
+    if "cxx" in facts and not facts.get("cxx"):
+        name = facts.get("cxx_name") or "c++"
+        origin = "$CXX" if name != "c++" else "$CXX unset, so c++"
+        found.append(Blocker(Status.FAIL, f"no C++ compiler: torch builds the op with {name} ({origin}), not found on "
+                             "PATH",
+                             "install one (apt-get install -y g++; dnf install -y gcc-c++), or point CXX at it in "
+                             "the job's environment (.deepspeed_env)", f"no C++ compiler ({name})"))
+    if not (is_cuda_op(op, entry) and needs_cuda(facts)):
+        return found
+    return found + _cuda_blockers(op, facts, launch_env, python)
 
 
 def usable(op: str, facts: Mapping[str, Any], launch_env: Optional[Mapping[str, str]] = None) -> bool:

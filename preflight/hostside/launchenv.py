@@ -423,9 +423,9 @@ def _loopback_only(name: str) -> bool:
     return name == "lo" or name.startswith("docker")
 
 
-def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict[str, Any]]) -> List[EnvFinding]:
+def _socket_ifname_findings(exported: Dict[str, List[str]], known: Dict[str, Dict[str, Any]]) -> List[EnvFinding]:
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME that match no interface on a host, or only loopback or docker."""
     found: List[EnvFinding] = []
-    known = {h: n for h, n in host_net.items() if isinstance(n, dict) and n.get("ifnames") is not None}
     nccl = exported.get("NCCL_SOCKET_IFNAME")
     if nccl:
         match = ifname_filter(nccl[0])
@@ -462,6 +462,12 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
                                     f"(\"Gloo connectFullMesh failed\")",
                                     "set GLOO_SOCKET_IFNAME to the hosts' real NIC (preflight's recommendation names "
                                     "it), or unset it", local))
+    return found
+
+
+def _ib_findings(exported: Dict[str, List[str]], known: Dict[str, Dict[str, Any]]) -> List[EnvFinding]:
+    """NCCL_IB_HCA that matches no IB/RoCE device on a host; NCCL_IB_DISABLE against the hosts' active ports."""
+    found: List[EnvFinding] = []
     hca = exported.get("NCCL_IB_HCA")
     with_ib = {h: n for h, n in known.items() if isinstance(n.get("ib"), list)}
     if hca:
@@ -492,3 +498,8 @@ def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict
                                     f"{names} has no active IB port: NCCL uses TCP sockets there",
                                     "bring the IB ports up (ibstat) or unset NCCL_IB_DISABLE", bad))
     return found
+
+
+def _interface_findings(exported: Dict[str, List[str]], host_net: Dict[str, Dict[str, Any]]) -> List[EnvFinding]:
+    known = {h: n for h, n in host_net.items() if isinstance(n, dict) and n.get("ifnames") is not None}
+    return _socket_ifname_findings(exported, known) + _ib_findings(exported, known)

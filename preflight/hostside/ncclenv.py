@@ -94,6 +94,38 @@ def roce_gid_index(ports: Sequence[Dict[str, Any]]) -> Tuple[Optional[int], str]
     return min(common), ""
 
 
+def _gloo_step(steps: Steps, unique: List[str], named: List[Tuple[Any, Optional[str]]],
+               chosen: Optional[Dict[str, Any]]) -> None:
+    """GLOO_SOCKET_IFNAME when one interface name fits all hosts, else how to set it per host."""
+    if len(unique) == 1:
+        steps.append(EnvVar("GLOO_SOCKET_IFNAME", unique[0],
+                            "same interface as NCCL, for torch.distributed's gloo (CPU collectives, and the object "
+                            "collectives DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax"))
+    else:
+        net = chosen["network"] if chosen and _is_network(chosen.get("network")) else None
+        how = (f"GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to {net} | awk '{{print $2}}')" if net else
+               "GLOO_SOCKET_IFNAME=<that host's interface>")
+        per_host = ", ".join(f"{h} {d}" for h, d in named)
+        steps.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
+                     f"fails on a host that lacks any of them, and the names differ ({per_host}); set it per host in "
+                     f"the launch script, e.g. export {how}")
+
+
+def _master_addr_step(steps: Steps, hosts: Sequence[str], chosen: Dict[str, Any],
+                      master_address: Optional[str]) -> None:
+    """--master_addr on the measured network when the hostfile's names resolve to another."""
+    master = hosts[0] if hosts else None
+    addr = chosen.get("addresses", {}).get(master)
+    try:
+        on_chosen = ipaddress.ip_address(str(master_address)) in ipaddress.ip_network(chosen["network"])
+    except (ValueError, TypeError, KeyError):
+        on_chosen = None  # a name, not an address: unknown
+    if addr and on_chosen is False and validate.ip_address(addr):
+        steps.append(f"the hostfile names resolve to another network ({master} is {master_address}) than the "
+                     f"fastest one: launch with deepspeed --master_addr={addr} so that the rendezvous uses "
+                     f"{chosen['network']} too")
+
+
 def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]], measured: Dict[str, Any],
                master_address: Optional[str]) -> None:
     """NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME when one name fits all) on the measured network, else on the
@@ -139,29 +171,9 @@ def socket_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, An
             steps.append(f"NCCL_SOCKET_IFNAME={value} also matches {also}: NCCL would use that interface too; rename "
                          "the interfaces to one name, or set NCCL_SOCKET_IFNAME per host")
     steps.append(EnvVar("NCCL_SOCKET_IFNAME", value, why))
-    if len(unique) == 1:
-        steps.append(EnvVar("GLOO_SOCKET_IFNAME", unique[0],
-                            "same interface as NCCL, for torch.distributed's gloo (CPU collectives, and the object "
-                            "collectives DeepSpeed uses); gloo takes exact names, not NCCL's '='/'^' syntax"))
-    else:
-        net = chosen["network"] if chosen and _is_network(chosen.get("network")) else None
-        how = (f"GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to {net} | awk '{{print $2}}')" if net else
-               "GLOO_SOCKET_IFNAME=<that host's interface>")
-        per_host = ", ".join(f"{h} {d}" for h, d in named)
-        steps.append("GLOO_SOCKET_IFNAME is not recommended: gloo takes a comma list of exact interface names and "
-                     f"fails on a host that lacks any of them, and the names differ ({per_host}); set it per host in "
-                     f"the launch script, e.g. export {how}")
+    _gloo_step(steps, unique, named, chosen)
     if chosen:
-        master = hosts[0] if hosts else None
-        addr = chosen.get("addresses", {}).get(master)
-        try:
-            on_chosen = ipaddress.ip_address(str(master_address)) in ipaddress.ip_network(chosen["network"])
-        except (ValueError, TypeError, KeyError):
-            on_chosen = None  # a name, not an address: unknown
-        if addr and on_chosen is False and validate.ip_address(addr):
-            steps.append(f"the hostfile names resolve to another network ({master} is {master_address}) than the "
-                         f"fastest one: launch with deepspeed --master_addr={addr} so that the rendezvous uses "
-                         f"{chosen['network']} too")
+        _master_addr_step(steps, hosts, chosen, master_address)
 
 
 def ib_env(steps: Steps, hosts: Sequence[str], iface: Dict[str, Dict[str, Any]],

@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 
 def parallel_map(fn: Callable[[Any], Any], items: Sequence[Any], limit: int, timeout: float) -> List[Any]:
@@ -186,34 +186,40 @@ def forked_child_stdio(stdin_fd: int, stdout_fd: int, stderr_fd: int, session: b
     return held
 
 
+def _forked_child(script: str, out_w: int, err_w: int) -> NoReturn:
+    """fork_python's child: run script with its stdout/stderr on these pipes, exit with its code (1 when it
+    raised, its traceback on stderr)."""
+    import sys
+    rc = 1
+    try:
+        held = forked_child_stdio(os.open(os.devnull, os.O_RDONLY), out_w, err_w)  # noqa: F841
+        exec(compile(script, "<forked>", "exec"), {"__name__": "__main__"})
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
+
+
 def fork_python(script: str, timeout: float = 10.0) -> Cmd:
     """Run a Python script in a forked child of this process, like ``sh([sys.executable, "-c", script])``
     but inheriting what this process already imported: after the python check imported torch in the same
     worker, ds_report's DeepSpeed probe skips a second torch import (1.5-3 s a host). Own process group,
     a deadline, stdout/stderr read concurrently, tracked in LIVE like a spawned child."""
     import selectors
-    import sys
     start = time.monotonic()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
-        rc = 1
-        try:
-            held = forked_child_stdio(os.open(os.devnull, os.O_RDONLY), out_w, err_w)  # noqa: F841
-            exec(compile(script, "<forked>", "exec"), {"__name__": "__main__"})
-            rc = 0
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(rc)
+        _forked_child(script, out_w, err_w)
     os.close(out_w)
     os.close(err_w)
     child = Forked(pid)

@@ -164,6 +164,33 @@ def wait_banner(sock: Any, hop: "Hop", timeout: float, start: float, proxy: Opti
                          "check sshd on the host (systemctl status ssh; MaxStartups) and the port")
 
 
+def _other_key(exc: Any, index: KnownHosts, lookup_name: str, known: Path) -> TransportError:
+    """The error for a host that presented a key other than known_hosts' (paramiko's BadHostKeyException): revoked,
+    or CHANGED."""
+    revoked = index.revoked(lookup_name, exc.key.get_name(), exc.key.get_base64())
+    if revoked:
+        return TransportError(revoked, f"remove the host's key from {known} and check the host", "fail")
+    got = f"{exc.key.get_name()} {fingerprint(exc.key)}"
+    had = f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}" if exc.expected_key else "another"
+    return TransportError(
+        f"host key of {lookup_name} CHANGED (got {got}, {known} has {had}); "
+        "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
+        changed_key_fix(lookup_name, known, exc.key.get_name(), fingerprint(exc.key)), "fail")
+
+
+def _handshake_failed(exc: Exception, host: str, port: int, left: float,
+                      proxy: Optional[ProxySocket]) -> TransportError:
+    """The error for an SSH handshake paramiko gave up on (no banner in time, a protocol error)."""
+    text = str(exc)
+    if "banner" in text.lower():
+        text = (f"{host}:{port} accepted TCP but sent no SSH banner within {left:.0f}s "
+                "(hung sshd, or not an SSH server on this port)")
+    if proxy is not None:
+        text += f" ({proxy.describe()})"
+    return TransportError(f"SSH handshake with {host}:{port} failed: {text}",
+                          "check sshd on the host (systemctl status ssh) and the port")
+
+
 def handshake(hop: "Hop", sock: Any, options: SSHOptions, start: float,
               proxy: Optional[ProxySocket] = None) -> Any:
     """Key exchange, host key policy (known_hosts index, accept-new, changed and revoked keys) and auth over sock;
@@ -195,16 +222,7 @@ def handshake(hop: "Hop", sock: Any, options: SSHOptions, start: float,
         raise TransportError(str(exc), exc.fix, "fail") from None
     except paramiko.BadHostKeyException as exc:
         client.close()
-        revoked = index.revoked(lookup_name, exc.key.get_name(), exc.key.get_base64())
-        if revoked:
-            raise TransportError(revoked, f"remove the host's key from {known} and check the host",
-                                 "fail") from None
-        got = f"{exc.key.get_name()} {fingerprint(exc.key)}"
-        had = f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}" if exc.expected_key else "another"
-        raise TransportError(
-            f"host key of {lookup_name} CHANGED (got {got}, {known} has {had}); "
-            "refusing to connect: this may be a man-in-the-middle or a reinstalled host",
-            changed_key_fix(lookup_name, known, exc.key.get_name(), fingerprint(exc.key)), "fail") from None
+        raise _other_key(exc, index, lookup_name, known) from None
     except paramiko.AuthenticationException as exc:
         client.close()
         raise TransportError(f"authentication as {user!r} failed: {exc}",
@@ -213,14 +231,7 @@ def handshake(hop: "Hop", sock: Any, options: SSHOptions, start: float,
                              "fail") from None
     except paramiko.SSHException as exc:
         client.close()
-        text = str(exc)
-        if "banner" in text.lower():
-            text = (f"{host}:{port} accepted TCP but sent no SSH banner within {left:.0f}s "
-                    "(hung sshd, or not an SSH server on this port)")
-        if proxy is not None:
-            text += f" ({proxy.describe()})"
-        raise TransportError(f"SSH handshake with {host}:{port} failed: {text}",
-                             "check sshd on the host (systemctl status ssh) and the port") from None
+        raise _handshake_failed(exc, host, port, left, proxy) from None
     except (socket.timeout, OSError, EOFError) as exc:
         client.close()
         text = f"{exc or type(exc).__name__}" + (f" ({proxy.describe()})" if proxy is not None else "")

@@ -102,26 +102,13 @@ def as_checked(config: Dict[str, Any], facts: Dict[str, Any], integration: str) 
     return hfauto.fill(config, world)
 
 
-def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
-    """Pure: coordinate()'s facts -> {"*": cluster-wide outcome, host: that host's outcome (only hosts with findings)}.
+_Versions = Dict[str, Tuple[int, int, int]]
 
-    facts: {"config_path", "config": dict|None, "load_findings": [finding dicts], "world_size": int,
-            "hosts": [{"name", "slots"}], "model_params", "largest_layer_params",
-            "host_facts": {host: {"gpu", "ds_report", "nvme", "python"}},
-            "host_memory": {host: {"mem_total", "mem_available", "memlock_soft", "memlock_hard", "error"}},
-            "host_probe": {host: {"deepspeed", "deepspeed_found", "paths": [...]} | {"error"}},
-            "model_parallel_size": int | None,
-            "deepspeed_models": None | {"version", "sections", "errors": [...], "param_errors": [...]}}
-    """
-    report = Report()
-    for f in facts.get("load_findings") or []:
-        report.star.append(Finding(Status(f.get("status", "fail")), f.get("message", ""), f.get("fix", "")))
-    config = facts.get("config")
-    if not isinstance(config, dict):
-        if not report.star:
-            report.star.append(Finding(Status.ERROR, "no parsed DeepSpeed config in the facts"))
-        return {CLUSTER: combine(report.star, "")}
-    versions = host_versions(facts)
+
+def _run_checks(config: Dict[str, Any], facts: Dict[str, Any], thresholds: Dict[str, Any], versions: _Versions,
+                report: Report) -> Tuple[Dict[str, Any], List[Dict[str, Any]], str, List[str]]:
+    """Every verdict on the config into report: (the config as checked, the "auto" values filled, the precision
+    part of the summary, the other checks' summary parts)."""
     gpus = gpus_by_host(facts)
     lim = limits(thresholds, NAME)
     integration = str(lim["integration"])
@@ -152,7 +139,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     memory = check_memory(written, facts, gpus, thresholds, report)
     same_file = check_config_file(facts, report)
     resume = check_resume(config, facts, report)
+    return config, filled, precision, [batch, cpus, ops, memory, same_file, resume]
 
+
+def _summary(config: Dict[str, Any], facts: Dict[str, Any], versions: _Versions, filled: List[Dict[str, Any]],
+             precision: str, extras: List[str]) -> Tuple[str, Dict[str, Any]]:
+    """The PASS line of what was checked and how, and the metrics beside it."""
     stage = zero_stage(config)
     opt_dev, par_dev = offload_devices(config)
     if {"fp16.enabled", "bf16.enabled"} & {n["key"] for n in filled}:
@@ -160,7 +152,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     parts = [stage_label(stage, opt_dev, par_dev) if stage is not None else "ZeRO stage ?", precision]
     if optimizer_type(config):
         parts.append(f"optimizer {optimizer_type(config)}")
-    parts += [p for p in (batch, cpus, ops, memory, same_file, resume) if p]
+    parts += [p for p in extras if p]
     if versions:
         ds_versions = ", ".join(sorted({vstr(v) for v in versions.values()}))
         parts.append(f"DeepSpeed {ds_versions} on the hosts")
@@ -178,6 +170,31 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                "required_ops": required_ops(config), "nvme_paths": nvme_paths(config),
                "deepspeed_models": (facts.get("deepspeed_models") or {}).get("version"),
                "validated_on": where, "auto_filled": filled}
+    return ok, metrics
+
+
+def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Outcome]:
+    """Pure: coordinate()'s facts -> {"*": cluster-wide outcome, host: that host's outcome (only hosts with findings)}.
+
+    facts: {"config_path", "config": dict|None, "load_findings": [finding dicts], "world_size": int,
+            "hosts": [{"name", "slots"}], "model_params", "largest_layer_params",
+            "host_facts": {host: {"gpu", "ds_report", "nvme", "python"}},
+            "host_memory": {host: {"mem_total", "mem_available", "memlock_soft", "memlock_hard", "error"}},
+            "host_probe": {host: {"deepspeed", "deepspeed_found", "paths": [...]} | {"error"}},
+            "model_parallel_size": int | None,
+            "deepspeed_models": None | {"version", "sections", "errors": [...], "param_errors": [...]}}
+    """
+    report = Report()
+    for f in facts.get("load_findings") or []:
+        report.star.append(Finding(Status(f.get("status", "fail")), f.get("message", ""), f.get("fix", "")))
+    config = facts.get("config")
+    if not isinstance(config, dict):
+        if not report.star:
+            report.star.append(Finding(Status.ERROR, "no parsed DeepSpeed config in the facts"))
+        return {CLUSTER: combine(report.star, "")}
+    versions = host_versions(facts)
+    config, filled, precision, extras = _run_checks(config, facts, thresholds, versions, report)
+    ok, metrics = _summary(config, facts, versions, filled, precision, extras)
     # The summary is a finding of its own, also beside a WARN or FAIL: what was checked, and how (the "auto"
     # values filled, where DeepSpeed's own code ran) stays in the report's findings.
     report.star.append(Finding(Status.PASS, ok))

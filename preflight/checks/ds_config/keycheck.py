@@ -7,7 +7,7 @@ Reads the tables in ``keys.py`` and the errors of DeepSpeed's own models (``deep
 from __future__ import annotations
 
 import difflib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ...hostside.outcome import Status
 from .keys import (DEPRECATED, DS_OPTIMIZERS, DS_SCHEDULERS, REMOVED_ISSUE, SECTIONS, TOP_LEVEL, TORCH_OPTIMIZERS,
@@ -97,14 +97,8 @@ def _unknown_key_finding(report: Report, path: str, key: str, section: str, choi
 FORBID_EXTRA = ("zero_optimization", "fp16", "bf16", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger")
 
 
-def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], report: Report) -> None:
-    for key in config:
-        if key in TOP_LEVEL or key.startswith(COMMENT_PREFIXES):
-            continue
-        _unknown_key_finding(report, key, key, "", list(TOP_LEVEL),
-                             "DeepSpeed ignores unknown top-level keys: this setting has no effect", False)
-    checked_by_ds = set((ds_models or {}).get("sections") or [])
-    zero = config.get("zero_optimization")
+def _check_sections(config: Dict[str, Any], checked_by_ds: Set[str], report: Report) -> None:
+    """The unknown keys in each known section DeepSpeed's own models did not validate."""
     for sec_path, known in SECTIONS.items():
         top, _, sub = sec_path.partition(".")
         if top in checked_by_ds:
@@ -127,11 +121,15 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
                            f"move {key!r} into optimizer.params")
                 continue
             _unknown_key_finding(report, f"{sec_path}.{key}", key, sec_path, list(known), how, rejected)
-    for err in (ds_models or {}).get("errors") or []:
+
+
+def _report_model_errors(ds_models: Dict[str, Any], report: Report) -> None:
+    """What DeepSpeed's own pydantic models and optimizer classes rejected, one finding each."""
+    for err in ds_models.get("errors") or []:
         loc = [err.get("section", "")] + list(err.get("loc") or [])
         path = ".".join(str(x) for x in loc if x != "")
         etype = str(err.get("type") or "")
-        version = (ds_models or {}).get("version") or "?"
+        version = ds_models.get("version") or "?"
         if etype in ("extra_forbidden", "value_error.extra"):
             key = str(loc[-1])
             parent = ".".join(str(x) for x in loc[:-1])
@@ -145,7 +143,7 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
         else:
             report.add(Status.FAIL, f"{path}: invalid value (DeepSpeed {version} says: {err.get('msg')})",
                        f"fix {path} as DeepSpeed's message says")
-    for err in (ds_models or {}).get("param_errors") or []:
+    for err in ds_models.get("param_errors") or []:
         key, accepted = str(err.get("key")), [str(a) for a in err.get("accepted") or []]
         guess = did_you_mean(key, accepted)
         hint = f"; did you mean {guess!r}?" if guess else ""
@@ -153,6 +151,17 @@ def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], repo
         report.add(Status.FAIL, f"{param_path}: {err.get('class')} takes no such parameter, so deepspeed.initialize "
                                 f"raises TypeError: {err.get('why')} (it takes: {', '.join(accepted)}){hint}",
                    f"rename it to {guess!r}" if guess else f"remove {param_path}")
+
+
+def check_keys(config: Dict[str, Any], ds_models: Optional[Dict[str, Any]], report: Report) -> None:
+    for key in config:
+        if key in TOP_LEVEL or key.startswith(COMMENT_PREFIXES):
+            continue
+        _unknown_key_finding(report, key, key, "", list(TOP_LEVEL),
+                             "DeepSpeed ignores unknown top-level keys: this setting has no effect", False)
+    _check_sections(config, set((ds_models or {}).get("sections") or []), report)
+    _report_model_errors(ds_models or {}, report)
+    zero = config.get("zero_optimization")
     if isinstance(zero, bool):
         stage = 1 if zero else 0
         report.add(Status.WARN, f"zero_optimization: {str(zero).lower()} is the deprecated boolean form (DeepSpeed "

@@ -79,21 +79,12 @@ def _stage_mismatch(found: str, stage: Optional[int]) -> bool:
     return stage >= 1 and found == "0"
 
 
-def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> str:
-    """With --checkpoint-dir holding a checkpoint (a ``latest`` file and its tag directory), FAIL when its layout
-    cannot be loaded by this config on this cluster: another ZeRO stage, another data-parallel size (DeepSpeed
-    raises ZeRORuntimeException, engine.py:4748-4753), another model-parallel size. Read on the first host, as
-    rank 0 reads it; a host that does not see the same tag cannot load its files."""
-    probes = facts.get("host_probe") or {}
-    seen: Dict[str, Dict[str, Any]] = {n: p["checkpoint"] for n, p in probes.items()
-                                       if isinstance(p, dict) and isinstance(p.get("checkpoint"), dict)}
-    names = [h["name"] for h in facts.get("hosts") or [] if h["name"] in seen]
-    if not names:
-        return ""
-    first = seen[names[0]]
+def _nothing_to_resume(first: Dict[str, Any], host: str, report: Report) -> Optional[str]:
+    """The summary when the first host's checkpoint cannot be or need not be resumed (unreadable, no latest file),
+    else None."""
     directory, latest_name = first.get("dir"), first.get("latest_name") or "latest"
     if first.get("error"):
-        report.add(Status.FAIL, f"cannot read the checkpoint to resume on {names[0]}: {first['error']}",
+        report.add(Status.FAIL, f"cannot read the checkpoint to resume on {host}: {first['error']}",
                    f"fix {directory}/{latest_name} (it names the tag directory to load) or remove it to start from "
                    "scratch")
         return "resume: unreadable"
@@ -105,26 +96,11 @@ def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) 
                        "convert the checkpoint first: " + universal_fix(f"{directory}/TAG"))
             return "resume: no universal checkpoint"
         return ""  # nothing to resume: a fresh start
-    tag = first["latest"]
-    where = f"{directory}/{tag}"
-    layout = first.get("layout") or {}
-    parts: List[str] = []
-    others = _hosts_without(names, seen, tag)
-    if others:
-        report.add(Status.FAIL, f"the checkpoint to resume ({where}) is not visible on {hosts_text(sorted(others))}: "
-                                f"{next(iter(others.values()))}",
-                   "put --checkpoint-dir on a filesystem every host mounts at the same path", others)
-    if latest_name == "latest_universal":
-        return f"resume from universal checkpoint {tag} (any ZeRO stage and parallel sizes)"
-    stage_found = layout.get("zero_stage")
-    if stage_found is None:
-        report.add(Status.FAIL, f"{directory}/latest names tag {tag}, but {where} holds no DeepSpeed model states "
-                                "(*model_states.pt): load_checkpoint finds nothing to load",
-                   "point latest at a complete checkpoint tag, or remove it to start from scratch")
-        return "resume: no checkpoint files"
-    version = mismatch(first.get("ds_version"), {n: (probes[n] or {}).get("deepspeed") for n in names}, where)
-    if version is not None:  # saved with another DeepSpeed minor version (ckpt_version.py)
-        report.add(Status.WARN, *version)
+    return None
+
+
+def _check_stage(config: Dict[str, Any], stage_found: str, where: str, report: Report) -> Optional[int]:
+    """FAIL when the checkpoint's ZeRO stage's files are not the ones the config's stage loads; the config's stage."""
     stage = zero_stage(config)
     if _stage_mismatch(stage_found, stage):
         wanted = "3" if stage is not None and stage >= 3 else "1 or 2" if stage else "0"
@@ -133,6 +109,13 @@ def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) 
                                 f"{_stage_files(wanted)}: resuming fails",
                    f"resume with the stage it was saved with (zero_optimization.stage {stage_found}), or convert it "
                    f"to a universal checkpoint, which any stage loads: {universal_fix(where)}")
+    return stage
+
+
+def _check_parallel_sizes(layout: Dict[str, Any], facts: Dict[str, Any], stage_found: str, stage: Optional[int],
+                          where: str, report: Report) -> List[str]:
+    """FAIL when the checkpoint's model- or data-parallel size is not the job's; its summary parts."""
+    parts: List[str] = []
     dp, mp = layout.get("dp_size"), layout.get("mp_size")
     world = int(facts.get("world_size") or 0)
     mp_given = facts.get("model_parallel_size")
@@ -154,6 +137,46 @@ def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) 
                        f"resume on {dp} data-parallel ranks, or convert it to a universal checkpoint, which loads at "
                        f"any size: {universal_fix(where)}")
         parts.append(f"DP {dp}")
+    return parts
+
+
+def check_resume(config: Dict[str, Any], facts: Dict[str, Any], report: Report) -> str:
+    """With --checkpoint-dir holding a checkpoint (a ``latest`` file and its tag directory), FAIL when its layout
+    cannot be loaded by this config on this cluster: another ZeRO stage, another data-parallel size (DeepSpeed
+    raises ZeRORuntimeException, engine.py:4748-4753), another model-parallel size. Read on the first host, as
+    rank 0 reads it; a host that does not see the same tag cannot load its files."""
+    probes = facts.get("host_probe") or {}
+    seen: Dict[str, Dict[str, Any]] = {n: p["checkpoint"] for n, p in probes.items()
+                                       if isinstance(p, dict) and isinstance(p.get("checkpoint"), dict)}
+    names = [h["name"] for h in facts.get("hosts") or [] if h["name"] in seen]
+    if not names:
+        return ""
+    first = seen[names[0]]
+    directory, latest_name = first.get("dir"), first.get("latest_name") or "latest"
+    nothing = _nothing_to_resume(first, names[0], report)
+    if nothing is not None:
+        return nothing
+    tag = first["latest"]
+    where = f"{directory}/{tag}"
+    layout = first.get("layout") or {}
+    others = _hosts_without(names, seen, tag)
+    if others:
+        report.add(Status.FAIL, f"the checkpoint to resume ({where}) is not visible on {hosts_text(sorted(others))}: "
+                                f"{next(iter(others.values()))}",
+                   "put --checkpoint-dir on a filesystem every host mounts at the same path", others)
+    if latest_name == "latest_universal":
+        return f"resume from universal checkpoint {tag} (any ZeRO stage and parallel sizes)"
+    stage_found = layout.get("zero_stage")
+    if stage_found is None:
+        report.add(Status.FAIL, f"{directory}/latest names tag {tag}, but {where} holds no DeepSpeed model states "
+                                "(*model_states.pt): load_checkpoint finds nothing to load",
+                   "point latest at a complete checkpoint tag, or remove it to start from scratch")
+        return "resume: no checkpoint files"
+    version = mismatch(first.get("ds_version"), {n: (probes[n] or {}).get("deepspeed") for n in names}, where)
+    if version is not None:  # saved with another DeepSpeed minor version (ckpt_version.py)
+        report.add(Status.WARN, *version)
+    stage = _check_stage(config, stage_found, where, report)
+    parts = _check_parallel_sizes(layout, facts, stage_found, stage, where, report)
     sizes = ", " + ", ".join(parts) if parts else ""
     return f"resume {tag} (ZeRO stage {stage_found}{sizes})"
 

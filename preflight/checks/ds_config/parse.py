@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...hostside.outcome import Finding, Status
 
@@ -48,24 +48,42 @@ def usage_error(path: str) -> Optional[str]:
     return f"{where or path}: {message}"
 
 
-def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
+def _parser() -> Tuple[Callable[..., Any], Any, str]:
+    """(loads, its decode error, the parser's name as the findings say it): hjson, as DeepSpeed parses."""
+    try:
+        import hjson
+        return hjson.loads, hjson.HjsonDecodeError, "hjson"
+    except ImportError:  # DeepSpeed depends on hjson; without it fall back to strict JSON
+        import json
+        return json.loads, json.JSONDecodeError, "json (hjson not installed: comments are not accepted)"
+
+
+def _read_text(path: str) -> Tuple[Optional[str], List[Finding]]:
+    """(the config file's text, []), or (None, [why it cannot be read])."""
     try:
         with open(path, "r", encoding="utf-8") as fh:
-            text = fh.read()
+            return fh.read(), []
     except FileNotFoundError:
-        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path}: no such file (expected the JSON/HJSON file the "
-                                         "job passes to deepspeed.initialize)",
-                            "pass the job's config file: --deepspeed-config PATH")], None
+        return None, [Finding(Status.FAIL, f"DeepSpeed config {path}: no such file (expected the JSON/HJSON file the "
+                                           "job passes to deepspeed.initialize)",
+                              "pass the job's config file: --deepspeed-config PATH")]
     except IsADirectoryError:
-        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} is a directory (expected a JSON/HJSON file)",
-                            "pass the config file itself, e.g. --deepspeed-config "
-                            f"{os.path.join(path, 'ds_config.json')}")], None
+        return None, [Finding(Status.FAIL, f"DeepSpeed config {path} is a directory (expected a JSON/HJSON file)",
+                              "pass the config file itself, e.g. --deepspeed-config "
+                              f"{os.path.join(path, 'ds_config.json')}")]
     except UnicodeDecodeError as exc:
-        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} is not UTF-8 text (byte {exc.start}): {exc.reason}",
-                            "save the config as UTF-8 JSON")], None
+        return None, [Finding(Status.FAIL, f"DeepSpeed config {path} is not UTF-8 text (byte {exc.start}): "
+                                           f"{exc.reason}",
+                              "save the config as UTF-8 JSON")]
     except OSError as exc:
-        return {}, [Finding(Status.FAIL, f"DeepSpeed config {path} cannot be read: {exc.strerror or exc}",
-                            "check the file's permissions")], None
+        return None, [Finding(Status.FAIL, f"DeepSpeed config {path} cannot be read: {exc.strerror or exc}",
+                              "check the file's permissions")]
+
+
+def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
+    text, unreadable = _read_text(path)
+    if text is None:
+        return {}, unreadable, None
     if text.startswith("\ufeff"):
         text = text[1:]
 
@@ -80,16 +98,7 @@ def _load(path: str) -> Tuple[Dict[str, Any], List[Finding], Optional[str]]:
                 duplicates.append(k)
         return dict(pairs)
 
-    try:
-        import hjson
-        decode_error: Any = hjson.HjsonDecodeError
-        loads = hjson.loads
-        parser = "hjson"
-    except ImportError:  # DeepSpeed depends on hjson; without it fall back to strict JSON
-        import json
-        decode_error = json.JSONDecodeError
-        loads = json.loads
-        parser = "json (hjson not installed: comments are not accepted)"
+    loads, decode_error, parser = _parser()
     try:
         config = loads(text, object_pairs_hook=pairs_hook)
     except decode_error as exc:

@@ -24,7 +24,7 @@ from ...hostside.outcome import Outcome, Status
 from ...hostside.proc import parallel_map
 from ...hostside.seams import HostShell
 from .judge import (CLUSTER, ENV_FILE_NAME, GRACE_S, HOSTFILE, LOCAL, REAP_S, SCRIPT, STOP_S, TOKEN_PREFIX,
-                    EventLog, LaunchPlan, Outcomes, secs, expected_ranks, pattern_of, rank_views)
+                    EventLog, LaunchPlan, Outcomes, RankView, secs, expected_ranks, pattern_of, rank_views)
 
 
 def build_time(views: List[Any], now: float) -> float:
@@ -155,7 +155,6 @@ class LaunchRun:
         cmd = transport.start(argv, keep_stdin_open=True)
         cmd.stream_to(log.feed)
         started = time.monotonic()
-        deadline = started + self.o.timeout
         total = len(expected_ranks(self.o.hosts))
         if self.progress is not None:
             self.progress.phase(f"rehearsing from {self.launch_host}", total)
@@ -163,7 +162,7 @@ class LaunchRun:
         finished_at: Optional[float] = None
         counted = 0
         try:
-            while True:
+            while not reason:
                 with log.cond:
                     log.cond.wait(0.25)
                 views, launcher_events = rank_views(expected_ranks(self.o.hosts), log.snapshot())
@@ -181,39 +180,46 @@ class LaunchRun:
                     if now - finished_at > min(GRACE_S, 5.0):  # its exit code, if it comes soon
                         reason = "every rank ended"
                         break
-                errors = [v.seen["error"].get("arrived", 0) for v in views if "error" in v.seen]
-                if errors and now - log.arrived - min(errors) > GRACE_S:
-                    reason = f"stopped {secs(GRACE_S)} after the first rank raised"
-                    break
-                rel = now - log.arrived
-                # A JIT build is a measurement, not a hang: while a rank builds an op (DeepSpeed builds its comm op
-                # before init_process_group), the others wait for it, the init timeout does not run, and the
-                # deadline moves on by the build's time, up to the build budget.
-                building = [v for v in views if v.building]
-                over = [v for v in building
-                        if isinstance(v.op_arrived, (int, float)) and rel - v.op_arrived > self.o.build_budget]
-                if over:
-                    late = over[0]
-                    reason = (f"[launch] jit_build_budget_s {secs(self.o.build_budget)} passed while "
-                              f"{late.slot.host} was still building {late.op_running}")
-                    break
-                deadline = started + self.o.timeout + min(self.o.build_budget, build_time(views, rel))
-                # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
-                # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes). It
-                # counts from the last build's end: a rank that waited for another's build was not hung.
-                in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
-                           if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
-                built_at = max((float(e.get("arrived") or 0) for v in views for e in v.loads), default=0.0)
-                if in_init and not building and rel - max(min(in_init), built_at) > self.o.init_timeout + GRACE_S:
-                    reason = f"init did not finish within --init-timeout {secs(self.o.init_timeout)}"
-                    break
-                if now > deadline:
-                    reason = f"--timeout {secs(self.o.timeout)} passed"
-                    break
+                reason = self._why_stuck(views, now, now - log.arrived, started)
         except KeyboardInterrupt:
             reason = "interrupted (Ctrl-C)"
             self.interrupted = True
         launched["elapsed"] = time.monotonic() - log.arrived  # the events' clock
+        self._stop(cmd, log, launched)
+        return reason, launched
+
+    def _why_stuck(self, views: List[RankView], now: float, rel: float, started: float) -> str:
+        """Why to stop watching a launch whose ranks have not all ended (a rank raised, a build or an init ran past
+        its budget, the deadline passed), or "" to watch on; rel is now on the events' clock."""
+        errors = [v.seen["error"].get("arrived", 0) for v in views if "error" in v.seen]
+        if errors and rel - min(errors) > GRACE_S:
+            return f"stopped {secs(GRACE_S)} after the first rank raised"
+        # A JIT build is a measurement, not a hang: while a rank builds an op (DeepSpeed builds its comm op
+        # before init_process_group), the others wait for it, the init timeout does not run, and the
+        # deadline moves on by the build's time, up to the build budget.
+        building = [v for v in views if v.building]
+        over = [v for v in building
+                if isinstance(v.op_arrived, (int, float)) and rel - v.op_arrived > self.o.build_budget]
+        if over:
+            late = over[0]
+            return (f"[launch] jit_build_budget_s {secs(self.o.build_budget)} passed while "
+                    f"{late.slot.host} was still building {late.op_running}")
+        deadline = started + self.o.timeout + min(self.o.build_budget, build_time(views, rel))
+        # A rank past its own init timeout (and a grace) is hung where torch's timeout does not reach:
+        # gloo's connect to a host that drops SYNs waits for the kernel's retries (over 2 minutes). It
+        # counts from the last build's end: a rank that waited for another's build was not hung.
+        in_init = [v.seen["init_begin"].get("arrived", 0) for v in views
+                   if "init_begin" in v.seen and not any(k in v.seen for k in ("init", "error", "deadline"))]
+        built_at = max((float(e.get("arrived") or 0) for v in views for e in v.loads), default=0.0)
+        if in_init and not building and rel - max(min(in_init), built_at) > self.o.init_timeout + GRACE_S:
+            return f"init did not finish within --init-timeout {secs(self.o.init_timeout)}"
+        if now > deadline:
+            return f"--timeout {secs(self.o.timeout)} passed"
+        return ""
+
+    def _stop(self, cmd: Any, log: EventLog, launched: Dict[str, Any]) -> None:
+        """Stop the supervisor through its lifeline (it kills the launcher and reaps over pdsh) and record how
+        it ended in launched."""
         self._note(f"stopping the launch on {self.launch_host}")
         cmd.close_stdin(wait=False)  # the supervisor's lifeline: it kills the launcher and reaps over pdsh
         if not cmd.join(STOP_S):
@@ -221,7 +227,6 @@ class LaunchRun:
         res = cmd.wait(5)
         log.finish()
         launched.update(rc=res.rc, stderr=res.stderr[-2000:])
-        return reason, launched
 
     def reap(self) -> None:
         """Kill whatever of the run is left on every host (pkill by the run's token) and remove the launch

@@ -280,6 +280,29 @@ class Context:
     output: Dict[str, List[str]] = field(default_factory=dict)  # each host's last lines that are not events
 
 
+def _init_error(view: RankView, ctx: Context, text: str) -> Tuple[str, str, str]:
+    """(kind, message, fix) of a rank that raised in init_process_group: a loopback address, a peer it could not
+    reach, the rendezvous."""
+    message = str(view.seen["error"].get("message", ""))
+    rank, said = _rank_name(view), _last_line(message)
+    if view in ctx.loopback:
+        return _loopback(view, ctx)
+    if ctx.loopback:
+        other = ctx.loopback[0]
+        return ("rendezvous", f"{rank} failed at init: {said[:300]} (the loopback address "
+                f"{_advertised(other)} that {_rank_name(other)} on {other.slot.host} advertised)",
+                IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
+    peers = _peers_named(message, ctx)
+    if peers:
+        owners = sorted({v.slot.host for v in _peer_views(message, ctx)})
+        hosts = ", ".join(owners)
+        return ("rendezvous", f"{text} ({peers})",
+                f"the rank on {view.slot.host} could not connect to {hosts}: allow inbound TCP from the other "
+                f"hosts to {hosts} (gloo and NCCL listen on ephemeral ports, 1024-65535, besides the master "
+                "port); `preflight run --checks ports` names the blocked pairs")
+    return ("rendezvous", text, _rendezvous_fix(view, ctx))
+
+
 def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
     """(kind, message, fix) of a rank that raised: config, op build, OOM, rendezvous, ..."""
     err = view.seen["error"]
@@ -320,22 +343,7 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
         return ("import", text, f"install torch and DeepSpeed in the interpreter the launcher starts on {host} (the "
                 "launch host's sys.executable, at the same path on every host)")
     if phase == "init":
-        if view in ctx.loopback:
-            return _loopback(view, ctx)
-        if ctx.loopback:
-            other = ctx.loopback[0]
-            return ("rendezvous", f"{rank} failed at init: {said[:300]} (the loopback address "
-                    f"{_advertised(other)} that {_rank_name(other)} on {other.slot.host} advertised)",
-                    IFNAME_FIX.format(hostfile=ctx.options.hostfile, host=other.slot.host))
-        peers = _peers_named(message, ctx)
-        if peers:
-            owners = sorted({v.slot.host for v in _peer_views(message, ctx)})
-            hosts = ", ".join(owners)
-            return ("rendezvous", f"{text} ({peers})",
-                    f"the rank on {view.slot.host} could not connect to {hosts}: allow inbound TCP from the other "
-                    f"hosts to {hosts} (gloo and NCCL listen on ephemeral ports, 1024-65535, besides the master "
-                    "port); `preflight run --checks ports` names the blocked pairs")
-        return ("rendezvous", text, _rendezvous_fix(view, ctx))
+        return _init_error(view, ctx, text)
     if phase == "initialize":
         if "batch" in message.lower():
             return ("config", text, "train_batch_size must equal train_micro_batch_size_per_gpu x "
@@ -722,9 +730,8 @@ class Outcomes:
         argv = self._launcher_event("launcher").get("argv") or []
         return "the launch host's interpreter" if not argv else f"the interpreter of {argv[0]}"
 
-    def cluster_row(self, rows: Dict[str, Outcome]) -> Outcome:
-        ctx = self.context()
-        done = [v for v in self.views if "done" in v.seen]
+    def _launch_metrics(self, done: List[RankView]) -> Dict[str, Any]:
+        """The cluster row's metrics of the launch: its command, master, launcher, the slowest phases and step."""
         command = self.launched.get("command", "")
         metrics: Dict[str, Any] = {
             "launch_host": self.launch_host, "command": command, "world_size": len(self.slots),
@@ -746,6 +753,12 @@ class Outcomes:
         last = max((v.seen["done"].get("arrived", 0) for v in done), default=None)
         if last is not None:
             metrics["launch_to_last_step_s"] = last
+        return metrics
+
+    def cluster_row(self, rows: Dict[str, Outcome]) -> Outcome:
+        ctx = self.context()
+        done = [v for v in self.views if "done" in v.seen]
+        metrics = self._launch_metrics(done)
         first = next((v for v in done), None)
         shape = ""
         if first is not None:
