@@ -19,6 +19,9 @@ _CAPS = re.compile(r"[A-Z][A-Z0-9_]+$")
 # PATH as the variable: "on PATH", "the PATH", "its PATH", "host's PATH", "PATH of", "PATH entry".
 _PATH_BEFORE = re.compile(r"(?:\bon|\bthe|\bits|\bin|\bno|\bfirst|'s|\byour)\s+$")
 _PATH_AFTER = re.compile(r"^\s+(?:of|entry|entries|lookup|variable)\b")
+# A replacement field of an f-string that lost its f ("`ds_report` on {host} lists the ops"): a lower-case Python
+# name, maybe indexed, called or formatted. ${VAR}, {a,b}, JSON and nft's "{ 22, 80 }" are not that shape.
+_FIELD = re.compile(r"(?<![$\w{])\{[a-z_][a-z0-9_.]*(?:\[[^\]{}]*\]|\([^(){}]*\))*(?:![rsa])?(?::[^{}]*)?\}")
 
 
 def placeholders(text: str) -> List[str]:
@@ -36,6 +39,7 @@ def placeholders(text: str) -> List[str]:
             if word == "PATH" and (_PATH_BEFORE.search(before) or _PATH_AFTER.match(after)):
                 continue  # the environment variable, named
             found.append(f"{word} in: {line.strip()}")
+        found += [f"unformatted {m.group(0)} in: {line.strip()}" for m in _FIELD.finditer(line)]
     return found
 
 

@@ -12,6 +12,9 @@ from tests.placeholders import assert_no_placeholder, placeholders
     "mkdir -p PATH && chmod 1777 PATH",
     "connection to ADDRESS:22 refused",
     "ssh HOST hostname",
+    "pre-build it; `ds_report` on {host} lists the ops",
+    "waits on {lock['path']} ({age_text(age)} old)",
+    "busbw {busbw:.1f} GB/s",
 ])
 def test_placeholders_are_found(text):
     assert placeholders(text)
@@ -28,6 +31,8 @@ def test_placeholders_are_found(text):
     "CUDA_HOME and CUDA_PATH are unset; NCCL_SOCKET_IFNAME=eth0; export PATH=$PATH:/opt/bin",
     "node01::ssh FAILED - unknown SSH host key for 10.0.0.1 (ssh-ed25519 SHA256:abc)",
     "the host's PATH entry",
+    "export LD_LIBRARY_PATH=${CUDA_HOME}/lib64; cp a.{json,bak}",
+    '"zero_optimization": {"stage": 3}; nft add rule inet t c tcp dport { 22, 80 } accept',
 ])
 def test_names_pass(text):
     assert_no_placeholder(text)

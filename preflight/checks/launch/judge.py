@@ -327,7 +327,7 @@ def classify_error(view: RankView, ctx: Context) -> Tuple[str, str, str]:
             f"the op is JIT-built at the first use: install its build tools on {host} (a C++ compiler, ninja; nvcc "
             "matching torch's CUDA for CUDA ops) or pre-build it ("
             f"{prebuild_phrase(_rank_python(view, ctx), [_build_var(err['op'])], _rank_ds(view))}, "
-            "or DS_BUILD_OPS=1 for every op); `ds_report` on {host} lists the ops")
+            f"or DS_BUILD_OPS=1 for every op); `ds_report` on {host} lists the ops")
     if kind_name in ("OutOfMemoryError", "MemoryError") or "out of memory" in message.lower():
         return ("OOM", text, f"the rehearsal's model is small (--rehearse-model-params): memory is short on {host} "
                 "before the real model loads; lower train_micro_batch_size_per_gpu, or use ZeRO-3 / offload; "
