@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from preflight.checks import compute, iperf3  # noqa: E402
 from preflight.checks.allreduce import stragglers  # noqa: E402
 from preflight.config import load_defaults  # noqa: E402
+from preflight.hostside import mesh  # noqa: E402
 from preflight.hostside.outcome import Status  # noqa: E402
 from preflight.hostside.schedule import pair_rounds  # noqa: E402
 
@@ -129,9 +131,31 @@ def run_iperf3(rng: np.random.Generator, n: int, spread: float, noise: float, sl
            "addresses": {h: f"10.0.{i // 250}.{i % 250 + 1}" for i, h in enumerate(names)}, "links": links,
            "median_gbps": float(np.median(gbps)), "link_mbps": dict.fromkeys(names, 10000),
            "link_types": dict.fromkeys(names, "ethernet")}
+    if n > CORE_ABOVE:
+        return iperf3_core(links, names, net)
     facts = {"hosts": names, "networks": [net], "chosen": iperf3.choose([net], names), "errors": {}, "rounds": 3}
     out = iperf3.evaluate(facts, TH)
     return [h for h, o in out.items() if o.status in NAMED]
+
+
+# Above this many hosts iperf3 is judged by what its evaluate names hosts with (mesh.find_stragglers with the
+# [iperf3] thresholds, and the link-rate floor of iperf3.link_floor on each host's median link), not by evaluate
+# itself: evaluate's per-host rows scan every link (1.4 s per run at 1,024 hosts), which 16,000 runs per size cannot
+# afford. tests/test_calibration.py checks that the two name the same hosts.
+CORE_ABOVE = 16
+
+
+def iperf3_core(links: List[Dict[str, Any]], names: List[str], net: Dict[str, Any]) -> List[str]:
+    t = TH["iperf3"]
+    found = set(mesh.find_stragglers(links, names, float(t["straggler_warn_fraction"]), t, {}))
+    floor, _ = iperf3.link_floor(net, t)
+    if floor is not None:
+        mine: Dict[str, List[float]] = {}
+        for ln in links:
+            mine.setdefault(ln["src"], []).append(ln["gbps"])
+            mine.setdefault(ln["dst"], []).append(ln["gbps"])
+        found |= {h for h, v in mine.items() if statistics.median(v) < floor}
+    return sorted(found)
 
 
 def run_allreduce(rng: np.random.Generator, n: int, spread: float, noise: float, slow: Optional[float]) -> List[str]:
@@ -173,21 +197,18 @@ def cell(args: Tuple[str, int, float, float, int, int]) -> Dict[str, Any]:
     return out
 
 
-# Runs per cell: >= 1,000 where one evaluate is cheap; fewer where it is not, so that the whole grid runs in about
-# 12 minutes on two shared cores (a real iperf3 evaluate of 1,024 hosts takes ~1.5 s: its per-host rows scan every
-# link). The JSON and bench/README.md say each cell's count.
-RUNS = {"compute-cpu": {8: 1000, 16: 500, 64: 200, 256: 50, 1024: 20},
-        "compute-gpu": {4: 200},
-        "iperf3": {8: 500, 16: 300, 64: 100, 256: 20, 1024: 5},
-        "allreduce": {16: 1000, 64: 1000, 256: 300, 1024: 100}}
+# Which cells run: every check at every size at 2% and 3% spread (the targets' range) with both noise levels; 0% and
+# 5% spread (outside the targets: what the detectors do without spread, and beyond the range they are calibrated
+# for) up to 64 hosts; compute-gpu (8 GPUs a host, 4 metrics each: 32 comparisons a host) up to 16 hosts. Every cell
+# runs --runs runs (1,000) per setting (healthy, 90%, 80%, 50%).
+EXTRA_SPREAD_UP_TO = 64
+GPU_UP_TO = 16
 
 
-def runs_for(check: str, n: int, runs: int) -> int:
-    """Fewer runs where one evaluate of a big fleet takes long (said in the results and the README); 0: not run."""
-    for limit, most in sorted(RUNS[check].items()):
-        if n <= limit:
-            return min(runs, most)
-    return 0
+def wanted(check: str, n: int, spread: float) -> bool:
+    if check == "compute-gpu" and n > GPU_UP_TO:
+        return False
+    return spread in (0.02, 0.03) or n <= EXTRA_SPREAD_UP_TO
 
 
 def markdown(result: Dict[str, Any]) -> str:
@@ -217,6 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--checks", nargs="+", default=list(CHECKS), choices=CHECKS)
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--merge", action="store_true", help="keep the cells of --out that this run does not measure")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "calibration.json")
     args = ap.parse_args(argv)
     if args.table:
@@ -227,9 +249,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for n in args.hosts:
             for spread in args.spreads:
                 for noise in args.noises:
-                    runs = runs_for(check, n, args.runs)
-                    if runs:
-                        jobs.append((check, n, spread, noise, runs, hash((check, n, spread, noise)) & 0xFFFFFFF))
+                    if wanted(check, n, spread):
+                        seed = (CHECKS.index(check) * 1_000_003 + n * 7919 + int(spread * 1e4) * 31 + int(noise * 1e4))
+                        jobs.append((check, n, spread, noise, args.runs, seed))
+    if not jobs:
+        ap.error("no cell to run")
     jobs.sort(key=lambda j: -j[1] * j[4])  # the big cells first, so that the two workers end together
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "preflight"], cwd=REPO, capture_output=True,
@@ -237,8 +261,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.time()
     with Pool(args.workers) as pool:
         cells = pool.map(cell, jobs, chunksize=1)
+    for c in cells:
+        c["commit"], c["preflight_modified"] = commit, dirty
+    seconds = round(time.time() - start, 1)
+    if args.merge and args.out.exists():
+        # Chunked runs (one check at a time, to keep each under ~10 minutes on shared cores): the cells already in
+        # the file stay unless this run measured them again; every cell keeps the commit it measured.
+        old = json.loads(args.out.read_text())
+        mine = {(c["check"], c["hosts"], c["spread"], c["noise"]) for c in cells}
+        for c in old["cells"]:
+            c.setdefault("commit", old.get("commit"))
+        cells += [c for c in old["cells"] if (c["check"], c["hosts"], c["spread"], c["noise"]) not in mine]
+        seconds = round(seconds + float(old.get("seconds", 0)), 1)
     cells.sort(key=lambda c: (c["check"], c["hosts"], c["spread"], c["noise"]))
-    result = {"commit": commit, "preflight_modified": dirty, "seconds": round(time.time() - start, 1),
+    result = {"commit": commit, "preflight_modified": dirty, "seconds": seconds,
               "thresholds": {k: {x: TH[k][x] for x in ("max_p", "min_deficit", "prior_spread", "prior_df",
                                                        "noise_floor")} for k in ("compute", "iperf3", "allreduce")},
               "cells": cells}

@@ -50,6 +50,29 @@ def test_leave_one_out_in_one_pass_is_the_same_test():
         assert fast[i].t == pytest.approx(slow.t) and fast[i].median == pytest.approx(slow.median)
 
 
+def test_adjust_is_holm_of_the_p_values_computed_lazily():
+    """adjust() computes p's in ascending order and stops at the first adjusted p of 1: the same numbers as holm()
+    of every p, whatever the mix of degrees of freedom (iperf3's hosts differ in peers) and ties."""
+    import random
+    rng = random.Random(3)
+    for trial in range(40):
+        cs = [stats.Comparison(1.0, 1.0, 1.0, 5, rng.choice([-6.0, -3.5, 0.0]) if trial % 5 == 0 else
+                               rng.gauss(-1.0, 2.0), rng.choice([4.0, 7.0, 30.0]), None, 0.01) for _ in range(60)]
+        expected = stats.holm([c.p for c in cs])
+        fresh = [stats.Comparison(c.value, c.median, c.ratio, c.peers, c.t, c.df, None, c.sigma) for c in cs]
+        assert stats.adjust(fresh + [None]) == 60
+        assert [c.p_adj for c in fresh] == pytest.approx(expected, rel=1e-12)
+        assert sum(c._p is not None for c in fresh) < 60 or trial % 5 == 0  # most p's were never needed
+
+
+def test_the_prior_adds_the_measured_noise_to_its_spread():
+    """The prior speaks of the host-to-host spread; each value's measured noise comes on top of it, so that noisy
+    peers do not shrink the spread a host is judged by towards the prior alone."""
+    quiet = stats.compare(95.0, [100.0, 100.5, 99.5], 0.03, 4, 0.0, 0.0)
+    noisy = stats.compare(95.0, [100.0, 100.5, 99.5], 0.03, 4, 0.02, 0.02)
+    assert noisy.sigma ** 2 == pytest.approx(quiet.sigma ** 2 + 0.02 ** 2 * 4 / 6 * (1 + 1 / 3), rel=1e-9)
+
+
 # --- simulated fleets: the real evaluate() ---------------------------------------------------------------------------
 
 def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
