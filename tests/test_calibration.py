@@ -55,7 +55,7 @@ def test_adjust_is_holm_of_the_p_values_computed_lazily():
     of every p, whatever the mix of degrees of freedom (iperf3's hosts differ in peers) and ties."""
     import random
     rng = random.Random(3)
-    for trial in range(40):
+    for trial in range(20):
         cs = [stats.Comparison(1.0, 1.0, 1.0, 5, rng.choice([-6.0, -3.5, 0.0]) if trial % 5 == 0 else
                                rng.gauss(-1.0, 2.0), rng.choice([4.0, 7.0, 30.0]), None, 0.01) for _ in range(60)]
         expected = stats.holm([c.p for c in cs])
@@ -75,6 +75,16 @@ def test_the_prior_adds_the_measured_noise_to_its_spread():
 
 # --- simulated fleets: the real evaluate() ---------------------------------------------------------------------------
 
+def test_a_reduced_calibration_run_names_the_slow_host_and_not_the_healthy_ones():
+    """The fast tier's check on the detectors: 25 runs a setting of two cells. The seeds are fixed, so the figures
+    are the code's, not chance's; a detector that names everyone, no one, or the wrong host fails."""
+    pytest.importorskip("numpy")
+    from bench import calibration
+    for check, n, spread in (("compute-cpu", 8, 0.03), ("allreduce", 12, 0.02)):
+        c = calibration.cell((check, n, spread, 0.005, 25, 30 + n))
+        assert c["false_alarm"] <= 1 / 25 and c["power_80"] >= 0.95 and c["power_50"] == 1.0, c
+
+
 def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
     np = pytest.importorskip("numpy")
     del np
@@ -91,6 +101,21 @@ def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
             assert c["power_80"] >= 0.95, c
     committed = json.loads((REPO / "bench" / "results" / "calibration.json").read_text())
     assert len(committed["commit"]) == 40 and committed["cells"]
+
+
+def test_the_iperf3_core_names_what_evaluate_names():
+    """Above 16 hosts the bench judges iperf3 by mesh.find_stragglers and the link-rate floor (evaluate's per-host
+    rows scan every link); on fleets where both run they name the same hosts, slow or healthy, the floor included."""
+    np = pytest.importorskip("numpy")
+    from bench import calibration
+    rng = np.random.default_rng(30)
+    named = 0
+    for n, spread, slow in ((8, 0.03, None), (8, 0.02, 0.9), (12, 0.03, 0.8), (6, 0.02, 0.5), (16, 0.05, None)):
+        for links, names, net in calibration.iperf3_fleets(rng, n, spread, 0.01, slow, 15):
+            core, full = calibration.iperf3_core(links, names, net), calibration.iperf3_evaluate(links, names, net)
+            assert core == sorted(full), (n, spread, slow, core, full)
+            named += bool(core)
+    assert named >= 25  # the slow hosts were named (the comparison is not of empty lists only)
 
 
 # --- healthy namespace hosts, 3% apart ------------------------------------------------------------------------------

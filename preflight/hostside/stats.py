@@ -4,7 +4,10 @@ A value is compared with its peers (the other devices of its model, the other ho
 in log space: is it lower than the peers' spread lets a healthy member be? The spread is the peers' sample variance
 (host-to-host differences and the measurement noise together, both measured), moderated by a prior (Smyth 2004,
 "linear models and empirical Bayes methods", the moderated t of limma): ``prior_df`` pseudo-observations at
-``prior_spread``, so that three peers that happen to agree to 0.1% do not make 3% a certainty. The statistic is
+``prior_spread`` (the host-to-host spread; the peers' measured noise is added to it), so that three peers that
+happen to agree to 0.1% do not make 3% a certainty. Where a measurement squeezes the hosts above the median together
+(a link runs at its slower host), the lower half's spread (``downside``) is the estimate when it says more, with the
+degrees of freedom of half the peers. The statistic is
 Student's t with ``prior_df + m - 1`` degrees of freedom (m peers), exact for a lognormal fleet; the host's own
 measurement noise beyond the peers' typical one (from its repeated samples) widens it. Every p of a run's check is
 then adjusted together (Holm 1979, step-down Bonferroni), so that "p < 0.05" is a statement about the run: the
