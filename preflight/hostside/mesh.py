@@ -66,12 +66,22 @@ def _without(ordered: List[float], removed: Sequence[float]) -> Optional[float]:
 
 
 # The link ratios' lower half understates how far a healthy host falls: a host's links run at the slower of each
-# pair, so a slow host's ratio carries its whole own deficit while the hosts above the median are squeezed together.
-# In simulated lognormal fleets (64 hosts, 2% spread, the ring and 2 random rounds) the lowest host's (ratio - mean)
-# / downside spread reaches the normal's 1% and 5% points of the smallest of 64 only at 1.32 and 1.26 times them; the
-# downside is scaled by 1.3 to estimate the spread a healthy host's deficit is drawn from, as 1.4826 scales a MAD
-# (without it 2.7% of healthy 64-host runs named a host at max_p 0.01: bench/calibration.py).
-LINK_CONSISTENCY = 1.3
+# pair, so a low host's ratio carries its whole own deficit (slope 0.9-0.98 on its own rate) while the hosts above the
+# median are squeezed together. In simulated lognormal fleets (the ring and 2 random rounds) the ratios' downside
+# spread is 0.84, 0.80, 0.76 and 0.735 of the hosts' spread at 8, 16, 64 and 256 hosts; the downside is scaled by the
+# inverse (interpolated in log2 of the host count), as 1.4826 scales a MAD. Without it 2.7% of healthy 64-host runs
+# named a host at max_p 0.01 (bench/calibration.py).
+LINK_CONSISTENCY = ((8, 1.19), (16, 1.245), (64, 1.32), (256, 1.36))
+
+
+def link_consistency(hosts: int) -> float:
+    """The factor for a network of ``hosts`` hosts (LINK_CONSISTENCY, flat outside its range)."""
+    if hosts <= LINK_CONSISTENCY[0][0]:
+        return LINK_CONSISTENCY[0][1]
+    for (n0, c0), (n1, c1) in zip(LINK_CONSISTENCY, LINK_CONSISTENCY[1:]):
+        if hosts <= n1:
+            return c0 + (c1 - c0) * math.log2(hosts / n0) / math.log2(n1 / n0)
+    return LINK_CONSISTENCY[-1][1]
 
 
 def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
@@ -152,7 +162,7 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
             # lower half is what says how far a healthy host falls (stats.downside).
             tested = compare_all(ratios, float(stats.get("prior_spread", 0.02)), float(stats.get("prior_df", 4.0)),
                                  [entries[h]["noise"] for h in names], float(stats.get("noise_floor", 0.0)),
-                                 [LINK_CONSISTENCY * d for d in downside(ratios, partners)])
+                                 [link_consistency(len(ratios)) * d for d in downside(ratios, partners)])
             compared = {h: c for h, c in zip(names, tested) if c is not None}
             for h, c in compared.items():
                 entries[h].update(t=c.t, df=c.df, peers=c.peers, sigma=c.sigma)

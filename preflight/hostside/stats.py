@@ -171,8 +171,8 @@ def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, n
     """``compare`` of every value against all the others (leave-one-out), in O(n log n) instead of O(n^2): the
     same numbers, from running sums (1,024 hosts in a run). ``noises``: each value's relative standard error; the
     typical one of the others is their median. ``floors``: each value's peers' downside spread (see ``downside``):
-    from 4 peers on, where it says more than their moderated variance, it is the estimate, moderated by the prior
-    alike, with the degrees of freedom of half the peers; with fewer, a floor on the spread.
+    from 4 peers on, where it says more than their moderated variance, it is the estimate, with the degrees of
+    freedom of half the peers (and the prior's); with fewer, a floor on the spread.
     ``exclude[i]``: the indices that are no peers of value i besides itself (an iperf3 host's partners, whose
     ratios its own slowness pulls down), left out while at least MIN_PEERS + 1 peers remain."""
     n = len(values)
@@ -202,12 +202,10 @@ def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, n
         peer_noise = _median_but(noise_sorted, noise[i])
         post, df = _posterior(prior_spread, prior_df, peer_noise, var, mi)
         own_floor = float(floors[i]) if floors is not None else 0.0
-        if mi >= 4 and own_floor > 0:
-            # The lower half's spread rests on half the peers: where it says more than all of them do, it is the
-            # estimate, moderated by the prior as the variance is, with the degrees of freedom of half the peers.
-            low, low_df = _posterior(prior_spread, prior_df, peer_noise, own_floor * own_floor, mi // 2)
-            if low > post:
-                post, df = low, low_df
+        if mi >= 4 and own_floor * own_floor > post:
+            # The lower half's spread rests on half the peers: where it says more than the moderated variance of
+            # all of them, it is the estimate, with the degrees of freedom of half the peers (and the prior's).
+            post, df = own_floor * own_floor, float(prior_df) + mi // 2 - 1
         post = max(post, least, peer_noise * peer_noise, own_floor * own_floor if mi < 4 else 0.0)
         excess = max(0.0, noise[i] * noise[i] - peer_noise * peer_noise)
         sigma = math.sqrt(post * (1.0 + 1.0 / mi) + excess)
