@@ -91,10 +91,10 @@ def test_a_fast_subset_of_the_calibration_grid_meets_the_targets():
     from bench import calibration
     cells = [calibration.cell((check, n, spread, 0.01, runs, 11 + n))
              for check, n, spread, runs in (("compute-cpu", 8, 0.02, 150), ("compute-cpu", 4, 0.03, 150),
-                                            ("allreduce", 16, 0.02, 150), ("iperf3", 8, 0.02, 60),
+                                            ("allreduce", 16, 0.02, 150), ("iperf3", 16, 0.02, 60),
                                             ("compute-cpu", 3, 0.02, 100))]
     for c in cells:
-        # 0.5% of healthy runs at most is the target; 3 of 150 (2%) bounds a sample of it
+        # 1% of healthy runs at most is the target; 3 of 150 (2%) bounds a sample of it
         assert c["false_alarm"] <= 0.02, c
         assert c["power_50"] >= 0.95, c
         if c["hosts"] >= 4:
