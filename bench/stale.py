@@ -59,9 +59,10 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("agent-startup*", ["preflight/hostside/agent.py", "preflight/hostside/hello.py", "preflight/remote.py",
                         "bench/agent_overhead.py"]),
     ("agent_overhead*", _CONNECT + ["bench/agent_overhead.py"]),
-    ("calibration*", ["preflight/hostside/stats.py", "preflight/checks/compute.py", "preflight/checks/compute.toml",
-                      "preflight/checks/iperf3/*",
-                      "preflight/checks/allreduce/stragglers.py", "bench/calibration.py"]),
+    ("calibration*", ["preflight/hostside/stats.py", "preflight/hostside/mesh.py", "preflight/checks/compute.py",
+                      "preflight/checks/compute.toml", "preflight/checks/iperf3/*",
+                      "preflight/checks/allreduce/stragglers.py", "preflight/checks/allreduce/thresholds.toml",
+                      "bench/calibration.py"]),
     ("healthy-fleet*", ["preflight/hostside/*", "preflight/checks/compute.py", "preflight/checks/compute.toml",
                         "preflight/checks/iperf3/*", "preflight/checks/allreduce/*", "bench/healthy_fleet.py"]),
 )

@@ -392,12 +392,12 @@ def stats_noise(noise: Any, root: float) -> float:
     return MEDIAN_SE * float(noise) / root if isinstance(noise, (int, float)) and noise > 0 else 0.0
 
 
-def _peer_findings(devices: List[Dict[str, Any]], lim: Dict[str, Any],
+def _peer_findings(compared: List[Dict[str, Any]], lim: Dict[str, Any],
                    remeasured: Optional[Dict[str, int]] = None) -> Dict[Tuple[str, str], List[Finding]]:
-    """{(host, label): findings} for the devices ``_comparisons`` names (FAIL or WARN, each significant)."""
+    """{(host, label): findings} for the devices ``_comparisons`` named (FAIL or WARN, each significant)."""
     remeasured = remeasured or {}
     out: Dict[Tuple[str, str], List[Finding]] = {}
-    for c in _comparisons(devices, lim):
+    for c in compared:
         if c["verdict"] not in ("fail", "warn"):
             continue
         d = c["device"]
@@ -418,12 +418,12 @@ def _compared(c: Dict[str, Any], lim: Dict[str, Any], remeasured: Dict[str, int]
             f"{stats.confidence_text(c['c'], c['family'], float(lim['max_p']))}{best})")
 
 
-def _unsure(devices: List[Dict[str, Any]], lim: Dict[str, Any],
+def _unsure(compared: List[Dict[str, Any]], lim: Dict[str, Any],
             remeasured: Optional[Dict[str, int]] = None) -> Dict[str, List[str]]:
     """{host: [notes]} for deficits below ``fail_fraction`` that are not significant: not named (no FAIL or WARN
     on weak evidence), but said in the host's PASS line, so that a reader sees what was measured."""
     out: Dict[str, List[str]] = {}
-    for c in _comparisons(devices, lim):
+    for c in compared:
         if c["verdict"] == "unsure":
             note = f"{c['device']['label']}: {_compared(c, lim, remeasured or {})}"
             out.setdefault(c["device"]["host"], []).append(note)
@@ -471,15 +471,21 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
         out[h] = error(f"could not measure on {h}: {why}", "rerun with -v for the host-side error")
     by_host: Dict[str, Any] = facts.get("by_host") or {}
     devices = _devices(by_host)
-    peers = _peer_findings(devices, lim, facts.get("remeasured"))
-    unsure = _unsure(devices, lim, facts.get("remeasured"))
+    compared = _comparisons(devices, lim)
+    peers = _peer_findings(compared, lim, facts.get("remeasured"))
+    unsure = _unsure(compared, lim, facts.get("remeasured"))
+    by_device_host: Dict[str, List[Dict[str, Any]]] = {}
+    per_model: Dict[str, int] = {}
+    for d in devices:
+        by_device_host.setdefault(d["host"], []).append(d)
+        per_model[d["model"]] = per_model.get(d["model"], 0) + 1
     for h, hf in by_host.items():
         if not isinstance(hf, dict):
             continue
         if hf.get("torch") is None:
             out[h] = skip(f"torch is not importable by --python on {h} ({hf.get('error')}): nothing to measure with")
             continue
-        mine = [d for d in devices if d["host"] == h]
+        mine = by_device_host.get(h, [])
         findings: List[Finding] = []
         expected, why = gpus_expected(hf, bool(limits(thresholds, "gpu")["gpus_expected"]))
         if expected and not hf.get("gpus"):
@@ -509,7 +515,7 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
                   f"({cpu.get('torch_threads')} threads)")
         else:
             ok = "nothing measured"
-        few = _too_few(mine, devices, lim)
+        few = _too_few(mine, per_model, lim)
         if few:
             ok += "; " + few
         if unsure.get(h):
@@ -531,12 +537,12 @@ def evaluate(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str, Out
     return out
 
 
-def _too_few(mine: List[Dict[str, Any]], devices: List[Dict[str, Any]], lim: Dict[str, Any]) -> str:
+def _too_few(mine: List[Dict[str, Any]], per_model: Dict[str, int], lim: Dict[str, Any]) -> str:
     """What a host's line says when its devices have too few peers to be compared with (no peer verdict then)."""
     if not mine:
         return ""
     model = mine[0]["model"]
-    count = sum(1 for d in devices if d["model"] == model)
+    count = per_model.get(model, 0)
     need = max(int(lim["min_peers"]), stats.MIN_PEERS + 1)
     if count >= need:
         return ""

@@ -65,6 +65,25 @@ def _without(ordered: List[float], removed: Sequence[float]) -> Optional[float]:
     return nth((n - 1) // 2) if n % 2 else (nth(n // 2 - 1) + nth(n // 2)) / 2.0
 
 
+# The link ratios' lower half understates how far a healthy host falls: a host's links run at the slower of each
+# pair, so a low host's ratio carries its whole own deficit (slope 0.9-0.98 on its own rate) while the hosts above the
+# median are squeezed together. In simulated lognormal fleets (the ring and 2 random rounds) the ratios' downside
+# spread is 0.84, 0.80, 0.76 and 0.735 of the hosts' spread at 8, 16, 64 and 256 hosts; the downside is scaled by the
+# inverse (interpolated in log2 of the host count), as 1.4826 scales a MAD. Without it 2.7% of healthy 64-host runs
+# named a host at max_p 0.01 (bench/calibration.py).
+LINK_CONSISTENCY = ((8, 1.19), (16, 1.245), (64, 1.32), (256, 1.36))
+
+
+def link_consistency(hosts: int) -> float:
+    """The factor for a network of ``hosts`` hosts (LINK_CONSISTENCY, flat outside its range)."""
+    if hosts <= LINK_CONSISTENCY[0][0]:
+        return LINK_CONSISTENCY[0][1]
+    for (n0, c0), (n1, c1) in zip(LINK_CONSISTENCY, LINK_CONSISTENCY[1:]):
+        if hosts <= n1:
+            return c0 + (c1 - c0) * math.log2(hosts / n0) / math.log2(n1 / n0)
+    return LINK_CONSISTENCY[-1][1]
+
+
 def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction: float,
                     stats: Optional[Dict[str, Any]] = None,
                     unsure: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
@@ -143,11 +162,17 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
             # lower half is what says how far a healthy host falls (stats.downside).
             tested = compare_all(ratios, float(stats.get("prior_spread", 0.02)), float(stats.get("prior_df", 4.0)),
                                  [entries[h]["noise"] for h in names], float(stats.get("noise_floor", 0.0)),
-                                 downside(ratios, partners))
-            for h, c in zip(names, tested):
-                if c is not None:
-                    entries[h].update(t=c.t, df=c.df, p=c.p, peers=c.peers, sigma=c.sigma)
+                                 [link_consistency(len(ratios)) * d for d in downside(ratios, partners)])
+            compared = {h: c for h, c in zip(names, tested) if c is not None}
+            for h, c in compared.items():
+                entries[h].update(t=c.t, df=c.df, peers=c.peers, sigma=c.sigma)
             family = max(1, total - len(flagged))
+            # The p of the hosts that may be named or in doubt only (each p is a continued fraction: at 1,024 hosts
+            # the others' would cost more than the rest of the step).
+            doubt_below = max(fraction, 1.0 - float(stats.get("min_deficit", 0.0)))
+            for h, c in compared.items():
+                if entries[h]["ratio"] < doubt_below:
+                    entries[h]["p"] = c.p
             candidates = [(h, e) for h, e in entries.items() if "p" in e
                           and e["ratio"] < 1.0 - float(stats.get("min_deficit", 0.0))]
             if candidates:
@@ -160,7 +185,6 @@ def find_stragglers(links: List[Dict[str, Any]], hosts: Sequence[str], fraction:
             if unsure is not None:
                 # In doubt: below the fraction, or at least min_deficit slower, and not named: the caller measures
                 # again (a 90% host whose first tests were noisy is confirmed, not passed on one look).
-                doubt_below = max(fraction, 1.0 - float(stats.get("min_deficit", 0.0)))
                 for h, e in entries.items():
                     if e["ratio"] < doubt_below and (worst is None or h != worst[0]):
                         e.setdefault("p_adj", max(last_adj, min(1.0, family * e.get("p", 1.0))))

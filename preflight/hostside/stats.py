@@ -4,7 +4,10 @@ A value is compared with its peers (the other devices of its model, the other ho
 in log space: is it lower than the peers' spread lets a healthy member be? The spread is the peers' sample variance
 (host-to-host differences and the measurement noise together, both measured), moderated by a prior (Smyth 2004,
 "linear models and empirical Bayes methods", the moderated t of limma): ``prior_df`` pseudo-observations at
-``prior_spread``, so that three peers that happen to agree to 0.1% do not make 3% a certainty. The statistic is
+``prior_spread`` (the host-to-host spread; the peers' measured noise is added to it), so that three peers that
+happen to agree to 0.1% do not make 3% a certainty. Where a measurement squeezes the hosts above the median together
+(a link runs at its slower host), the lower half's spread (``downside``) is the estimate when it says more, with the
+degrees of freedom of half the peers. The statistic is
 Student's t with ``prior_df + m - 1`` degrees of freedom (m peers), exact for a lognormal fleet; the host's own
 measurement noise beyond the peers' typical one (from its repeated samples) widens it. Every p of a run's check is
 then adjusted together (Holm 1979, step-down Bonferroni), so that "p < 0.05" is a statement about the run: the
@@ -19,9 +22,10 @@ Comparison(ratio 0.82, peers 7, t -11.5, df 10, p 2e-07); ``holm([0.001, 0.04, 0
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # A peer comparison needs this many other members (a value and two peers: the smallest group with a spread).
 MIN_PEERS = 2
@@ -93,15 +97,23 @@ def holm(pvalues: Sequence[float]) -> List[float]:
 
 
 class Comparison:
-    """One value against its peers: the effect (ratio to the peers' median), the moderated t and its p."""
+    """One value against its peers: the effect (ratio to the peers' median), the moderated t and its p (computed when
+    first read: a run of 1,024 hosts reads the p of a few; Holm's adjustment stops at the first adjusted p of 1)."""
 
-    __slots__ = ("value", "median", "ratio", "peers", "t", "df", "p", "p_adj", "sigma")
+    __slots__ = ("value", "median", "ratio", "peers", "t", "df", "_p", "p_adj", "sigma")
 
-    def __init__(self, value: float, median: float, ratio: float, peers: int, t: float, df: float, p: float,
-                 sigma: float) -> None:
+    def __init__(self, value: float, median: float, ratio: float, peers: int, t: float, df: float,
+                 p: Optional[float], sigma: float) -> None:
         self.value, self.median, self.ratio, self.peers = value, median, ratio, peers
-        self.t, self.df, self.p, self.sigma = t, df, p, sigma
-        self.p_adj = p
+        self.t, self.df, self._p, self.sigma = t, df, p, sigma
+        self.p_adj = 1.0 if p is None else p
+
+    @property
+    def p(self) -> float:
+        """The one-sided p of t with df degrees of freedom."""
+        if self._p is None:
+            self._p = t_cdf(self.t, self.df)
+        return self._p
 
     def as_dict(self) -> Dict[str, Any]:
         return {"value": self.value, "median": self.median, "ratio": round(self.ratio, 4), "peers": self.peers,
@@ -109,13 +121,23 @@ class Comparison:
                 "sigma": round(self.sigma, 5)}
 
 
+def _posterior(prior_spread: float, prior_df: float, peer_noise: float, var: float, m: int) -> Tuple[float, float]:
+    """(s^2, df): the peers' sample variance of logs (m peers) moderated by the prior. The prior speaks of the
+    host-to-host spread only; the measurement noise comes on top of it, measured (the peers' typical relative standard
+    error, from each value's repeated samples), so that noisy measurements do not make a 3% prior a tight one."""
+    df = float(prior_df) + m - 1
+    if df <= 0:
+        return var, df
+    return (float(prior_df) * (prior_spread ** 2 + peer_noise ** 2) + (m - 1) * var) / df, df
+
+
 def compare(x: float, peers: Sequence[float], prior_spread: float, prior_df: float, noise: float = 0.0,
             peer_noise: float = 0.0, floor: float = 0.0) -> Optional[Comparison]:
     """x against its peers, or None with fewer than MIN_PEERS positive peers or x <= 0.
 
-    In logs: t = (log x - mean log peers) / (s * sqrt(1 + 1/m)), s^2 = (prior_df * prior_spread^2 + (m - 1) *
-    var(log peers)) / (prior_df + m - 1), at least floor^2 and the peers' typical measurement noise squared; the
-    host's own relative noise beyond the peers' typical one (``noise`` > ``peer_noise``, both relative standard
+    In logs: t = (log x - mean log peers) / (s * sqrt(1 + 1/m)), s^2 = (prior_df * (prior_spread^2 + peer_noise^2) +
+    (m - 1) * var(log peers)) / (prior_df + m - 1), at least floor^2 and the peers' typical measurement noise squared;
+    the host's own relative noise beyond the peers' typical one (``noise`` > ``peer_noise``, both relative standard
     errors of the value) adds to the prediction's variance. df = prior_df + m - 1."""
     ys = [math.log(v) for v in peers if isinstance(v, (int, float)) and v > 0]
     m = len(ys)
@@ -123,14 +145,13 @@ def compare(x: float, peers: Sequence[float], prior_spread: float, prior_df: flo
         return None
     mean = math.fsum(ys) / m
     var = math.fsum((y - mean) ** 2 for y in ys) / (m - 1)
-    df = float(prior_df) + m - 1
-    s2 = (float(prior_df) * prior_spread ** 2 + (m - 1) * var) / df if df > 0 else var
+    s2, df = _posterior(prior_spread, prior_df, peer_noise, var, m)
     s2 = max(s2, floor ** 2, peer_noise ** 2, 1e-12)
     excess = max(0.0, noise ** 2 - peer_noise ** 2)
     sigma = math.sqrt(s2 * (1.0 + 1.0 / m) + excess)
     t = (math.log(x) - mean) / sigma
     med = statistics.median([v for v in peers if isinstance(v, (int, float)) and v > 0])
-    return Comparison(float(x), med, float(x) / med, m, t, df, t_cdf(t, df), sigma)
+    return Comparison(float(x), med, float(x) / med, m, t, df, None, sigma)
 
 
 def _median_but(ordered: List[float], v: float) -> float:
@@ -149,7 +170,9 @@ def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, n
                 exclude: Optional[Sequence[Sequence[int]]] = None) -> List[Optional[Comparison]]:
     """``compare`` of every value against all the others (leave-one-out), in O(n log n) instead of O(n^2): the
     same numbers, from running sums (1,024 hosts in a run). ``noises``: each value's relative standard error; the
-    typical one of the others is their median. ``floors``: a floor on the spread per value (see ``downside``).
+    typical one of the others is their median. ``floors``: each value's peers' downside spread (see ``downside``):
+    from 4 peers on, where it says more than their moderated variance, it is the estimate, with the degrees of
+    freedom of half the peers (and the prior's); with fewer, a floor on the spread.
     ``exclude[i]``: the indices that are no peers of value i besides itself (an iperf3 host's partners, whose
     ratios its own slowness pulls down), left out while at least MIN_PEERS + 1 peers remain."""
     n = len(values)
@@ -165,25 +188,30 @@ def compare_all(values: Sequence[float], prior_spread: float, prior_df: float, n
     ordered = sorted(float(values[i]) for i in ok)
     noise = [float(noises[i]) if noises is not None and isinstance(noises[i], (int, float)) else 0.0 for i in range(n)]
     noise_sorted = sorted(noise[i] for i in ok)
-    m = len(ok) - 1
-    df = float(prior_df) + m - 1
+    least = max(floor ** 2, 1e-12)
     for i in ok:
-        out_i = [i] + [j for j in (exclude[i] if exclude is not None else ()) if j in dev and j != i]
-        if len(ok) - len(out_i) < MIN_PEERS + 1:
-            out_i = [i]
-        mi = len(ok) - len(out_i)
-        mean = (s1 - math.fsum(dev[j] for j in out_i)) / mi
-        var = max(0.0, (s2 - math.fsum(dev[j] ** 2 for j in out_i) - mi * mean * mean) / (mi - 1))
+        d_i = dev[i]
+        others = sorted({j for j in exclude[i] if j in dev and j != i}) if exclude is not None and exclude[i] else []
+        if others and len(ok) - 1 - len(others) < MIN_PEERS + 1:
+            others = []
+        mi = len(ok) - 1 - len(others)
+        sum1 = s1 - d_i - (math.fsum(dev[j] for j in others) if others else 0.0)
+        sum2 = s2 - d_i * d_i - (math.fsum(dev[j] ** 2 for j in others) if others else 0.0)
+        mean = sum1 / mi
+        var = max(0.0, (sum2 - mi * mean * mean) / (mi - 1))
         peer_noise = _median_but(noise_sorted, noise[i])
-        df = float(prior_df) + mi - 1
-        post = (float(prior_df) * prior_spread ** 2 + (mi - 1) * var) / df if df > 0 else var
+        post, df = _posterior(prior_spread, prior_df, peer_noise, var, mi)
         own_floor = float(floors[i]) if floors is not None else 0.0
-        post = max(post, floor ** 2, own_floor ** 2, peer_noise ** 2, 1e-12)
-        excess = max(0.0, noise[i] ** 2 - peer_noise ** 2)
+        if mi >= 4 and own_floor * own_floor > post:
+            # The lower half's spread rests on half the peers: where it says more than the moderated variance of
+            # all of them, it is the estimate, with the degrees of freedom of half the peers (and the prior's).
+            post, df = own_floor * own_floor, float(prior_df) + mi // 2 - 1
+        post = max(post, least, peer_noise * peer_noise, own_floor * own_floor if mi < 4 else 0.0)
+        excess = max(0.0, noise[i] * noise[i] - peer_noise * peer_noise)
         sigma = math.sqrt(post * (1.0 + 1.0 / mi) + excess)
-        t = (dev[i] - mean) / sigma
-        med = _median_but(ordered, float(values[i]))
-        out[i] = Comparison(float(values[i]), med, float(values[i]) / med, mi, t, df, t_cdf(t, df), sigma)
+        value = float(values[i])
+        med = _median_but(ordered, value)
+        out[i] = Comparison(value, med, value / med, mi, (d_i - mean) / sigma, df, None, sigma)
     return out
 
 
@@ -210,11 +238,30 @@ def downside(values: Sequence[float], exclude: Optional[Sequence[Sequence[int]]]
 
 
 def adjust(comparisons: Sequence[Optional[Comparison]]) -> int:
-    """Holm-adjust every comparison's p in place (None entries skipped); returns the family's size."""
+    """Holm-adjust every comparison's p in place (None entries skipped); returns the family's size. The same numbers
+    as ``holm`` of their p's, with the p's computed in ascending order only until the adjusted p reaches 1 (every
+    later one is 1 too): within one df, ascending t is ascending p, so each df's smallest t is the next candidate."""
     real = [c for c in comparisons if c is not None]
-    for c, p in zip(real, holm([c.p for c in real])):
-        c.p_adj = p
-    return len(real)
+    m = len(real)
+    groups: Dict[float, List[Comparison]] = {}
+    for c in real:
+        groups.setdefault(c.df, []).append(c)
+    heads: List[Tuple[float, int, float, int]] = []
+    for k, (df, members) in enumerate(groups.items()):
+        members.sort(key=lambda c: c.t)
+        heapq.heappush(heads, (members[0].p, k, df, 0))
+    running, rank = 0.0, 0
+    while heads and running < 1.0:
+        p, k, df, j = heapq.heappop(heads)
+        running = max(running, min(1.0, (m - rank) * p))
+        groups[df][j].p_adj = running
+        rank += 1
+        if j + 1 < len(groups[df]):
+            heapq.heappush(heads, (groups[df][j + 1].p, k, df, j + 1))
+    for _, _, df, j in heads:
+        for c in groups[df][j:]:
+            c.p_adj = 1.0
+    return m
 
 
 def named(c: Optional[Comparison], max_p: float, min_deficit: float) -> bool:

@@ -1,6 +1,6 @@
 """The run's inputs are a registry (issue 32): each check declares its own flags (``CheckSpec.options``), the shared
 groups and ``--set`` live in preflight/flags.py, and every command's options, the pytest plugin's, docs/checks.md
-and the thresholds are generated from that one declaration, as tests/test_renderers.py shows for the outputs."""
+and the thresholds are generated from that one declaration, as tests/render/test_renderers.py shows for the outputs."""
 from __future__ import annotations
 
 import argparse

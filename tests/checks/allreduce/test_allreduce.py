@@ -289,12 +289,16 @@ def test_recorded_clean_rounds_name_nobody():
 
 
 def test_recorded_host_at_90_percent_is_named_with_ratio_and_confidence():
-    named = stragglers.find(ROUNDS["node02-at-0.9"], CFG)
+    # 3 peers of a fleet that may be 3% apart (the prior bench/calibration.py calibrates to): 10% slower is evidence
+    # at the 5% level of the run, not at the default 1% (adjusted p 0.019)
+    assert stragglers.find(ROUNDS["node02-at-0.9"], CFG) == {}
+    cfg = dict(CFG, max_p=0.05)
+    named = stragglers.find(ROUNDS["node02-at-0.9"], cfg)
     assert list(named) == ["node02"]
     s = named["node02"]
     assert s["status"] == "warn" and s["by"] == "statistics"
-    assert s["ratio"] == pytest.approx(0.9, abs=0.01) and s["p_adj"] < float(CFG["max_p"]) and s["family"] == 4
-    text = stragglers.describe("node02", s, ROUNDS["node02-at-0.9"], CFG)
+    assert s["ratio"] == pytest.approx(0.9, abs=0.01) and 0.01 < s["p_adj"] < 0.05 and s["family"] == 4
+    text = stragglers.describe("node02", s, ROUNDS["node02-at-0.9"], cfg)
     assert "90% of the median of 3 peers" in text and "16 MiB x 8 iterations" in text
     assert re.search(r"confidence: t -\d+\.\d, \d+ df; adjusted p = [0-9.e-]+ over 4 hosts \(moderated t prediction "
                      r"test, Holm-adjusted\)", text), text
@@ -302,7 +306,7 @@ def test_recorded_host_at_90_percent_is_named_with_ratio_and_confidence():
 
 def test_planted_stragglers_by_statistics_fraction_and_hard_floor():
     clean = ROUNDS["clean"]
-    assert list(stragglers.find(_slowed(clean, "node03", 0.9), CFG)) == ["node03"]
+    assert list(stragglers.find(_slowed(clean, "node03", 0.85), CFG)) == ["node03"]
     assert stragglers.find(_slowed(clean, "node03", 0.97), CFG) == {}  # 3% slower: below min_deficit
     warn = stragglers.find(_slowed(clean, "node01", 0.7), CFG)["node01"]
     assert (warn["status"], warn["by"]) == ("warn", "statistics")
@@ -364,8 +368,11 @@ def test_straggler_pairs_that_all_failed_are_a_warning_not_a_pass():
 
 
 def test_evaluate_names_the_straggler_on_its_own_row_and_the_cluster_row():
+    # the recorded 90% host, at the run's 5% level (at the default 1% its 3 peers are too few: see above)
+    loose = copy.deepcopy(THRESHOLDS)
+    loose["allreduce"]["max_p"] = 0.05
     out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"],
-                                  stragglers=ROUNDS["node02-at-0.9"]), THRESHOLDS)
+                                  stragglers=ROUNDS["node02-at-0.9"]), loose)
     assert set(out) == {"*", "node02"}
     assert out["node02"].status == Status.WARN
     assert out["node02"].message.startswith("all-reduce: straggler: its best ring pair (with node01)")
@@ -870,8 +877,8 @@ def test_a_large_deficit_that_noise_explains_is_not_named():
     off = stragglers.find(noisy, dict(CFG, max_p=1.0))
     # the effect floor alone (max_p = 1) names a healthy host on weak evidence
     assert off["node04"]["by"] == "statistics" and off["node04"]["p_adj"] >= 0.05
-    # node03 at 51% of its peers, with iterations that vary 3-fold: adjusted p = 0.07 over 4 hosts, short of the run's
-    # 1% level (and of 5%; named at 10%)
-    assert stragglers.find(noisy, CFG) == {} and stragglers.find(noisy, dict(CFG, max_p=0.05)) == {}
-    named = stragglers.find(noisy, dict(CFG, max_p=0.1))
-    assert list(named) == ["node03"] and 0.05 < named["node03"]["p_adj"] < 0.1
+    # node03 at 51% of its peers, with iterations that vary 3-fold: adjusted p = 0.11 over 4 hosts, short of the run's
+    # 1% level (and of 10%; named at 20%)
+    assert stragglers.find(noisy, CFG) == {} and stragglers.find(noisy, dict(CFG, max_p=0.1)) == {}
+    named = stragglers.find(noisy, dict(CFG, max_p=0.2))
+    assert list(named) == ["node03"] and 0.1 < named["node03"]["p_adj"] < 0.2

@@ -90,7 +90,7 @@ def test_a_gpu_at_low_clocks_is_named_with_index_and_uuid_and_confidence():
     assert bad.status == Status.WARN
     assert "gpu02 GPU 5 (GPU-00000001-1111-2222-3333-000000000005): bf16 GEMM" in bad.message
     assert "90% of the median of 15 peers (H100 80GB HBM3" in bad.message and "; t -" in bad.message
-    assert "18 df; adjusted p = 2e-07 over 64 comparisons (moderated t prediction test, Holm-adjusted)" in bad.message
+    assert "18 df; adjusted p = 3e-05 over 64 comparisons (moderated t prediction test, Holm-adjusted)" in bad.message
     assert "nvidia-smi -q -i 5 -d CLOCK" in bad.fix
     assert "slow device(s) on gpu02" in out["*"].message
 
