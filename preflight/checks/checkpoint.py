@@ -248,6 +248,7 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
-    # Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
+    # Small test files and free space, nothing timed: quiet; it writes to the checkpoint filesystem (runner.Schedule).
     quiet=True,
+    loads=("disk",),
 )
