@@ -88,6 +88,7 @@ class Node:
     agent: Agent
     ssh_facts: Dict[str, Any] = field(default_factory=dict)
     hello: bool = False  # its agent said hello at connect
+    preloading: Optional[Any] = None  # the agent's preload request (a RunningCommand), when one was sent
 
     @property
     def name(self) -> str:
@@ -259,7 +260,7 @@ class Runner:
         if not self.preload:
             return
         try:
-            node.agent.preload(["torch"], self.o.timeout)
+            node.preloading = node.agent.preload(["torch"], self.o.timeout)
         except Exception:  # the host checks' request will meet the same broken channel and say so
             pass
 
@@ -425,6 +426,14 @@ class Runner:
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
         return Schedule(self, cluster, specs)
 
+    def _wait_preloaded(self) -> None:
+        """Until every host's agent has imported torch (its preload), within the preload's own timeout: an early
+        check's calls would queue behind that import on each host, on the clock of their own deadlines."""
+        until = time.monotonic() + self.o.timeout
+        for node in self.nodes:
+            if node.preloading is not None:
+                node.preloading.join(max(0.0, until - time.monotonic()))
+
     def _early_ok(self) -> bool:
         """Whether early checks may start beside the host checks: every reachable host's agent said hello (so the
         host checks will not take a host out of the run: a host whose hello is late, or whose --python is missing,
@@ -552,7 +561,7 @@ class Runner:
             # The cluster checks that may (SPEC.early) start now, beside the host checks; the others after them.
             schedule = self._schedule([s for s in specs if s.scope == "cluster"])
             if self._early_ok():
-                schedule.start_early()
+                schedule.start_early(self._wait_preloaded)
             try:
                 self._host_checks([s for s in specs if s.scope == "host"])
             finally:
@@ -607,10 +616,20 @@ class Schedule:
         self.early = False
         self.cond = threading.Condition()
 
-    def start_early(self) -> None:
-        with self.cond:
-            self.early = True
-            self._start_ready()
+    def start_early(self, after: Optional[Callable[[], None]] = None) -> None:
+        """Let the early checks start beside the host checks: now, or in a thread once ``after()`` returns (the
+        hosts' torch imports: runner._wait_preloaded)."""
+        def start() -> None:
+            if after is not None:
+                after()
+            with self.cond:
+                self.early = True
+                self._start_ready()
+
+        if after is None:
+            start()
+        else:
+            threading.Thread(target=start, name="early checks", daemon=True).start()
 
     def host_checks_done(self, no_python: Dict[str, str]) -> None:
         """The host checks have finished: a host without the job's interpreter runs nothing from now on (its cells
