@@ -676,11 +676,13 @@ class Schedule:
                 return False
             self.waiting[me] = check
             self._start_ready()  # what waits loads nothing: a check it kept out may start
+            start = time.monotonic()
             try:
                 while check not in self.done:
                     self.cond.wait(0.5)
             finally:
                 self.waiting.pop(me, None)
+                self.runner._span(f"{me} waits for {check}", start)
             return True
 
     def _can_start(self, spec: CheckSpec) -> bool:
