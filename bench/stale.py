@@ -40,9 +40,9 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("old-vs-final-*", _CONNECT + ["bench/scale.py"]),
     ("slurm*", _CONNECT + ["preflight/slurm.py", "bench/slurm_vs_ssh.py"]),
     ("straggler-allreduce-*", ["preflight/checks/allreduce/*", "preflight/hostside/*", "bench/straggler.py"]),
-    ("straggler-*", ["preflight/checks/iperf3.py", "preflight/checks/iperf3.toml", "preflight/hostside/*",
+    ("straggler-*", ["preflight/checks/iperf3/*", "preflight/hostside/*",
                      "bench/straggler.py"]),
-    ("severity*", ["preflight/checks/compute.py", "preflight/checks/iperf3.py", "preflight/checks/*.toml",
+    ("severity*", ["preflight/checks/compute.py", "preflight/checks/iperf3/*", "preflight/checks/*.toml",
                    "preflight/hostside/*", "bench/severity.py"]),
     ("compute_straggler*", ["preflight/checks/compute.py", "preflight/checks/compute.toml", "preflight/hostside/*",
                             "bench/compute_straggler.py"]),
@@ -56,7 +56,7 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
                         "bench/agent_overhead.py"]),
     ("agent_overhead*", _CONNECT + ["bench/agent_overhead.py"]),
     ("calibration*", ["preflight/hostside/stats.py", "preflight/checks/compute.py", "preflight/checks/compute.toml",
-                      "preflight/checks/iperf3.py", "preflight/checks/iperf3.toml",
+                      "preflight/checks/iperf3/*",
                       "preflight/checks/allreduce/stragglers.py", "bench/calibration.py"]),
 )
 

@@ -90,7 +90,7 @@ def test_launcher_ssh_fix_quotes_the_host(kind):
 
 
 def test_iperf3_fix_never_prints_an_odd_device():
-    fix = iperf3._fix_slow("node1", "$(reboot)")
+    fix = iperf3.fix_slow("node1", "$(reboot)")
     assert "$(reboot)" not in fix and "<nic>" in fix
 
 

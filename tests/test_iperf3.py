@@ -165,7 +165,7 @@ def straggler_facts(ratio, n=4):
     mesh = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
     net = {"network": "10.0.0.0/24", "devices": dict.fromkeys(hosts, "eth0"),
            "addresses": {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}, "links": links_from(rates, mesh)}
-    net["median_gbps"] = iperf3._median([ln["gbps"] for ln in net["links"]])
+    net["median_gbps"] = iperf3.median([ln["gbps"] for ln in net["links"]])
     return {"hosts": hosts, "networks": [net], "chosen": iperf3.choose([net], hosts), "errors": {}}
 
 
@@ -434,7 +434,7 @@ def test_coordinate_single_host_skips(thresholds):
 
 
 def test_thresholds_are_documented():
-    text = (REPO / "preflight" / "checks" / "iperf3.toml").read_text()  # beside the check
+    text = (REPO / "preflight" / "checks" / "iperf3" / "thresholds.toml").read_text()  # in the check's package
     section = text.split("[iperf3]", 1)[1].split("\n[", 1)[0]
     keys = [ln.split("=")[0].strip() for ln in section.splitlines() if "=" in ln and not ln.startswith("#")]
     assert set(keys) == set(load_defaults()["iperf3"])

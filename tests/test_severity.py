@@ -165,7 +165,7 @@ def iperf3_facts(rates: Dict[Tuple[str, str], float], samples: Optional[Dict[Tup
              for (a, b), g in rates.items()]
     net = {"network": "10.0.0.0/24", "devices": dict.fromkeys(hosts, "eth0"),
            "addresses": {h: f"10.0.0.{i + 1}" for i, h in enumerate(hosts)}, "links": links,
-           "median_gbps": iperf3._median([ln["gbps"] for ln in links])}
+           "median_gbps": iperf3.median([ln["gbps"] for ln in links])}
     if remeasured:
         net["remeasured"] = remeasured
     return {"hosts": hosts, "networks": [net], "chosen": iperf3.choose([net], hosts), "errors": {}, "rounds": 3}

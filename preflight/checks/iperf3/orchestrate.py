@@ -1,0 +1,232 @@
+"""On the coordinator: ``coordinate(cluster)`` lists the candidate networks, and on each starts a server per host
+and tests disjoint pairs in rounds (again where a host is in doubt), giving the facts ``verdict.evaluate`` reads::
+
+    {"hosts": [...], "networks": [{"network", "devices", "addresses", "links": [...], "median_gbps", "blocked"}],
+     "chosen": {"network", "devices", "addresses", "median_gbps", "hosts"}, "errors": {host: why}, "rounds": 5}
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from .common import NAME, SERVER_READY_S, median, ok_links
+from .networks import below_floor, choose, link_floor, shared_networks
+from ...hostside.mesh import blocked_hosts, find_stragglers
+from ...hostside.outcome import limits
+from ...hostside.seams import ClusterView
+
+AGENT_MARGIN_S = 20.0     # SSH channel + interpreter start + shipping the checks zip, per call
+
+
+def _err(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
+    from ...hostside.proc import parallel_map
+    return parallel_map(fn, list(items), max(1, len(items)), timeout)
+
+
+def coordinate(cluster: ClusterView) -> Dict[str, Any]:
+    from ...hostside.schedule import pair_rounds
+
+    t = limits(cluster.thresholds, NAME)
+    hosts = [h.name for h in cluster.hosts]
+    duration = float(t["duration_s"])
+    connect_timeout = float(t["connect_timeout_s"])
+    facts: Dict[str, Any] = {"hosts": hosts, "networks": [], "chosen": None, "errors": {}, "subnets": {},
+                             "unreachable": [h.name for h in getattr(cluster, "all_hosts", cluster.hosts)
+                                             if h.name not in hosts],
+                             "duration_s": duration, "rounds": 0}
+    if len(hosts) < 2:
+        reachable = ", ".join(hosts) or "none"
+        facts["skipped"] = f"needs at least 2 reachable hosts to measure between them (reachable: {reachable})"
+        return facts
+
+    iface = _host_interfaces(cluster, hosts, facts["errors"])
+    usable = [h for h in hosts if iface.get(h)]
+    networks, facts["subnets"] = shared_networks({h: v for h, v in iface.items() if v}, usable,
+                                                   int(t["max_networks"]))
+    if len(usable) < 2 or not networks:
+        return facts
+
+    rounds = pair_rounds(len(usable), int(t["extra_rounds"]), 0)
+    facts["rounds"] = len(rounds)
+    per_call = duration + connect_timeout + AGENT_MARGIN_S
+    # The servers stay up through the rounds and, where a host is in doubt, through `confirm` repeats of them.
+    serve_budget = (1 + int(t["confirm"])) * len(rounds) * (per_call + 5) + SERVER_READY_S + 60
+    progress = getattr(cluster, "progress", None)
+    _announce_phase(progress, networks, rounds)
+    for net in networks:
+        _measure_network(cluster, net, usable, rounds, facts, t, per_call, serve_budget, progress)
+    facts["chosen"] = choose(facts["networks"], usable)
+    ports_facts = (cluster.facts.get("*") or {}).get("ports")
+    for net in facts["networks"]:
+        net["blocked"] = _blocked_by_ports(ports_facts, net.get("addresses") or {})
+    return facts
+
+
+def _host_interfaces(cluster: ClusterView, hosts: Sequence[str], errors: Dict[str, str]) -> Dict[str, Any]:
+    """Each host's interfaces, as the interfaces check read them, else listed here (the networks to measure on
+    come from them); a host whose listing fails is noted in `errors` and left without."""
+    iface = {h: (cluster.facts.get(h) or {}).get("interfaces") for h in hosts}
+    missing = [h for h in hosts if not iface[h]]
+    if missing:  # the interfaces check did not run (or failed): list them ourselves
+        got = cluster.call_all(NAME + ".interfaces", {h: {} for h in missing}, timeout=30)
+        for h, value in got.items():
+            if isinstance(value, BaseException):
+                errors[h] = f"could not list the interfaces: {_err(value)}"
+            else:
+                iface[h] = value
+    return iface
+
+
+def _announce_phase(progress: Any, networks: Sequence[Any], rounds: Sequence[Any]) -> None:
+    """Tell the progress display (where there is one) how many steps follow: one per network and round."""
+    if progress is not None:
+        # +1: the runner advances once more when the check ends.
+        nets_s, rounds_s = "s"[:len(networks) != 1], "s"[:len(rounds) != 1]
+        progress.phase(f"iperf3 ({len(networks)} network{nets_s} x {len(rounds)} round{rounds_s})",
+                       len(networks) * len(rounds) + 1)
+
+
+def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[str], rounds: Sequence[Any],
+                     facts: Dict[str, Any], t: Dict[str, Any], per_call: float, serve_budget: float,
+                     progress: Any) -> None:
+    """Measure one network: servers up on it, the rounds run (and repeated to confirm a suspect), the network with
+    its links added to facts["networks"]; every server that was started is stopped whatever happens."""
+    # The servers of one network listen on that network's addresses only, and only while it is measured.
+    services: Dict[str, Any] = {}
+    ports: Dict[str, int] = {}
+    try:
+        _start_servers(cluster, net, usable, t, serve_budget, services, ports, facts["errors"])
+
+        def measure() -> List[Dict[str, Any]]:
+            return _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t, per_call, progress)
+
+        net["links"] = _measure_confirmed(measure, usable, net, t, progress)
+        net["median_gbps"] = median([ln["gbps"] for ln in ok_links(net)])
+        facts["networks"].append(net)
+    finally:
+        _stop_servers(services, ports, facts)
+
+
+def _start_servers(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[str], t: Dict[str, Any],
+                   serve_budget: float, services: Dict[str, Any], ports: Dict[str, int],
+                   errors: Dict[str, str]) -> None:
+    """Start an iperf3 server on each host, bound to its address on `net`, all in parallel: `services` gets every
+    server started (for the caller to stop), `ports` the port of each that listens, `errors` why the others do not."""
+    def start(h: str) -> int:
+        services[h] = cluster.start(h, NAME + ".serve", {"port": int(t["port"]),
+                                                         "bind": net["addresses"][h]}, serve_budget)
+        return int(services[h].wait_ready(SERVER_READY_S + AGENT_MARGIN_S)["port"])
+
+    for h, res in zip(usable, _parallel(start, usable, SERVER_READY_S + AGENT_MARGIN_S + 10)):
+        if isinstance(res, BaseException):
+            errors[h] = f"iperf3 server did not start: {_err(res)}"
+        else:
+            ports[h] = res
+
+
+def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequence[str], net: Dict[str, Any],
+                       t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
+    """The links of one network: the rounds once, then again while a host is named, in doubt or below the floor,
+    up to `confirm` times, each pair keeping its best rate."""
+    links = measure()
+    # While a host is named or in doubt (below the straggler fraction, but the other hosts' links disagree
+    # too much to tell), measure every pair again, up to `confirm` times, and let each pair keep its best
+    # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
+    # contention on a loaded host (another process starving its iperf3) passes. Doubt is met by measuring
+    # more, not by failing; a healthy cluster costs nothing.
+    # A host below the link-rate floor is confirmed the same way before it is named.
+    floor = link_floor(net, t)[0]
+    for _ in range(int(t["confirm"])):
+        doubt: Dict[str, Dict[str, Any]] = {}
+        named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), t, doubt)
+        slow = below_floor(links, usable, floor)
+        if not named and not doubt and not slow:
+            break
+        if progress is not None:
+            suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
+            progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
+        net["remeasured"] = int(net.get("remeasured") or 0) + 1
+        links = best_links(links + measure())
+    return links
+
+
+def _stop_servers(services: Dict[str, Any], ports: Dict[str, int], facts: Dict[str, Any]) -> None:
+    """Stop every server started, in parallel, killing one whose stop fails; a failed stop of a server that
+    listened is noted in facts["stop_errors"]."""
+    def halt(h: str) -> Any:
+        try:
+            return services[h].stop(15)
+        except BaseException:
+            services[h].kill()  # its agent sees EOF and kills iperf3 (and the runner reaps after all)
+            raise
+    done = _parallel(halt, list(services), 30)
+    for h, res in zip(list(services), done):
+        if isinstance(res, BaseException) and h in ports:
+            facts.setdefault("stop_errors", {})[h] = _err(res)
+
+
+def _blocked_by_ports(ports_facts: Any, addresses: Dict[str, str]) -> List[str]:
+    """Hosts whose TCP the ports check proved blocked on these addresses: the evidence that says which end of a
+    failed test to blame when the tests alone cannot (3 hosts measure each pair once)."""
+    if not isinstance(ports_facts, dict) or not addresses:
+        return []
+    try:
+        return sorted(blocked_hosts(ports_facts, addresses))
+    except Exception:  # another check's facts: a schema change there must not break this check
+        return []
+
+
+def best_links(links: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One record per measured (src, dst) pair, its best rate over the repeats (``tests``: how many); every failed
+    test is kept as its own record, since a failure is evidence whatever a repeat did."""
+    best: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    tests: Dict[Tuple[str, str], int] = {}
+    failed = []
+    for ln in links:
+        pair = (ln["src"], ln["dst"])
+        tests[pair] = tests.get(pair, 0) + 1
+        if ln.get("error") or ln.get("gbps") is None:
+            failed.append(ln)
+        elif pair not in best or ln["gbps"] > best[pair]["gbps"]:
+            best[pair] = ln
+    return [dict(ln, tests=tests[pair]) for pair, ln in best.items()] + failed
+
+
+def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[str], net: Dict[str, Any],
+                ports: Dict[str, int], errors: Dict[str, str], t: Dict[str, Any], per_call: float,
+                progress: Any) -> List[Dict[str, Any]]:
+    """One iperf3 test per pair of each round (the pairs of a round at once), as link records."""
+    links: List[Dict[str, Any]] = []
+    for rnd in rounds:
+        params: Dict[str, Dict[str, Any]] = {}
+        for a, b in rnd:
+            src, dst = usable[a], usable[b]
+            if dst not in ports:
+                links.append({"src": src, "dst": dst, "gbps": None, "retransmits": None, "blame": dst,
+                              "error": f"no iperf3 server on {dst} ({errors.get(dst)})"})
+                continue
+            params[src] = {"addr": net["addresses"][dst], "port": ports[dst], "dst": dst,
+                           "bind": net["addresses"][src], "duration_s": float(t["duration_s"]),
+                           "connect_timeout_s": float(t["connect_timeout_s"]), "streams": int(t["streams"]),
+                           "interval_s": float(t["interval_s"])}
+        got = cluster.call_all(NAME + ".client", params, per_call) if params else {}
+        for src, value in got.items():
+            link = {"src": src, "dst": params[src]["dst"], "gbps": None, "retransmits": None, "error": None}
+            if isinstance(value, BaseException):
+                link["error"] = f"the client on {src} did not report: {_err(value)}"
+                link["agent_failed"] = True  # preflight's machinery, not evidence about the network
+            else:
+                link.update(gbps=value.get("gbps"), retransmits=value.get("retransmits"),
+                            error=value.get("error"), sent_gbps=value.get("sent_gbps"))
+                if value.get("samples_gbps"):
+                    link["samples_gbps"] = value["samples_gbps"]
+                if value.get("missing"):
+                    link["blame"] = src
+            links.append(link)
+        if progress is not None:
+            progress.advance(net["network"], f"round of {len(rnd)} pair{'s'[:len(rnd) != 1]}")
+    return links
