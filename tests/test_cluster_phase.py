@@ -97,7 +97,7 @@ def test_an_early_check_runs_beside_the_host_checks_and_waits_for_what_it_reads_
     """An early check (iperf3's SPEC: early, waits for ports) starts while the host checks run, a check that measures
     the CPU does not start beside it, ports starts only after the host checks (it reads their facts), and the early
     check's wait_for returns once ports' facts are there."""
-    from preflight.checks import compute, ports
+    from preflight.checks import compute, iperf3, ports
 
     spans = Spans()
     seen: Dict[str, Any] = {}
@@ -108,8 +108,8 @@ def test_an_early_check_runs_beside_the_host_checks_and_waits_for_what_it_reads_
         return True
 
     runner = _runner()
-    early = fake_check("iperf3", spans.check("iperf3", 0.5, then=reads_ports), measures=("network",),
-                       loads=("cpu", "network"), early=True, reads=("ports",), waits=("ports",)).SPEC
+    early = fake_check("iperf3", spans.check("iperf3", 0.5, then=reads_ports), measures=iperf3.SPEC.measures,
+                       loads=iperf3.SPEC.loads, early=iperf3.SPEC.early, reads=("ports",), waits=iperf3.SPEC.waits).SPEC
     checks = [fake_check("compute", spans.check("compute"), measures=compute.SPEC.measures,
                          loads=compute.SPEC.loads).SPEC,
               fake_check("ports", spans.check("ports"), quiet=True, loads=ports.SPEC.loads).SPEC, early]
