@@ -109,16 +109,18 @@ def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence
     try:
         _start_servers(cluster, net, usable, t, serve_budget, services, ports, facts["errors"])
 
-        def measure() -> List[Dict[str, Any]]:
-            if "rounds" in net:  # a confirm repeat: the rounds measured the first time
-                return _run_rounds(cluster, rounds[:net["rounds"]], usable, net, ports, facts["errors"], t, per_call,
-                                   progress)
-            # The ring first, the extra matchings only where its links disagree (a host to localize)
-            links = _run_rounds(cluster, rounds[:ring], usable, net, ports, facts["errors"], t, per_call, progress)
-            net["rounds"] = ring
+        def measure(previous: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+            """The ring's rounds, then the extra matchings only where the links so far (each pair at its best over
+            ``previous``, a confirm repeat's earlier tests) disagree: there is a host to localize, or to clear."""
+            def best(more: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+                return best_links(previous + more) if previous else more
+
+            new = _run_rounds(cluster, rounds[:ring], usable, net, ports, facts["errors"], t, per_call, progress)
+            links = best(new)
+            net["rounds"] = max(ring, int(net.get("rounds") or 0))
             if len(rounds) > ring and not ring_agrees(links, usable, net, t):
-                links += _run_rounds(cluster, rounds[ring:], usable, net, ports, facts["errors"], t, per_call,
-                                     progress)
+                new += _run_rounds(cluster, rounds[ring:], usable, net, ports, facts["errors"], t, per_call, progress)
+                links = best(new)
                 net["rounds"] = len(rounds)
             return links
 
@@ -146,11 +148,12 @@ def _start_servers(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[s
             ports[h] = res
 
 
-def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequence[str], net: Dict[str, Any],
-                       t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
+def _measure_confirmed(measure: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]], usable: Sequence[str],
+                       net: Dict[str, Any], t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
     """The links of one network: the rounds once, then again while a host is named, in doubt or below the floor,
-    up to `confirm` times, each pair keeping its best rate."""
-    links = measure()
+    up to `confirm` times, each pair keeping its best rate (``measure(previous)``: each time the ring first, the
+    extra rounds only where the links so far disagree)."""
+    links = measure([])
     # While a host is named or in doubt (below the straggler fraction, but the other hosts' links disagree
     # too much to tell), measure every pair again, up to `confirm` times, and let each pair keep its best
     # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
@@ -168,7 +171,7 @@ def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequ
             suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
             progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
         net["remeasured"] = int(net.get("remeasured") or 0) + 1
-        links = best_links(links + measure())
+        links = measure(links)  # each pair keeps its best (best_links)
     return links
 
 
