@@ -564,9 +564,11 @@ class Runner:
                 schedule.start_early(self._wait_preloaded)
             try:
                 self._host_checks([s for s in specs if s.scope == "host"])
-            finally:
-                schedule.host_checks_done(self.no_python)
-                schedule.finish()
+            except BaseException:  # (Ctrl-C): no check starts from now on, and the clean-up stops the running ones
+                schedule.cancel()
+                raise
+            schedule.host_checks_done(self.no_python)
+            schedule.finish()
             cluster = schedule.cluster
             # The recommendation, and how it differs from what the launcher passes the ranks today.
             advice = advise(cluster, self.results)
@@ -614,7 +616,14 @@ class Schedule:
         self.done: Dict[str, Tuple[Dict[str, Outcome], float]] = {}
         self.host_phase = True
         self.early = False
+        self.cancelled = False
         self.cond = threading.Condition()
+
+    def cancel(self) -> None:
+        """Start nothing more (the run is ending)."""
+        with self.cond:
+            self.cancelled = True
+            self.pending = []
 
     def start_early(self, after: Optional[Callable[[], None]] = None) -> None:
         """Let the early checks start beside the host checks: now, or in a thread once ``after()`` returns (the
@@ -668,7 +677,7 @@ class Schedule:
             self.runner._add_outcomes(spec, *self.done[spec.name])
 
     def wait_for(self, check: str) -> bool:
-        """ClusterView.wait_for, for the calling check's thread."""
+        """ClusterView.wait_for, from the calling check's own thread (named after it)."""
         me = threading.current_thread().name
         with self.cond:
             names = {s.name for s in self.specs}
@@ -699,6 +708,8 @@ class Schedule:
 
     def _start_ready(self) -> None:
         """Start every pending check that can start now, in ORDER (called with the lock held)."""
+        if self.cancelled:
+            return
         for spec in list(self.pending):
             if not self._can_start(spec):
                 continue
