@@ -547,7 +547,10 @@ def test_equal_links_measure_the_shaped_rate_and_flag_nobody(cluster4, tmp_path)
     assert set(res) == {"node01", "node02", "node03", "node04", "*"}, proc.stderr[-2000:]
     assert all(r["status"] == "pass" for r in res.values()), [r["message"] for r in res.values()]
     links = measured_links(report)
-    assert len(links) >= 6  # ring + the extra matching: every pair of 4 hosts
+    # the ring's 4 links, shaped alike, agree within 2.5%, and the extra matching is cut (orchestrate.ring_agrees;
+    # measured here); on a machine loaded enough to spread them further it is measured: every pair of 4 hosts
+    rounds = res["*"]["metrics"]["rounds"]
+    assert len(links) == {2: 4, 3: 6}[rounds], (rounds, links)
     for (src, dst), ln in links.items():
         assert ln["error"] is None
         assert abs(ln["gbps"] * 1000 - RATE) <= 0.15 * RATE, (src, dst, ln)
