@@ -18,6 +18,10 @@ on one idle host: what the hosts of this machine really do in a run, sharing its
     python3 bench/gate.py                 # --reps 3
     python3 bench/gate.py --reps 1 --out /tmp/gate.json
     python3 bench/gate.py --against 48c8d74 --reps 3   # that commit and this code, interleaved on one cluster
+    python3 bench/gate.py --against 5b20250 --shape-mbit 2000   # links limited to 2 Gbit/s: iperf3 network-bound
+
+On this machine iperf3 over the namespaces' veth pairs is bound by the 2 shared cores, as the hosts' imports are:
+running both at once saves nothing here. With --shape-mbit the links are the limit, as a real host's NIC is.
 
 Sample output (--against 5b20250 --reps 3, abridged; the 2-core machine at a load average of 40 to 90):
 
@@ -111,6 +115,9 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--against", metavar="REF", help="also run this commit's code, interleaved (A/B)")
     parser.add_argument("--out", help="JSON path (default bench/results/gate.json)")
+    parser.add_argument("--shape-mbit", type=float, default=0.0,
+                        help="limit every host's link to this rate (tc tbf): iperf3 then waits on the network, as "
+                             "on real hosts, instead of on this machine's shared cores")
     args = parser.parse_args()
     require_netcluster()
     rows = []
@@ -118,6 +125,8 @@ def main() -> int:
         codes: List[Tuple[str, Optional[Path]]] = [("this", None)]
         if args.against:
             codes.insert(0, (args.against, checkout(args.against, Path(tmp) / "against")))
+        for host in cluster.hosts if args.shape_mbit else []:
+            cluster.shape(host, args.shape_mbit)
         import_ds = import_seconds(cluster, "deepspeed")
         import_all = import_seconds(cluster, "deepspeed", every_host=True)
         for rep in range(args.reps):
@@ -145,7 +154,8 @@ def main() -> int:
                          "median_ratio2_shared_cores": statistics.median(shared2) if shared2 else None}
         print(f"{name}: median wall {summary[name]['median_wall_s']:.2f} s, ratio {summary[name]['median_ratio']:.2f}"
               + (f" (with the added measuring: {statistics.median(second):.2f})" if second else ""))
-    write_json("gate", {"hosts": args.hosts, "interleaved": [n for n, _ in codes], "summary": summary,
+    write_json("gate", {"hosts": args.hosts, "shape_mbit": args.shape_mbit or None,
+                        "interleaved": [n for n, _ in codes], "summary": summary,
                         "rows": rows}, args.out)
     return 0
 
