@@ -4,8 +4,11 @@ The critical path is the wall time of a default `preflight run` (no --checks), t
 floor is what such a run cannot avoid: one `import deepspeed` on a host (the python and ds_report checks
 need it; timed alone on an idle host, median of 3), the iperf3 rounds (rounds x duration_s, from the
 report's cluster facts) and the all-reduce sweep (the timed sizes, sum of time_s x iters, from the report).
-Everything else (connecting, the agent, torch in the all-reduce ranks, ports, clean-up) is overhead. On
-this 2-core machine the 4 hosts' imports share the cores, so the ratio also holds that contention.
+Everything else (connecting, the agent, torch in the all-reduce ranks, ports, clean-up, iperf3's confirm repeats)
+is overhead. On this 2-core machine the 4 hosts' imports share the cores, so the ratio also holds that contention.
+The iperf3 rounds are those the run measured: the ring alone where its links agreed (iperf3 agree_deficit), so a
+run that cut them has a smaller floor too; `beside` is how long iperf3 measured beside the host checks (the
+report's timeline: iperf3 starts while the hosts import torch and DeepSpeed).
 
 A second floor adds the measuring that checks added after that floor was set do: the all-reduce's straggler
 rounds (`rnd_s`) and compute's timed loops (`cmp_n` times). `floor2_s` is that floor, `ratio2` the wall time
@@ -15,11 +18,16 @@ on one idle host: what the hosts of this machine really do in a run, sharing its
     python3 bench/gate.py                 # --reps 3
     python3 bench/gate.py --reps 1 --out /tmp/gate.json
     python3 bench/gate.py --against 48c8d74 --reps 3   # that commit and this code, interleaved on one cluster
+    python3 bench/gate.py --against 5b20250 --shape-mbit 2000   # links limited to 2 Gbit/s: iperf3 network-bound
 
-Sample output (abridged):
+On this machine iperf3 over the namespaces' veth pairs is bound by the 2 shared cores, as the hosts' imports are:
+running both at once saves nothing here. With --shape-mbit the links are the limit, as a real host's NIC is.
 
-    code  rep  wall_s  floor_s  ratio  rnd_s  cmp_n  floor2_s  ratio2  shared  shared2  exit
-    this    1   13.97     8.60   1.62   0.38      1      9.58    1.46    1.40     1.28     0
+Sample output (--against 5b20250 --reps 3, abridged; the 2-core machine at a load average of 40 to 90):
+
+       code  rep  wall_s  import_s  iperf_s  beside  sweep_s  floor_s  ratio  rnd_s  cmp_n  floor2_s  ratio2 ...
+    5b20250    1   72.95      8.56     6.00    0.00    10.34    24.90   2.93   3.32      3     30.02    2.43 ...
+       this    1   58.24      8.56     6.00    6.46    12.18    26.74   2.18   1.65      3     30.19    1.93 ...
 """
 from __future__ import annotations
 
@@ -81,7 +89,14 @@ def one_run(cluster: NetCluster, workdir: Path, import_ds: float, import_all: fl
     added = sum(rounds.values()) + measurements * 1.5 * COMPUTE_SECONDS if measurements is not None else None
     # The same floors with the hosts' imports as they really overlap here: all hosts at once on this machine's cores
     shared = import_all - import_ds
+    # How long iperf3 measured beside the host checks (their imports), from the report's timeline (absent before it)
+    spans = {t["phase"]: t for t in run.report.get("timeline") or []}
+    host, net = spans.get("host checks"), spans.get("iperf3")
+    beside = max(0.0, min(host["end_s"], net["end_s"]) - max(host["start_s"], net["start_s"])) if host and net else 0.0
     return {"wall_s": run.wall_s, "import_deepspeed_s": round(import_ds, 2), "iperf3_s": round(iperf_s, 2),
+            "iperf3_beside_host_checks_s": round(beside, 2), "iperf3_rounds": iperf.get("rounds"),
+            "iperf3_remeasured": sum((iperf.get("remeasured") or {}).values()),
+            "timeline": run.report.get("timeline"),
             "import_deepspeed_every_host_s": round(import_all, 2),
             "ratio_shared_cores": round(run.wall_s / (floor + shared), 2) if floor else None,
             "ratio2_shared_cores": round(run.wall_s / (floor + added + shared), 2) if floor and added is not None
@@ -100,6 +115,9 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--against", metavar="REF", help="also run this commit's code, interleaved (A/B)")
     parser.add_argument("--out", help="JSON path (default bench/results/gate.json)")
+    parser.add_argument("--shape-mbit", type=float, default=0.0,
+                        help="limit every host's link to this rate (tc tbf): iperf3 then waits on the network, as "
+                             "on real hosts, instead of on this machine's shared cores")
     args = parser.parse_args()
     require_netcluster()
     rows = []
@@ -107,6 +125,8 @@ def main() -> int:
         codes: List[Tuple[str, Optional[Path]]] = [("this", None)]
         if args.against:
             codes.insert(0, (args.against, checkout(args.against, Path(tmp) / "against")))
+        for host in cluster.hosts if args.shape_mbit else []:
+            cluster.shape(host, args.shape_mbit)
         import_ds = import_seconds(cluster, "deepspeed")
         import_all = import_seconds(cluster, "deepspeed", every_host=True)
         for rep in range(args.reps):
@@ -115,9 +135,10 @@ def main() -> int:
                            **one_run(cluster, Path(tmp) / f"r{rep}", import_ds, import_all, code))
                 rows.append(row)
                 print(f"{name} rep {rep + 1}: {row['wall_s']:.1f} s, floor {row['floor_s']:.1f} s", file=sys.stderr)
-    print(table(["code", "rep", "wall_s", "import_s", "iperf_s", "sweep_s", "floor_s", "ratio", "rnd_s",
+    print(table(["code", "rep", "wall_s", "import_s", "iperf_s", "beside", "sweep_s", "floor_s", "ratio", "rnd_s",
                  "cmp_n", "floor2_s", "ratio2", "shared", "shared2", "exit"],
-                [[r["code"], r["rep"], r["wall_s"], r["import_deepspeed_s"], r["iperf3_s"], r["sweep_s"],
+                [[r["code"], r["rep"], r["wall_s"], r["import_deepspeed_s"], r["iperf3_s"],
+                  r["iperf3_beside_host_checks_s"], r["sweep_s"],
                   r["floor_s"], r["ratio"], r["straggler_rounds_s"], r["compute_measurements"],
                   r["floor_with_added_s"], r["ratio_with_added"], r["ratio_shared_cores"],
                   r["ratio2_shared_cores"], r["exit_code"]] for r in rows]))
@@ -133,7 +154,8 @@ def main() -> int:
                          "median_ratio2_shared_cores": statistics.median(shared2) if shared2 else None}
         print(f"{name}: median wall {summary[name]['median_wall_s']:.2f} s, ratio {summary[name]['median_ratio']:.2f}"
               + (f" (with the added measuring: {statistics.median(second):.2f})" if second else ""))
-    write_json("gate", {"hosts": args.hosts, "interleaved": [n for n, _ in codes], "summary": summary,
+    write_json("gate", {"hosts": args.hosts, "shape_mbit": args.shape_mbit or None,
+                        "interleaved": [n for n, _ in codes], "summary": summary,
                         "rows": rows}, args.out)
     return 0
 

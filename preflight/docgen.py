@@ -1,7 +1,7 @@
 """The checks reference page (docs/checks.md), written from the registry so that it cannot drift from the code.
 
-It reads each registered check's ``SPEC`` (name, description, scope, default, selected_by, quiet, uses_torch,
-reads, html, recommend), the
+It reads each registered check's ``SPEC`` (name, description, scope, default, selected_by, quiet, measures,
+loads, early, uses_torch, reads, html, recommend), the
 first paragraph of its module's docstring, e.g. ``ssh``'s "Reachability of each host: SSH connection, ...", and the
 keys and defaults of its thresholds TOML beside it, e.g. ``ssh.toml``'s ``warn_rtt_ms = 500.0``.
 
@@ -21,6 +21,7 @@ from types import ModuleType
 
 from . import checks
 from .config import tomllib
+from .hostside import seams
 from .hostside.seams import CheckSpec
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds preflight/
@@ -103,7 +104,12 @@ def render() -> str:
             read = ", ".join(f"`{name}`" for name in spec.reads)
             facts.append(f"reads the facts of: {read}")
         if spec.quiet:
-            facts.append("quiet (may run beside its quiet neighbours)")
+            facts.append("quiet (measures nothing)")
+        if spec.scope == "cluster":
+            usage = seams.usage(spec)
+            facts.append(f"measures: {', '.join(sorted(usage.measures)) or 'nothing'}; "
+                         f"loads: {', '.join(sorted(usage.loads)) or 'nothing'}"
+                         + ("; starts beside the host checks" if spec.early else ""))
         if spec.uses_torch:
             facts.append("imports torch on the hosts")
         if spec.html is not None:

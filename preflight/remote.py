@@ -479,9 +479,10 @@ class Agent:
             session = self._live_session()
         return session.wait_ready(timeout)
 
-    def preload(self, modules: Sequence[str], timeout: float = 120.0) -> None:
-        """Have the host's agent import these modules once, for every later request (no answer awaited)."""
-        self._start({"op": "preload", "modules": list(modules), "timeout": timeout})
+    def preload(self, modules: Sequence[str], timeout: float = 120.0) -> RunningCommand:
+        """Have the host's agent import these modules once, for every later request (no answer awaited: the
+        request, which ends when the import has, is returned)."""
+        return self._start({"op": "preload", "modules": list(modules), "timeout": timeout})
 
     def collect(self, checks: Sequence[str], params: Dict[str, Any], per_check: float) -> Dict[str, Any]:
         return self.collect_result(self.collect_start(checks, params, per_check), checks,

@@ -119,6 +119,10 @@ class Report:
     # Each recommended (or inherited, owned) variable against what the launcher passes the ranks today
     # (preflight.recommend.env_diff): {name: {"state", "recommended", "inherited", "source", "measured"}}.
     env_diff: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # When each phase of the run ran, in seconds from its start (preflight.runner): [{"phase": "host checks",
+    # "start_s": 0.4, "end_s": 3.1}, {"phase": "iperf3", ...}], in the order they began. Phases overlap where the
+    # runner runs them together.
+    timeline: List[Dict[str, Any]] = field(default_factory=list)
 
     def victims(self) -> Dict[int, int]:
         """{index of a blocked result: index of the result its fault follows from}, for each blocked result whose
@@ -201,6 +205,8 @@ class Report:
         out["recommendations"] = {"env": dict(self.env), "reasons": dict(self.reasons), "notes": list(self.notes),
                                   "diff": dict(self.env_diff)}
         out["summary"] = counts
+        if self.timeline:
+            out["timeline"] = [dict(t) for t in self.timeline]
         return out
 
     @classmethod
@@ -213,4 +219,4 @@ class Report:
         return cls(data["started_at"], float(data["duration_s"]), [HostRecord.from_dict(h) for h in data["hosts"]],
                    results, list(dict.fromkeys(r.check for r in results)), dict(recommendations.get("env", {})),
                    dict(recommendations.get("reasons", {})), list(recommendations.get("notes", [])), strict,
-                   dict(recommendations.get("diff", {})))
+                   dict(recommendations.get("diff", {})), [dict(t) for t in data.get("timeline") or []])

@@ -10,14 +10,15 @@ import datetime as _dt
 import functools
 import shlex
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from preflight import checks as registry
 from preflight.hostside.outcome import Outcome, Status
-from preflight.hostside.seams import CheckOptions, CheckSpec
+from preflight.hostside.seams import HOST_CHECKS, CheckOptions, CheckSpec, conflicts, usage
 from preflight.answer import evaluate_safely, host_outcome
 from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
@@ -87,6 +88,8 @@ class Node:
     transport: Transport
     agent: Agent
     ssh_facts: Dict[str, Any] = field(default_factory=dict)
+    hello: bool = False  # its agent said hello at connect
+    preloading: Optional[Any] = None  # the agent's preload request (a RunningCommand), when one was sent
 
     @property
     def name(self) -> str:
@@ -113,6 +116,11 @@ class Cluster:
         self.parallel = options.parallel
         self.local = options.local
         self.progress = progress
+        self.waiter: Optional[Callable[[str], bool]] = None  # the run's Schedule.wait_for
+
+    def wait_for(self, check: str) -> bool:
+        """Wait until ``check`` has finished (seams.ClusterView.wait_for); whether it ran."""
+        return self.waiter(check) if self.waiter is not None else check in (self.facts.get(CLUSTER) or {})
 
     def address(self, host: str) -> str:
         """The address the coordinator reached the host at (after ~/.ssh/config's HostName)."""
@@ -176,6 +184,14 @@ class Runner:
         # Hosts where --python is not there (reached, but the agent could not start): {host: the check whose
         # cell says so}. Their other cells, and the cluster checks' cells of them, are that cell's victims.
         self.no_python: Dict[str, str] = {}
+        self.t0 = time.monotonic()
+        self.timeline: List[Dict[str, Any]] = []  # Report.timeline: when each phase ran
+
+    def _span(self, phase: str, start: float) -> None:
+        """Record that ``phase`` ran from ``start`` (time.monotonic()) until now (from the checks' threads too:
+        a list's append is atomic)."""
+        self.timeline.append({"phase": phase, "start_s": round(start - self.t0, 3),
+                              "end_s": round(time.monotonic() - self.t0, 3)})
 
     # ------------------------------------------------------------------------------------------ phases
     def _make_node(self, spec: HostSpec) -> Node:
@@ -197,6 +213,7 @@ class Runner:
         if self.o.local:
             node.ssh_facts = {"connected": True, "local": True, "hostname": socket.gethostname(),
                               "address": "127.0.0.1"}
+            node.hello = True  # its agent starts with the first request (the preload's, or the host checks')
             self._preload(node)  # starts this machine's agent
             return
         transport = node.transport
@@ -219,6 +236,7 @@ class Runner:
             hello = node.agent.open(self.o.ssh.connect_timeout)
         step = "shared" if node.agent.adopted else "own"
         if hello is not None:
+            node.hello = True
             probe = CommandResult(0, str(hello.get("hostname", ""))[:255], "", time.monotonic() - started)
             self._preload(node)
         else:
@@ -249,7 +267,7 @@ class Runner:
         if not self.preload:
             return
         try:
-            node.agent.preload(["torch"], self.o.timeout)
+            node.preloading = node.agent.preload(["torch"], self.o.timeout)
         except Exception:  # the host checks' request will meet the same broken channel and say so
             pass
 
@@ -271,6 +289,13 @@ class Runner:
                     node.agent.adopt(session.channels[node.name])
 
     def _connect_all(self) -> None:
+        start = time.monotonic()
+        try:
+            self._connect_all_nodes()
+        finally:
+            self._span("connecting", start)
+
+    def _connect_all_nodes(self) -> None:
         self.progress.phase("connecting", len(self.nodes))
         self._open_shared_sessions()
 
@@ -306,7 +331,9 @@ class Runner:
     def _host_checks(self, specs: List[CheckSpec]) -> None:
         reachable = [n for n in self.nodes if n.reachable]
         self.progress.phase("host checks", len(reachable))
+        start = time.monotonic()
         by_host = self._collect(reachable, specs)
+        self._span("host checks", start)
         self._leave_out_unstarted(reachable)
         self._note_missing_python(reachable, by_host, specs)
         for node in self.nodes:
@@ -396,33 +423,29 @@ class Runner:
             pass
 
     def _cluster_checks(self, specs: List[CheckSpec]) -> Cluster:
+        """Every cluster check, after the host checks (the early ones too: nothing runs beside them here)."""
+        schedule = self._schedule(specs)
+        schedule.host_checks_done(self.no_python)
+        schedule.finish()
+        return schedule.cluster
+
+    def _schedule(self, specs: List[CheckSpec]) -> "Schedule":
         cluster = Cluster(self.nodes, self.o, self.facts, self.progress)
-        # A host without the job's interpreter runs nothing: the cluster checks go on without it (its cells blocked).
-        cluster.hosts = [h for h in cluster.hosts if h.name not in self.no_python]
-        # In ORDER, one after the other: a later check may read an earlier one's facts (the all-reduce reads
-        # ports' and iperf3's), and a measuring check (clock, compute, iperf3, all-reduce) has the hosts to
-        # itself. Neighbours in ORDER that are both QUIET (they measure nothing that load disturbs and load the
-        # hosts little: ports and launcher_ssh) run together, and read no facts of each other.
-        groups: List[List[CheckSpec]] = []
-        for spec in specs:
-            if groups and spec.quiet and all(s.quiet for s in groups[-1]):
-                groups[-1].append(spec)
-            else:
-                groups.append([spec])
-        for group in groups:
-            self.progress.phase(", ".join(s.name for s in group), len(group))
-            if len(group) == 1:
-                self._add_outcomes(group[0], *self._cluster_check(cluster, group[0]))
-                continue
-            # A backstop only: each check bounds its own calls by the per-check timeout.
-            backstop = self.QUIET_BACKSTOP_S or 4 * self.o.timeout + 60
-            for spec, done in zip(group, parallel_map(lambda s: self._cluster_check(cluster, s), group,
-                                                      len(group), backstop)):
-                if isinstance(done, BaseException):  # only if the backstop ran out; the check's thread is left
-                    done = ({CLUSTER: Outcome(Status.ERROR, f"could not run: did not finish within {backstop:.0f}s",
-                                              "rerun with -v for details")}, backstop)
-                self._add_outcomes(spec, *done)
-        return cluster
+        return Schedule(self, cluster, specs)
+
+    def _wait_preloaded(self) -> None:
+        """Until every host's agent has imported torch (its preload), within the preload's own timeout: an early
+        check's calls would queue behind that import on each host, on the clock of their own deadlines."""
+        until = time.monotonic() + self.o.timeout
+        for node in self.nodes:
+            if node.preloading is not None:
+                node.preloading.join(max(0.0, until - time.monotonic()))
+
+    def _early_ok(self) -> bool:
+        """Whether early checks may start beside the host checks: every reachable host's agent said hello (so the
+        host checks will not take a host out of the run: a host whose hello is late, or whose --python is missing,
+        is known only after them)."""
+        return all(n.hello for n in self.nodes if n.reachable) and not any(n.agent.starting for n in self.nodes)
 
     def _cluster_check(self, cluster: Cluster, spec: CheckSpec) -> Tuple[Dict[str, Outcome], float]:
         """One cluster check: ({host or "*": outcome}, seconds). Never raises."""
@@ -440,6 +463,7 @@ class Runner:
             outcomes = {CLUSTER: Outcome(Status.ERROR, f"could not run: {type(exc).__name__}: {exc}",
                                          "rerun with -v for details")}
         self._advance_quietly(spec.name)
+        self._span(spec.name, start)
         return outcomes, time.monotonic() - start
 
     def _add_outcomes(self, spec: CheckSpec, outcomes: Dict[str, Outcome], elapsed: float) -> None:
@@ -523,7 +547,7 @@ class Runner:
     # ------------------------------------------------------------------------------------------ entry
     def run(self) -> Report:
         started = _now_iso()
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         raise_fd_limit()  # a descriptor or two per host: the default soft limit of 1024 is too few
         self.nodes = [self._make_node(spec) for spec in self.o.hosts]
         specs = _select_specs(self.o.checks)
@@ -541,15 +565,27 @@ class Runner:
                 if "connect_error" in node.ssh_facts:  # the host's own error, under this machine's cause
                     outcome.metrics["connect_error"] = node.ssh_facts["connect_error"]
                 self._add(node.name, "ssh", outcome)
-            self._host_checks([s for s in specs if s.scope == "host"])
-            cluster = self._cluster_checks([s for s in specs if s.scope == "cluster"])
+            # The cluster checks that may (SPEC.early) start now, beside the host checks; the others after them.
+            schedule = self._schedule([s for s in specs if s.scope == "cluster"])
+            if self._early_ok():
+                schedule.start_early(self._wait_preloaded)
+            try:
+                self._host_checks([s for s in specs if s.scope == "host"])
+            except BaseException:  # (Ctrl-C): no check starts from now on, and the clean-up stops the running ones
+                schedule.cancel()
+                raise
+            schedule.host_checks_done(self.no_python)
+            schedule.finish()
+            cluster = schedule.cluster
             # The recommendation, and how it differs from what the launcher passes the ranks today.
             advice = advise(cluster, self.results)
             env, reasons, notes = advice.env, advice.reasons, advice.notes
             add_to_inherited_row(self.results, advice.findings)
         finally:
             self.progress.note("cleaning up on the hosts")
+            cleanup = time.monotonic()
             self._cleanup()
+            self._span("cleanup", cleanup)
             self.progress.done()
         hosts = [HostRecord(n.name, n.transport.address, n.spec.slots, n.reachable) for n in self.nodes]
         order = {name: i for i, name in enumerate(["ssh"] + list(self.o.checks))}
@@ -558,7 +594,147 @@ class Runner:
         host_order[CLUSTER] = len(self.nodes)
         self.results.sort(key=lambda r: (host_order.get(r.host, len(self.nodes)), order.get(r.check, 99)))
         return Report(started, time.monotonic() - t0, hosts, self.results, ["ssh"] + list(self.o.checks),
-                      env, reasons, notes, self.o.strict, advice.diff)
+                      env, reasons, notes, self.o.strict, advice.diff,
+                      sorted(self.timeline, key=lambda t: (t["start_s"], t["end_s"])))
+
+
+class Schedule:
+    """The cluster checks of a run, each in a thread of its own, started as soon as (1) the checks it reads have
+    finished (SPEC.reads: their facts are there; those of SPEC.waits it waits for itself, cluster.wait_for), (2)
+    the host checks have finished, unless it is SPEC.early and start_early was called, and (3) no running check
+    loads what it measures or measures what it loads (seams.conflicts of SPEC.measures/loads): a measuring check
+    never shares the hosts with load that would distort its figures, while what disturbs nothing runs beside it.
+    compute (CPU and GPU speed) runs beside ports (a few short connections) but not beside launcher_ssh (the first
+    host's SSH handshakes to every host load its CPU); iperf3 (the network) runs beside the host checks' imports
+    (one core of a real host) and beside the quiet checks. Checks start in ORDER when several can.
+
+    The outcomes are added in ORDER once every check has finished (finish). A quiet check that has not finished
+    within the backstop is an ERROR of its own cell, and the others go on without it."""
+
+    def __init__(self, runner: Runner, cluster: Cluster, specs: List[CheckSpec]):
+        self.runner = runner
+        self.cluster = cluster
+        cluster.waiter = self.wait_for
+        self.specs = list(specs)
+        self.usage = {s.name: usage(s) for s in specs}
+        self.pending = list(specs)
+        self.running: Dict[str, float] = {}  # name: its start (time.monotonic())
+        self.waiting: Dict[str, str] = {}  # a running check in wait_for: the check it waits for
+        self.done: Dict[str, Tuple[Dict[str, Outcome], float]] = {}
+        self.host_phase = True
+        self.early = False
+        self.cancelled = False
+        self.cond = threading.Condition()
+
+    def cancel(self) -> None:
+        """Start nothing more (the run is ending)."""
+        with self.cond:
+            self.cancelled = True
+            self.pending = []
+
+    def start_early(self, after: Optional[Callable[[], None]] = None) -> None:
+        """Let the early checks start beside the host checks: now, or in a thread once ``after()`` returns (the
+        hosts' torch imports: runner._wait_preloaded)."""
+        def start() -> None:
+            if after is not None:
+                after()
+            with self.cond:
+                self.early = True
+                self._start_ready()
+
+        if after is None:
+            start()
+        else:
+            threading.Thread(target=start, name="early checks", daemon=True).start()
+
+    def host_checks_done(self, no_python: Dict[str, str]) -> None:
+        """The host checks have finished: a host without the job's interpreter runs nothing from now on (its cells
+        are blocked), and every check may start."""
+        with self.cond:
+            self.cluster.hosts = [h for h in self.cluster.hosts if h.name not in no_python]
+            self.host_phase = False
+            self._start_ready()
+
+    def finish(self) -> None:
+        """Wait for every check (a quiet one until its backstop), then add the outcomes in ORDER."""
+        backstop = self.runner.QUIET_BACKSTOP_S or 4 * self.runner.o.timeout + 60
+        quiet = {s.name for s in self.specs if s.quiet}
+        with self.cond:
+            self._start_ready()
+            while self.pending or self.running:
+                now = time.monotonic()
+                late = [n for n in self.running if n in quiet and now - self.running[n] > backstop]
+                for name in late:  # its thread is left; its cell says so
+                    del self.running[name]
+                    self.done[name] = ({CLUSTER: Outcome(Status.ERROR,
+                                                         f"could not run: did not finish within {backstop:.0f}s",
+                                                         "rerun with -v for details")}, backstop)
+                if late:
+                    self.cond.notify_all()
+                    self._start_ready()
+                    continue
+                if self.pending and not self.running:  # nothing runs and nothing can start: a cycle of reads
+                    for spec in self.pending:
+                        self.done[spec.name] = ({CLUSTER: Outcome(Status.ERROR, "could not run: its reads never "
+                                                                  "finished", "please report this")}, 0.0)
+                    self.pending = []
+                    break
+                self.cond.wait(0.5)
+        for spec in self.specs:
+            self.runner._add_outcomes(spec, *self.done[spec.name])
+
+    def wait_for(self, check: str) -> bool:
+        """ClusterView.wait_for, from the calling check's own thread (named after it)."""
+        me = threading.current_thread().name
+        with self.cond:
+            names = {s.name for s in self.specs}
+            if check not in names:
+                return False
+            if check in self.done:
+                return True
+            start = time.monotonic()  # before anything it kept out starts: the timeline shows it waiting first
+            self.waiting[me] = check
+            self._start_ready()  # what waits loads nothing: a check it kept out may start
+            try:
+                while check not in self.done:
+                    self.cond.wait(0.5)
+            finally:
+                self.waiting.pop(me, None)
+                self.runner._span(f"{me} waits for {check}", start)
+            return True
+
+    def _can_start(self, spec: CheckSpec) -> bool:
+        if self.host_phase and not (self.early and spec.early):
+            return False
+        names = {s.name for s in self.specs}
+        if any(r in names and r not in self.done and r not in spec.waits for r in spec.reads):
+            return False
+        mine = self.usage[spec.name]
+        busy = [self.usage[n] for n in self.running if n not in self.waiting]
+        if self.host_phase:
+            busy.append(HOST_CHECKS)
+        return not any(conflicts(mine, other) for other in busy)
+
+    def _start_ready(self) -> None:
+        """Start every pending check that can start now, in ORDER (called with the lock held)."""
+        if self.cancelled:
+            return
+        for spec in list(self.pending):
+            if not self._can_start(spec):
+                continue
+            self.pending.remove(spec)
+            self.running[spec.name] = time.monotonic()
+            self.runner.progress.phase(spec.name, 1)
+            threading.Thread(target=self._run, args=(spec,), name=spec.name, daemon=True).start()
+
+    def _run(self, spec: CheckSpec) -> None:
+        done = self.runner._cluster_check(self.cluster, spec)
+        with self.cond:
+            if spec.name in self.running:  # not already given up on (backstop)
+                del self.running[spec.name]
+                self.done[spec.name] = done
+            self.cond.notify_all()
+            self._start_ready()
 
 
 def mark_same_machines(nodes: Sequence[Node]) -> None:

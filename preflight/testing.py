@@ -280,6 +280,10 @@ class FakeCluster:
         """The host's command line (``seams.HostShell``): ``shells[host]``, e.g. a ``FakeTransport``."""
         return self.shells[host]
 
+    def wait_for(self, check: str) -> bool:
+        """Nothing runs beside a fake cluster's check: whether ``check``'s cluster facts are in ``facts``."""
+        return check in (self.facts.get("*") or {})
+
 
 # ---------------------------------------------------------------------------------------------- transport
 
@@ -371,11 +375,12 @@ def _pass_when_ok(facts: Dict[str, Any], thresholds: Dict[str, Dict[str, Any]]) 
 
 def fake_check(name: str, coordinate: Callable[[ClusterView], Dict[str, Any]],
                evaluate: Optional[Callable[[Dict[str, Any], Dict[str, Dict[str, Any]]], Any]] = None,
-               quiet: bool = False, description: str = "a test check") -> types.ModuleType:
+               quiet: bool = False, description: str = "a test check", **spec_fields: Any) -> types.ModuleType:
     """A cluster check module made in memory (NAME, SPEC, coordinate, evaluate), as ``preflight.checks.load``
-    returns one; evaluate defaults to PASS when the facts hold a true "ok", FAIL otherwise, the facts as message."""
+    returns one; evaluate defaults to PASS when the facts hold a true "ok", FAIL otherwise, the facts as message.
+    spec_fields: more ``CheckSpec`` fields (measures, loads, early, waits, reads)."""
     judge = evaluate or _pass_when_ok
     module = types.ModuleType("preflight.testing.fake_checks." + name, description)
-    spec = CheckSpec(name, description, "cluster", True, judge, coordinate=coordinate, quiet=quiet)
+    spec = CheckSpec(name, description, "cluster", True, judge, coordinate=coordinate, quiet=quiet, **spec_fields)
     module.__dict__.update(NAME=name, SPEC=spec, coordinate=coordinate, evaluate=judge)
     return module

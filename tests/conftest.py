@@ -270,7 +270,7 @@ def _tier(item) -> str:
 # other on one worker, so that no two of them measure at once.
 MEASURING = {"test_allreduce", "test_calibration", "test_compute", "test_coordinator_scale", "test_failfast",
              "test_history", "test_html", "test_iperf3", "test_iperf3_floor", "test_latency", "test_netcluster",
-             "test_recommend_inherited", "test_severity", "test_single_node"}
+             "test_recommend_inherited", "test_severity", "test_single_node", "test_gate_overlap"}
 
 
 def xdist_group(item, tier: str) -> str:

@@ -266,6 +266,7 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     options=(CHECKPOINT_DIR, MODEL_PARAMS),
-    # Small test files and free space, nothing timed: runs together with its QUIET neighbours in ORDER (runner.py).
+    # Small test files and free space, nothing timed: quiet; it writes to the checkpoint filesystem (runner.Schedule).
     quiet=True,
+    loads=("disk",),
 )

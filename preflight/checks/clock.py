@@ -130,4 +130,7 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     prom_metrics=prom_metrics,
+    # Each exchange's delays: a busy core or link on either end widens them (runner.Schedule keeps load off it).
+    measures=("cpu", "network"),
+    loads=(),
 )

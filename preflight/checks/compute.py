@@ -613,4 +613,9 @@ SPEC = CheckSpec(
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
     prom_metrics=prom_metrics,
+    # Its GEMM and copies time the cores (all of them: cpu_threads 0) and the GPUs, and keep them busy. It runs beside
+    # what loads neither (ports' few connections), never beside the imports, iperf3's streams (a core each), SSH
+    # handshakes or the ranks (runner.Schedule).
+    measures=("cpu", "gpu"),
+    loads=("cpu", "gpu"),
 )

@@ -457,7 +457,10 @@ SPEC = CheckSpec(
     default=True,
     coordinate=coordinate,
     evaluate=evaluate,
-    # Whether SSH works, not how fast: runs together with its QUIET neighbours in ORDER (runner.py).
+    # Whether SSH works, not how fast: quiet. But the first host runs an SSH client (key exchange, a login shell) to
+    # every host, and every host's sshd answers: CPU that grows with the hosts on the first one, which would show as
+    # a slow host in compute's figures or a slow link in iperf3's: it loads "cpu" (runner.Schedule).
     quiet=True,
+    loads=("cpu",),
     reads=("interfaces",),  # the hosts' interface and IB device names the inherited NCCL/Gloo variables name
 )

@@ -771,7 +771,9 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     reads=("interfaces",),  # the subnets every host shares, probed besides the SSH network
-    # Reachability, not speed, and a few short connections: runs together with its QUIET neighbours in ORDER
-    # (runner.py), never while compute, iperf3 or the all-reduce measure.
+    # Reachability, not speed: quiet. Its load is a listener and a few short connections per host (the full mesh up
+    # to mesh_limit hosts, O(1) probes per host above it: hostside/schedule.probe_targets), a few ms of one core and
+    # no bandwidth: it loads nothing a measuring check would see, so compute measures beside it (runner.Schedule).
     quiet=True,
+    loads=(),
 )

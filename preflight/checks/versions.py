@@ -351,6 +351,7 @@ SPEC = CheckSpec(
     coordinate=coordinate,
     evaluate=evaluate,
     reads=tuple(dict.fromkeys([check for _, sources in FIELDS.values() for check, _ in sources] + ["interfaces"])),
-    # Measures nothing and loads no host: runs together with its QUIET neighbours in ORDER (runner.py).
+    # Measures nothing and loads no host: it reads the host checks' facts (runner.Schedule runs it beside anything).
     quiet=True,
+    loads=(),
 )

@@ -10,8 +10,8 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field, fields, replace
-from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union,
-                    runtime_checkable)
+from typing import (Any, Callable, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple,
+                    Union, runtime_checkable)
 
 from .outcome import Evaluation
 
@@ -246,6 +246,13 @@ class ClusterView(Protocol):
 
     def shell(self, host: str) -> HostShell: ...
 
+    def wait_for(self, check: str) -> bool:
+        """Wait until ``check`` (one of this check's ``SPEC.waits``) has finished, so that its facts are in
+        ``facts`` (its cluster facts under ``facts["*"][check]``); at once when it is not selected or is done.
+        Whether it ran. Call it only between measurements: while a check waits, the runner counts it as measuring
+        and loading nothing (another check may start meanwhile)."""
+        ...
+
 
 Thresholds = Dict[str, Dict[str, Any]]
 
@@ -318,7 +325,17 @@ class CheckSpec:
     description: one line; scope: one of ``SCOPES``; default: runs without ``--checks``.
     evaluate: pure, recorded facts and thresholds in, outcome(s) out. collect (scope "host") runs on every host
     through the agent; coordinate (scope "cluster") runs on the coordinator with a ``ClusterView``.
-    quiet: a cluster check that measures nothing load disturbs; it may run beside its quiet neighbours.
+    quiet: a cluster check that measures nothing load disturbs (its ``measures`` is empty or undeclared).
+    measures: the resources (``RESOURCES``) whose speed its figures are, so whose load by another check would
+    distort them. loads: the resources it keeps busy on the hosts while it runs. None: undeclared (``usage``).
+    The runner runs two cluster checks at once (and a cluster check beside the host checks) only when neither
+    loads what the other measures (runner.Schedule, ``conflicts``): compute (measures and loads "cpu", "gpu")
+    beside ports (a few short connections: loads nothing), never beside launcher_ssh (the first host's SSH
+    handshakes to every host: "cpu").
+    early: it may start as soon as every host's agent said hello, beside the host checks (which measure "disk" and
+    load "cpu" and "disk"), before the facts of any host check: it reads what it needs of the hosts itself.
+    waits: checks of its ``reads`` that it does not need to start, only later: it starts without waiting for them,
+    and calls ``cluster.wait_for(name)`` before it reads their facts (iperf3 measures, then waits for ports).
     uses_torch: collect imports torch, so the agent imports it once before the host checks.
     host_params: thresholds -> extra per-host params for collect (e.g. nvme's test size).
     options: the check's own command-line inputs (``Option``): its flags in every command that offers them, the
@@ -356,6 +373,10 @@ class CheckSpec:
     collect: Optional[Callable[[HostContext], Dict[str, Any]]] = None
     coordinate: Optional[Callable[["ClusterView"], Dict[str, Any]]] = None
     quiet: bool = False
+    measures: Optional[Tuple[str, ...]] = None
+    loads: Optional[Tuple[str, ...]] = None
+    early: bool = False
+    waits: Tuple[str, ...] = ()
     uses_torch: bool = False
     host_params: Optional[Callable[[Thresholds], Dict[str, Any]]] = None
     options: Tuple[Option, ...] = ()
@@ -369,6 +390,50 @@ class CheckSpec:
 
 
 BASELINE_DIRECTIONS = ("higher", "lower")  # which way a SPEC.baseline figure is better
+# What a check's SPEC.measures and SPEC.loads name: a host's CPU cores, its GPUs, its network, its disks.
+RESOURCES = ("cpu", "gpu", "network", "disk")
+
+
+class Usage(NamedTuple):
+    """What a check (or the host checks) measures and loads while it runs (``CheckSpec.measures``/``loads``)."""
+
+    measures: FrozenSet[str]
+    loads: FrozenSet[str]
+
+
+# The host checks: the imports of torch and DeepSpeed, libaio's compile and nvme's dd load the cores and disks, and
+# nvme measures the disks' write speed. A single-threaded import takes one core of a host's many: iperf3's streams,
+# which need the NIC and a core each, run beside it on a real host (an early check, CheckSpec.early).
+HOST_CHECKS = Usage(frozenset({"disk"}), frozenset({"cpu", "disk"}))
+
+
+def usage(spec: CheckSpec) -> Usage:
+    """A check's declared usage; undeclared (None): a measuring check measures and loads every resource, a quiet
+    one measures nothing and loads every resource, so that it runs beside no measuring check."""
+    measures = spec.measures if spec.measures is not None else (() if spec.quiet else RESOURCES)
+    loads = spec.loads if spec.loads is not None else RESOURCES
+    return Usage(frozenset(measures), frozenset(loads))
+
+
+def conflicts(a: Usage, b: Usage) -> bool:
+    """Whether one of the two loads what the other measures: then they must not run at the same time."""
+    return bool(a.loads & b.measures or b.loads & a.measures)
+
+
+def _schedule_problems(spec: CheckSpec) -> List[str]:
+    """What is wrong with how the spec says it may share the hosts (quiet, measures, loads, early, waits)."""
+    problems = []
+    if spec.quiet and spec.measures:
+        problems.append("a quiet check measures nothing (measures must be empty)")
+    for key in ("measures", "loads"):
+        value = getattr(spec, key)
+        if value is not None and (not isinstance(value, tuple) or not all(r in RESOURCES for r in value)):
+            problems.append(f"{key} must be None or a tuple of {', '.join(RESOURCES)}")
+    if (spec.early or spec.waits or spec.measures is not None or spec.loads is not None) and spec.scope != "cluster":
+        problems.append("measures, loads, early and waits apply to scope 'cluster' only")
+    if not isinstance(spec.waits, tuple) or not all(w in spec.reads for w in spec.waits):
+        problems.append("waits must be a tuple of names in reads")
+    return problems
 
 
 def validate_spec(spec: Any, where: str) -> CheckSpec:
@@ -394,6 +459,7 @@ def validate_spec(spec: Any, where: str) -> CheckSpec:
         problems.append("coordinate belongs to scope 'cluster' only")
     if spec.quiet and spec.scope != "cluster":
         problems.append("quiet applies to scope 'cluster' only")
+    problems += _schedule_problems(spec)
     if not isinstance(spec.reads, tuple) or not all(isinstance(r, str) for r in spec.reads):
         problems.append("reads must be a tuple of check names")
     elif spec.name in spec.reads:

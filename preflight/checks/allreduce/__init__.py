@@ -68,6 +68,9 @@ SPEC = CheckSpec(
     reads=("python", "gpu", "ports", "iperf3"),
     # The agent imports torch once before the host checks when a selected check uses it (agent.py, preload).
     uses_torch=True,
+    # Its busbw is the network's, the ranks' reduction the cores' (gloo) or the GPUs' (NCCL): it runs alone.
+    measures=("cpu", "gpu", "network"),
+    loads=("cpu", "gpu", "network"),
     html=HtmlSection(TITLE, render_html),
     prom_metrics=prom_metrics,
 )

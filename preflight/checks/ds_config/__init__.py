@@ -219,7 +219,8 @@ SPEC = CheckSpec(
     options=OPTIONS,
     selected_by=("deepspeed_config",),  # --deepspeed-config runs it without --checks
     params_from_options=params_from_options,
-    # Reads the host checks' facts and asks the hosts little: runs together with its QUIET neighbours in ORDER
-    # (runner.py).
+    # Reads the host checks' facts and asks the hosts little, but a required op's JIT build (host.probe) compiles on
+    # the cores and writes to disk: quiet, loading "cpu" and "disk" (runner.Schedule).
     quiet=True,
+    loads=("cpu", "disk"),
 )

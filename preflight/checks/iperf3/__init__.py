@@ -80,4 +80,12 @@ SPEC = CheckSpec(
     reads=("python", "driver_cuda", "interfaces", "ports"),
     recommend=recommend,
     prom_metrics=prom_metrics,
+    # It measures the network, and its streams keep a core each busy and the links full (runner.Schedule). It starts
+    # beside the host checks (early): their imports take one core of a real host's many and no bandwidth, so the
+    # rounds run while the hosts import torch and DeepSpeed; it lists the interfaces itself when their check has not
+    # answered yet, and waits for ports' facts only at its end (waits), to say which end of a failed test is blocked.
+    measures=("network",),
+    loads=("cpu", "network"),
+    early=True,
+    waits=("ports",),
 )

@@ -28,7 +28,7 @@ def _parallel(fn: Any, items: Sequence[Any], timeout: float) -> List[Any]:
 
 
 def coordinate(cluster: ClusterView) -> Dict[str, Any]:
-    from ...hostside.schedule import pair_rounds
+    from ...hostside.schedule import pair_rounds, ring_rounds
 
     t = limits(cluster.thresholds, NAME)
     hosts = [h.name for h in cluster.hosts]
@@ -51,15 +51,23 @@ def coordinate(cluster: ClusterView) -> Dict[str, Any]:
         return facts
 
     rounds = pair_rounds(len(usable), int(t["extra_rounds"]), 0)
-    facts["rounds"] = len(rounds)
+    ring = len(ring_rounds(len(usable)))  # pair_rounds' first rounds: the extra matchings follow
+    facts["rounds_planned"] = len(rounds)
     per_call = duration + connect_timeout + AGENT_MARGIN_S
     # The servers stay up through the rounds and, where a host is in doubt, through `confirm` repeats of them.
     serve_budget = (1 + int(t["confirm"])) * len(rounds) * (per_call + 5) + SERVER_READY_S + 60
     progress = getattr(cluster, "progress", None)
     _announce_phase(progress, networks, rounds)
     for net in networks:
-        _measure_network(cluster, net, usable, rounds, facts, t, per_call, serve_budget, progress)
+        _measure_network(cluster, net, usable, rounds, ring, facts, t, per_call, serve_budget, progress)
+    # the rounds measured (each network's; the ring alone where its links agreed), confirm repeats not counted
+    facts["rounds"] = max([int(n.get("rounds") or 0) for n in facts["networks"]] or [0])
     facts["chosen"] = choose(facts["networks"], usable)
+    # The ports check's facts say which end of a failed test is blocked. This check may start before ports (SPEC.early,
+    # beside the host checks): it has measured, and waits for them now (runner.Schedule).
+    wait_for = getattr(cluster, "wait_for", None)
+    if callable(wait_for):
+        wait_for("ports")
     ports_facts = (cluster.facts.get("*") or {}).get("ports")
     for net in facts["networks"]:
         net["blocked"] = _blocked_by_ports(ports_facts, net.get("addresses") or {})
@@ -91,7 +99,7 @@ def _announce_phase(progress: Any, networks: Sequence[Any], rounds: Sequence[Any
 
 
 def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[str], rounds: Sequence[Any],
-                     facts: Dict[str, Any], t: Dict[str, Any], per_call: float, serve_budget: float,
+                     ring: int, facts: Dict[str, Any], t: Dict[str, Any], per_call: float, serve_budget: float,
                      progress: Any) -> None:
     """Measure one network: servers up on it, the rounds run (and repeated to confirm a suspect), the network with
     its links added to facts["networks"]; every server that was started is stopped whatever happens."""
@@ -101,8 +109,20 @@ def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence
     try:
         _start_servers(cluster, net, usable, t, serve_budget, services, ports, facts["errors"])
 
-        def measure() -> List[Dict[str, Any]]:
-            return _run_rounds(cluster, rounds, usable, net, ports, facts["errors"], t, per_call, progress)
+        def measure(previous: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+            """The ring's rounds, then the extra matchings only where the links so far (each pair at its best over
+            ``previous``, a confirm repeat's earlier tests) disagree: there is a host to localize, or to clear."""
+            def best(more: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+                return best_links(previous + more) if previous else more
+
+            new = _run_rounds(cluster, rounds[:ring], usable, net, ports, facts["errors"], t, per_call, progress)
+            links = best(new)
+            net["rounds"] = max(ring, int(net.get("rounds") or 0))
+            if len(rounds) > ring and not ring_agrees(links, usable, net, t):
+                new += _run_rounds(cluster, rounds[ring:], usable, net, ports, facts["errors"], t, per_call, progress)
+                links = best(new)
+                net["rounds"] = len(rounds)
+            return links
 
         net["links"] = _measure_confirmed(measure, usable, net, t, progress)
         net["median_gbps"] = median([ln["gbps"] for ln in ok_links(net)])
@@ -128,11 +148,12 @@ def _start_servers(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[s
             ports[h] = res
 
 
-def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequence[str], net: Dict[str, Any],
-                       t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
+def _measure_confirmed(measure: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]], usable: Sequence[str],
+                       net: Dict[str, Any], t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
     """The links of one network: the rounds once, then again while a host is named, in doubt or below the floor,
-    up to `confirm` times, each pair keeping its best rate."""
-    links = measure()
+    up to `confirm` times, each pair keeping its best rate (``measure(previous)``: each time the ring first, the
+    extra rounds only where the links so far disagree)."""
+    links = measure([])
     # While a host is named or in doubt (below the straggler fraction, but the other hosts' links disagree
     # too much to tell), measure every pair again, up to `confirm` times, and let each pair keep its best
     # rate, as compute keeps each device's best: a slow host is slow every time, while a moment of
@@ -150,8 +171,20 @@ def _measure_confirmed(measure: Callable[[], List[Dict[str, Any]]], usable: Sequ
             suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
             progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
         net["remeasured"] = int(net.get("remeasured") or 0) + 1
-        links = best_links(links + measure())
+        links = measure(links)  # each pair keeps its best (best_links)
     return links
+
+
+def ring_agrees(links: List[Dict[str, Any]], usable: Sequence[str], net: Dict[str, Any], t: Dict[str, Any]) -> bool:
+    """Whether the ring's links agree, so that the extra rounds, which localize a slow host, have none to localize
+    (thresholds.toml, agree_deficit): no test failed, no host below the link-rate floor, and the straggler test with
+    min_deficit at agree_deficit names no host and leaves none in doubt."""
+    agree = float(t.get("agree_deficit", 0.0))
+    if agree <= 0 or any(ln.get("error") or ln.get("gbps") is None for ln in links):
+        return False
+    doubt: Dict[str, Dict[str, Any]] = {}
+    named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), dict(t, min_deficit=agree), doubt)
+    return not named and not doubt and not below_floor(links, usable, link_floor(net, t)[0])
 
 
 def _stop_servers(services: Dict[str, Any], ports: Dict[str, int], facts: Dict[str, Any]) -> None:
