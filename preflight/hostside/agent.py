@@ -301,10 +301,10 @@ def _read_proc(path: str) -> bytes:
 
 def _is_agent_argv(cmdline: bytes, token: bytes) -> bool:
     """cmdline (NUL-separated) is an agent's own, ``PYTHON -c BOOTSTRAP TOKEN`` (remote.Agent.argv; the token
-    right after the code), or a fork of one. Only that shape: the launcher of an agent carries the same words after its own (``srun ... --
-    PYTHON -c BOOTSTRAP TOKEN``), and killing it was the leak this guards against. A node's run-wide reap ran
-    where the coordinator's srun runs (a batch script's first node; every node of the test bed, one PID
-    namespace) and SIGKILLed the srun client of the shared step, so its helper never cancelled the step, and
+    right after the code), or a fork of one. Only that shape: the launcher of an agent carries the same words
+    after its own (``srun ... -- PYTHON -c BOOTSTRAP TOKEN``), and killing it was a leak. A node's run-wide
+    reap ran where the coordinator's srun runs (a batch script's first node; every node of the test bed, one
+    PID namespace) and SIGKILLed the shared step's srun client, so its helper never cancelled the step, and
     the one agent that reap spared (its own ancestor) never saw the EOF that srun alone could forward: that
     agent and its slurmstepd stayed for as long as the allocation did (InactiveLimit=0, the default)."""
     args = cmdline.split(b"\0")

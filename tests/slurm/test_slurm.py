@@ -213,8 +213,8 @@ def test_a_run_inside_a_live_allocation_leaves_no_agent_or_step_on_any_node(heal
         cells = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
         assert all("one step shared by every node" in cells[(n, "ssh")]["message"] for n in healthy3.names), cells
         _wait_until_nothing_left(healthy3, healthy3.names, job, "the run")
-        assert healthy3.client(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split() in ([], [f"{job}.extern"]), \
-            healthy3.client(["squeue", "-s", "-j", job]).stdout
+        steps = healthy3.client(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split()
+        assert steps in ([], [f"{job}.extern"]), healthy3.client(["squeue", "-s", "-j", job]).stdout
         assert healthy3.client(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() == "RUNNING"
     finally:
         healthy3.client(["scancel", job], check=False)
