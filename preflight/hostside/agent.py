@@ -299,6 +299,20 @@ def _read_proc(path: str) -> bytes:
         os.close(fd)
 
 
+def _is_agent_argv(cmdline: bytes, token: bytes) -> bool:
+    """cmdline (NUL-separated) is an agent's own, ``PYTHON -c BOOTSTRAP TOKEN`` (remote.Agent.argv; the token
+    right after the code), or a fork of one. Only that shape: the launcher of an agent carries the same words
+    after its own (``srun ... -- PYTHON -c BOOTSTRAP TOKEN``), and killing it was a leak. A node's run-wide
+    reap ran where the coordinator's srun runs (a batch script's first node; every node of the test bed, one
+    PID namespace) and SIGKILLed the shared step's srun client, so its helper never cancelled the step, and
+    the one agent that reap spared (its own ancestor) never saw the EOF that srun alone could forward: that
+    agent and its slurmstepd stayed for as long as the allocation did (InactiveLimit=0, the default)."""
+    args = cmdline.split(b"\0")
+    if args and not args[-1]:
+        args.pop()
+    return len(args) >= 4 and args[1] == b"-c" and args[3] == token
+
+
 def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
     """Last-resort cleanup: kill every process of this run still alive on the host (found by argv or environment).
 
@@ -319,7 +333,7 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
             continue
         try:
             # Agents carry the token in argv; their children inherit it in the environment.
-            found = token in _read_proc(f"/proc/{entry}/cmdline").split(b"\0")
+            found = _is_agent_argv(_read_proc(f"/proc/{entry}/cmdline"), token)
             environ = _read_proc(f"/proc/{entry}/environ") if agent or not found else b""
             if agent:
                 found = marker in environ or (found and environ == own_env)

@@ -32,3 +32,21 @@ def test_reap_kills_by_argv_and_by_environment_and_spares_the_rest():
         for p in (by_argv, by_env, other_token, bystander):
             p.kill()
             p.wait(10)
+
+
+def test_reap_spares_the_launcher_whose_argv_carries_an_agents_argv():
+    """The srun client of a shared step is `srun ... -- PYTHON -c BOOTSTRAP TOKEN`: the run's token is one of its
+    words, yet it is no agent. Killing it (a node's reap on the machine that runs srun: a batch script's first
+    node) left the step and one agent running for the allocation's lifetime; it must be spared, the agent not."""
+    token = "preflight-test-" + uuid.uuid4().hex[:12]
+    code = "import time; time.sleep(60)"
+    the_agent = _spawn([sys.executable, "-c", code, token])
+    launcher = _spawn([sys.executable, "-c", code, "--overlap", "--", sys.executable, "-c", code, token])
+    try:
+        killed = agent.reap({"token": token}, None)["killed"]  # type: ignore[arg-type]
+        assert the_agent.pid in killed and the_agent.wait(10) == -9
+        assert launcher.pid not in killed and launcher.poll() is None
+    finally:
+        for p in (the_agent, launcher):
+            p.kill()
+            p.wait(10)

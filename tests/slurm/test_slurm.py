@@ -183,6 +183,43 @@ def test_killing_the_coordinator_mid_run_leaves_no_process_on_any_node(healthy3)
         healthy3.client(["scancel", job], check=False)
 
 
+@pytest.mark.parametrize("checks, how", [("libaio", "subprocess"), ("libaio,ports", "subprocess"),
+                                         ("libaio", "in-process")])
+def test_a_run_inside_a_live_allocation_leaves_no_agent_or_step_on_any_node(healthy3, tmp_path, monkeypatch, checks,
+                                                                            how):
+    """`salloc --no-shell` then `preflight run` with its SLURM_JOB_ID: the job outlives the run, so nothing but the
+    run's own teardown can end its shared step. (`salloc -N3 preflight run` hides a leak: the job's end kills
+    every step.) Once the run has returned, no agent, no slurmstepd of its step and no step may stay, while the
+    allocation is still RUNNING."""
+    alloc = healthy3.client(["salloc", "--no-shell", "-N3"]).stderr
+    job = re.search(r"Granted job allocation (\d+)", alloc)[1]
+    try:
+        env = dict(healthy3.env, SLURM_JOB_ID=job, SLURM_JOB_NODELIST="slm[1-3]", SLURM_TASKS_PER_NODE="1(x3)")
+        out = tmp_path / "report.json"
+        argv = ["run", "--python", sys.executable, "--checks", checks, "--json", str(out)]
+        if how == "subprocess":
+            proc = subprocess.run([sys.executable, "-m", "preflight", *argv], cwd=ROOT, env=env,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+        else:
+            from preflight.cli import main
+            from preflight.transport import srun
+            monkeypatch.setattr(srun, "_addr_cache", {})  # this cluster's addresses stay out of other tests' runs
+            for key in [k for k in os.environ if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))]:
+                monkeypatch.delenv(key)
+            for key in ("SLURM_CONF", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"):
+                monkeypatch.setenv(key, env[key])
+            assert main([*argv, "-q"]) == 0
+        cells = {(r["host"], r["check"]): r for r in json.loads(out.read_text())["results"]}
+        assert all("one step shared by every node" in cells[(n, "ssh")]["message"] for n in healthy3.names), cells
+        _wait_until_nothing_left(healthy3, healthy3.names, job, "the run")
+        steps = healthy3.client(["squeue", "-h", "-s", "-j", job, "-o", "%i"]).stdout.split()
+        assert steps in ([], [f"{job}.extern"]), healthy3.client(["squeue", "-s", "-j", job]).stdout
+        assert healthy3.client(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() == "RUNNING"
+    finally:
+        healthy3.client(["scancel", job], check=False)
+
+
 def test_a_timed_out_step_is_taken_down_although_its_command_ignores_the_lifeline(healthy3):
     """The deadline path: `sleep` does not read stdin, so only kill() (srun alone gets SIGKILL, its helper
     cancels the step) can end it; nothing may stay on the node, and no srun on the submit host."""
