@@ -273,11 +273,22 @@ MEASURING = {"test_allreduce", "test_calibration", "test_compute", "test_coordin
              "test_recommend_inherited", "test_severity", "test_single_node", "test_gate_overlap"}
 
 
+# Modules whose slow and namespace tests start DeepSpeed's ranks, which load (and JIT-build, when a test made the
+# cache cold or another process is rebuilding) ops in the one torch extensions cache this machine's hosts share
+# (~/.cache/torch_extensions): side by side, one waits minutes on the other's build lock. CI once timed a 3-host
+# rehearsal out at 400 s that way. They run one after another on one worker (the "torch-extensions" group).
+TORCH_EXTENSIONS = {"test_rehearse", "test_jit_cold", "test_ds_config_auto", "test_launch_faults",
+                    "test_launch_shell_cause", "test_checkpoint_version"}
+
+
 def xdist_group(item, tier: str) -> str:
-    """The pytest-xdist group of a test under --dist loadgroup: "measure" for a namespace test of MEASURING, else its
-    module (a module's fixtures, module- or session-scoped, are then built once on the worker that runs it)."""
+    """The pytest-xdist group of a test under --dist loadgroup: "measure" for a namespace test of MEASURING,
+    "torch-extensions" for a test of TORCH_EXTENSIONS beyond the unit tier, else its module (a module's fixtures,
+    module- or session-scoped, are then built once on the worker that runs it)."""
     module = item.path.stem
-    return "measure" if tier in ("cluster", "slurm", "gpu") and module in MEASURING else module
+    if tier in ("cluster", "slurm", "gpu") and module in MEASURING:
+        return "measure"
+    return "torch-extensions" if tier != "unit" and module in TORCH_EXTENSIONS else module
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups

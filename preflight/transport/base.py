@@ -369,14 +369,34 @@ class Transport:
 
 # ----------------------------------------------------------------------------------------- on this machine
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec_fn: prctl(PR_SET_PDEATHSIG, SIGKILL) in the child (Linux; elsewhere nothing), and an exit if the
+    parent is already gone (it died between the fork and the prctl). Only for a process started by a thread that
+    lives as long as the process is wanted: the signal comes when that thread ends."""
+    def preexec() -> None:
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:
+            os._exit(1)
+    return preexec
+
+
 class ProcessCommand(RunningCommand):
     """A process on this machine with piped stdin, stdout and stderr: a local command, or an srun client."""
 
-    def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool, max_output: Optional[int]):
+    def __init__(self, argv: Sequence[str], stdin: bytes, keep_stdin_open: bool, max_output: Optional[int],
+                 die_with_parent: bool = False):
         super().__init__(max_output)
-        # Own process group, so a timeout kills the whole tree the command started.
+        # Own process group, so a timeout kills the whole tree the command started. die_with_parent: the kernel
+        # SIGKILLs the process (itself only: not inherited across its forks) when the thread that started it ends,
+        # so a kill -9 of the coordinator leaves it no more than a close() would (see _die_with_parent).
         self._proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+                                      stderr=subprocess.PIPE, start_new_session=True,
+                                      preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None)
         readers = [threading.Thread(target=self._pump, args=(self._proc.stdout, False), daemon=True),
                    threading.Thread(target=self._pump, args=(self._proc.stderr, True), daemon=True)]
         for t in readers:

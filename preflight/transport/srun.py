@@ -326,7 +326,10 @@ class SharedStep:
                      f"--nodelist={','.join(self.names)}", "--", *argv]
         self._cmd: RunningCommand
         try:
-            self._cmd = _SrunCommand(self.argv, stdin, True, None)
+            # The run's own thread opens the shared steps and outlives them: srun dies with it, so a kill -9 of the
+            # coordinator ends srun the way kill() does (srun alone; its helper cancels the step). Without it,
+            # srun was seen still waiting 30 s after every node's agent had left (CI, two workers).
+            self._cmd = _SrunCommand(self.argv, stdin, True, None, die_with_parent=True)
         except FileNotFoundError:
             self._cmd = FailedCommand(127, "srun: not found on this machine")
         self._cmd.stream_to(self.demux.feed)

@@ -59,4 +59,5 @@ def test_test_file_names_are_unique_and_the_tier_tables_name_real_files():
     put its tests back in the unit tier."""
     names = [p.stem for p in (REPO / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
-    assert sorted((set(conftest.SLOW) | set(conftest.NEEDS_ROOT) | conftest.MEASURING) - set(names)) == []
+    assert sorted((set(conftest.SLOW) | set(conftest.NEEDS_ROOT) | conftest.MEASURING | conftest.TORCH_EXTENSIONS)
+                  - set(names)) == []
