@@ -82,3 +82,48 @@ def test_a_command_that_stops_reading_its_stdin_fails_the_send_and_is_killed(mon
     # The line that was cut is not followed by more: a later send says the command is gone.
     with pytest.raises(OSError):
         cmd.send(b"y\n")
+
+
+_STARTS_A_COMMAND = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from preflight.transport.base import ProcessCommand
+cmd = ProcessCommand(["sleep", "60"], b"", True, None, die_with_parent=sys.argv[2] == "1")
+print(cmd._proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("die_with_parent", [True, False])
+def test_a_command_started_to_die_with_its_parent_goes_when_the_coordinator_is_killed(die_with_parent):
+    """The shared srun step's client is started this way: a kill -9 of the coordinator ends it at once (the kernel's
+    PR_SET_PDEATHSIG), where an ordinary command (the other case, the control) outlives its killed parent."""
+    import signal
+    import subprocess
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen([sys.executable, "-c", _STARTS_A_COMMAND, root, "1" if die_with_parent else "0"],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        if die_with_parent:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _alive(child):
+                time.sleep(0.05)
+        else:
+            time.sleep(1)  # the control: still there a second later
+        assert _alive(child) is not die_with_parent
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, killed and not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
