@@ -101,6 +101,8 @@ def test_a_command_started_to_die_with_its_parent_goes_when_the_coordinator_is_k
     import signal
     import subprocess
     from pathlib import Path
+
+    from tests.netcluster import _is_alive as _alive  # zombies (killed, not yet reaped) count as gone
     root = str(Path(__file__).resolve().parents[2])
     parent = subprocess.Popen([sys.executable, "-c", _STARTS_A_COMMAND, root, "1" if die_with_parent else "0"],
                               stdout=subprocess.PIPE, text=True)
@@ -119,11 +121,3 @@ def test_a_command_started_to_die_with_its_parent_goes_when_the_coordinator_is_k
         if _alive(child):
             os.kill(child, signal.SIGKILL)
 
-
-def _alive(pid: int) -> bool:
-    """Whether pid runs (a zombie, killed and not yet reaped by init, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
