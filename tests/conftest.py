@@ -5,13 +5,22 @@ import contextlib
 import fcntl
 import functools
 import inspect
+import json
 import os
 import re
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from .netcluster import NetCluster
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A suite started in the background by a non-interactive shell (`.ci/run &`, nohup) inherits SIGINT ignored, and
 # every preflight it starts would too (Python installs its KeyboardInterrupt handler only over the default): the
@@ -48,6 +57,39 @@ def cluster3():
     _skip_without_netcluster()
     with NetCluster(3, names=["node01", "node02", "node03"]) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def warm_ops(tmp_path_factory):
+    """Build (or find) DeepSpeed's CPU ops in this machine's torch extensions cache, which the namespace hosts read
+    through their home overlay: a one-rank rehearsal of the rehearsal's own script, here. A test that starts ranks
+    on namespace hosts asks for it: each host writes into its own overlay, so from a cold cache every host would
+    build every op itself, side by side (in CI a 3-host rehearsal spent its whole 400 s doing so)."""
+    pytest.importorskip("deepspeed")
+    from preflight.hostside import rehearsal as host_side
+
+    work = tmp_path_factory.mktemp("warm")
+    shutil.copy(host_side.__file__, work / "preflight_rehearse.py")
+    config = work / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                                  "zero_optimization": {"stage": 2}}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    env.pop("DS_ENV_FILE", None)
+    proc = subprocess.run([sys.executable, "preflight_rehearse.py", "--deepspeed_config", str(config),
+                           "--preflight-run", "warm", "--lifetime", "1500"], cwd=work, capture_output=True, text=True,
+                          timeout=1600, stdin=subprocess.DEVNULL, env=env)
+    events = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+              if line.startswith(host_side.TAG)]
+    assert any(e["event"] == "done" for e in events), proc.stdout[-3000:] + proc.stderr[-3000:]
+    ops = next(e for e in events if e["event"] == "done")["ops"]
+    print(f"\nops warmed in {time.monotonic() - started:.1f} s: {ops}")
+    return ops
 
 
 @pytest.fixture(autouse=True)

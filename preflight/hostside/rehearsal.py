@@ -163,12 +163,43 @@ def _rank_identity() -> Dict[str, Any]:
             "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _watchdog(rep: Reporter, lifetime: float) -> None:
-    """End this rank ``lifetime`` seconds after its start, whatever it is waiting on: nothing of the rehearsal
-    outlives its deadline, even when every clean-up from outside failed."""
+def _descendants(pid: int, proc_root: str = "/proc") -> List[int]:
+    """Every live process below ``pid`` (a JIT build's ninja and compilers), children before their parents' end."""
+    parents: Dict[int, List[int]] = {}
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "stat")) as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _watchdog(rep: Reporter, lifetime: float, here: str, ops: "OpLog") -> None:
+    """End this rank ``lifetime`` seconds after its start, or as soon as its launch directory is gone (the run was
+    cleaned up while this rank was still starting, out of reach of the clean-up's pkill), whatever it is waiting
+    on. Before it ends it stops its own JIT build and removes the locks it holds: a rank never leaves a lock that
+    every later job on the host would wait on forever."""
+    deadline = time.monotonic() + lifetime
+
     def expire() -> None:
-        time.sleep(lifetime)
-        rep.emit("deadline", lifetime=lifetime)
+        while time.monotonic() < deadline and os.path.isdir(here):
+            time.sleep(1.0)
+        if time.monotonic() >= deadline:
+            rep.emit("deadline", lifetime=lifetime)
+        ops.abandon()
         os._exit(124)
     threading.Thread(target=expire, daemon=True).start()
 
@@ -350,6 +381,20 @@ class OpLog:
             except OSError:
                 pass
 
+    def abandon(self) -> None:
+        """Stop this rank's build (ninja and the compilers, which would write on) and remove the locks it holds."""
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for path in list(self.records):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            self._released(path)
+
     def _wait(self, path: str, step: float) -> None:
         """torch's FileBaton.wait (poll until the lock is gone), which also looks, once a second, for a process
         that holds the lock: none for STALE_CHECKS looks, on a lock from before this run, is a StaleLock."""
@@ -396,19 +441,20 @@ def _peak_memory(torch: Any, accelerator: Any) -> Dict[str, Any]:
 def rank_main(argv: Sequence[str]) -> int:
     args = _rank_args(argv)
     rep = Reporter(args.preflight_run, _rank_identity())
-    _watchdog(rep, args.lifetime)
+    here = os.path.dirname(os.path.abspath(__file__))  # the launch directory on this host
+    ops = OpLog(rep, os.path.join(here, LOCKS_DIR))
+    _watchdog(rep, args.lifetime, here, ops)
     env = dict(os.environ)
     _emit_start(rep, env)
     # torch's inductor cache (/tmp/torchinductor_USER, made at import) goes into the launch directory, which the
     # rehearsal removes: nothing of it stays on the host. The job's own environment is left as it is otherwise.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchinductor"))
-    here = os.path.dirname(os.path.abspath(__file__))  # the launch directory on this host
     # A JIT build's compiler writes its temporary files (cc*.s) to TMPDIR, and one killed with the rank leaves them:
     # into the launch directory too, which the clean-up removes.
     os.makedirs(os.path.join(here, "tmp"), exist_ok=True)
     os.environ["TMPDIR"] = os.path.join(here, "tmp")
-    phase, ops = "import", OpLog(rep, os.path.join(here, LOCKS_DIR))
+    phase = "import"
     torch: Any = None
     accelerator: Any = None
     try:

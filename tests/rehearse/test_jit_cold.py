@@ -412,6 +412,70 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
     print(f"\ncold rehearsal: exit 0 in {elapsed:.1f} s; {OP} build per host: {times}; {whole['message']}")
 
 
+# A rank in a launch directory: it takes a build lock (recorded, as OpLog does), starts a "compiler" child, and
+# waits; its watchdog is the rank's own (_watchdog). argv: the launch directory, the lock, the lifetime.
+RANK_HOLDING_A_LOCK = """
+import os, subprocess, sys, time
+sys.path.insert(0, os.environ["PF_ROOT"])
+from preflight.hostside import rehearsal as r
+here, lock, lifetime = sys.argv[1], sys.argv[2], float(sys.argv[3])
+ops = r.OpLog(r.Reporter("t", {}), os.path.join(here, r.LOCKS_DIR))
+fd = os.open(lock, os.O_CREAT | os.O_EXCL)
+ops._held(lock)
+child = subprocess.Popen(["sleep", "300"])
+print("child", child.pid, flush=True)
+r._watchdog(r.Reporter("t", {}), lifetime, here, ops)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("ends", ["launch-directory-removed", "lifetime"])
+def test_a_rank_that_outlives_its_run_stops_its_build_and_removes_its_lock(tmp_path, ends):
+    """A rank the clean-up could not reach (still starting when its pkill ran; in CI one host kept its lock after a
+    budget stop) ends by itself when its launch directory is removed, or at its lifetime: it kills its build's
+    processes and removes the lock it holds. The control: while the directory stays, it keeps both."""
+    here, lock = tmp_path / "launch", tmp_path / "ext" / "lock"
+    here.mkdir()
+    lock.parent.mkdir()
+    lifetime = "4" if ends == "lifetime" else "300"
+    rank = subprocess.Popen([sys.executable, "-c", RANK_HOLDING_A_LOCK, str(here), str(lock), lifetime],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PF_ROOT=str(ROOT)))
+    try:
+        child = int(next(line for line in rank.stdout if line.startswith("child ")).split()[1])
+        time.sleep(2.5)
+        assert rank.poll() is None and lock.exists() and _alive(child)  # the control
+        assert os.listdir(here / host_side.LOCKS_DIR)  # the lock's record
+        if ends == "launch-directory-removed":
+            subprocess.run(["rm", "-rf", str(here)], check=True)
+        assert rank.wait(timeout=10) == 124
+        assert not lock.exists()
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child)
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_descendants_reads_the_process_tree_from_proc(tmp_path):
+    """_descendants follows ppid through /proc/<pid>/stat, whose comm may hold spaces and parentheses."""
+    for pid, comm, ppid in ((10, "python", 1), (11, "ninja", 10), (12, "cc1plus (x) y", 11), (13, "other", 1)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0\n")
+    (tmp_path / "self").mkdir()
+    assert sorted(host_side._descendants(10, str(tmp_path))) == [11, 12]
+    assert host_side._descendants(13, str(tmp_path)) == []
+
+
 def test_the_launch_check_of_preflight_run_keeps_who_blocked_whom():
     """The `launch` check carries the judge's blocked_by through its facts (a victim stays a victim in `preflight
     run`), and a rank stuck on a stale lock that ext_locks named on the same host is blocked by that result."""

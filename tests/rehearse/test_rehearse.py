@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -239,34 +238,6 @@ def _env(**extra):
     env.pop("DS_ENV_FILE", None)
     env.update(extra)
     return env
-
-
-@pytest.fixture(scope="module")
-def warm_ops(tmp_path_factory):
-    """Build (or find) DeepSpeed's CPU ops in this machine's torch extensions cache, which the namespace hosts read
-    through their home overlay: a one-rank rehearsal of the same script, here."""
-    pytest.importorskip("deepspeed")
-    work = tmp_path_factory.mktemp("warm")
-    shutil.copy(host_side.__file__, work / "preflight_rehearse.py")
-    config = work / "ds.json"
-    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-                                  "zero_optimization": {"stage": 2}}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "preflight_rehearse.py", "--deepspeed_config", str(config),
-                           "--preflight-run", "warm", "--lifetime", "1500"], cwd=work, capture_output=True, text=True,
-                          timeout=1600, stdin=subprocess.DEVNULL,
-                          env=_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                   MASTER_PORT=str(port)))
-    events = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-              if line.startswith(host_side.TAG)]
-    assert any(e["event"] == "done" for e in events), proc.stdout[-3000:] + proc.stderr[-3000:]
-    ops = next(e for e in events if e["event"] == "done")["ops"]
-    print(f"\nops warmed in {time.monotonic() - started:.1f} s: {ops}")
-    return ops
 
 
 @pytest.fixture(scope="module")

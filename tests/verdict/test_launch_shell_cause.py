@@ -24,7 +24,8 @@ def cause_lines(stdout: str):
     return [line for line in head.splitlines() if re.match(r"^[^:]+::\w+ (FAILED|ERROR|WARNED|SKIPPED) - ", line)]
 
 
-def test_an_inherited_bogus_socket_ifname_is_one_cause_in_the_launch_shell(netcluster_factory, tmp_path):
+def test_an_inherited_bogus_socket_ifname_is_one_cause_in_the_launch_shell(
+        warm_ops, netcluster_factory, tmp_path):
     cluster = netcluster_factory(3, names=NAMES)
     proc, cells, elapsed = gate(cluster, tmp_path, shared_config(cluster), env={"NCCL_SOCKET_IFNAME": "bogus0"})
     exits_1_in_bound(proc, elapsed)

@@ -76,7 +76,7 @@ def failed(cells, host: str, check: str) -> Dict[str, Any]:
     return cell
 
 
-def test_no_pdsh_on_the_launch_host(netcluster_factory, tmp_path):
+def test_no_pdsh_on_the_launch_host(warm_ops, netcluster_factory, tmp_path):
     """pdsh is gone from node01 alone (the launch host: the hostfile's first host); the others keep theirs."""
     cluster = netcluster_factory(3, names=NAMES)
     pdsh = shutil.which("pdsh")
@@ -102,7 +102,8 @@ def test_no_pdsh_on_the_launch_host(netcluster_factory, tmp_path):
     assert_nothing_left(cluster)
 
 
-def test_hostname_i_starts_with_an_address_the_others_cannot_reach(netcluster_factory, tmp_path):
+def test_hostname_i_starts_with_an_address_the_others_cannot_reach(
+        warm_ops, netcluster_factory, tmp_path):
     """node01's `hostname -I` starts with 10.213.7.1, on a network only node01 is on: DeepSpeed's launcher would
     give every rank that master address (runner.py:499-513, `ssh FIRST hostname -I`)."""
     first_extra = ("a=$(ip -4 -o addr show dev eth0 | awk '{print $4}'); ip addr flush dev eth0; "
@@ -122,7 +123,7 @@ def test_hostname_i_starts_with_an_address_the_others_cannot_reach(netcluster_fa
     assert_nothing_left(cluster)
 
 
-def test_the_config_missing_on_one_host(netcluster_factory, tmp_path):
+def test_the_config_missing_on_one_host(warm_ops, netcluster_factory, tmp_path):
     """The config at one path, which every rank opens on its own host: each host's private /tmp has it but
     node02's."""
     cluster = netcluster_factory(3, names=NAMES)
@@ -150,7 +151,7 @@ def test_the_config_missing_on_one_host(netcluster_factory, tmp_path):
 
 
 def test_the_config_missing_on_one_host_rehearsed_fails_that_host_and_blocks_the_two_that_waited(
-        netcluster_factory, tmp_path):
+        warm_ops, netcluster_factory, tmp_path):
     """`preflight rehearse` with the config missing on node02 (issue 30): node02's rank cannot open it and raises;
     node01's and node03's ranks only waited for it (in init_process_group, or in their comm op's JIT build, cut short
     when the launch stopped). Exactly 1 host FAILs as a cause; the other 2 are blocked by node02."""
@@ -197,7 +198,7 @@ def test_the_config_missing_on_one_host_rehearsed_fails_that_host_and_blocks_the
     assert_nothing_left(cluster)
 
 
-def test_a_bogus_nccl_socket_ifname_inherited_from_the_shell(netcluster_factory, tmp_path):
+def test_a_bogus_nccl_socket_ifname_inherited_from_the_shell(warm_ops, netcluster_factory, tmp_path):
     """NCCL_SOCKET_IFNAME=bogus0 in the shell preflight (and later deepspeed) runs in: DeepSpeed's runner exports
     every NCCL* variable of the launch shell to every rank (runner.py:36, cuda_accelerator.py:411-412)."""
     cluster = netcluster_factory(3, names=NAMES)
@@ -210,7 +211,7 @@ def test_a_bogus_nccl_socket_ifname_inherited_from_the_shell(netcluster_factory,
     assert_nothing_left(cluster)
 
 
-def test_a_firewalled_host(netcluster_factory, tmp_path):
+def test_a_firewalled_host(warm_ops, netcluster_factory, tmp_path):
     """node03 drops inbound TCP to 1024-65535 (sshd's 22 stays open): gloo/NCCL and the master port cannot reach
     it."""
     cluster = netcluster_factory(3, names=NAMES)
