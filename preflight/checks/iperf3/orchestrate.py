@@ -6,7 +6,7 @@ and tests disjoint pairs in rounds (again where a host is in doubt), giving the 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Sequence, Set, Tuple
 
 from .common import NAME, SERVER_READY_S, median, ok_links
 from .networks import below_floor, choose, link_floor, shared_networks
@@ -108,6 +108,7 @@ def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence
     ports: Dict[str, int] = {}
     try:
         _start_servers(cluster, net, usable, t, serve_budget, services, ports, facts["errors"])
+        blocked: Set[str] = set()  # hosts the ports check proved blocked here, once a test failed: not tested again
 
         def measure(previous: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             """The ring's rounds, then the extra matchings only where the links so far (each pair at its best over
@@ -115,16 +116,19 @@ def _measure_network(cluster: ClusterView, net: Dict[str, Any], usable: Sequence
             def best(more: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 return best_links(previous + more) if previous else more
 
-            new = _run_rounds(cluster, rounds[:ring], usable, net, ports, facts["errors"], t, per_call, progress)
+            new = _run_rounds(cluster, rounds[:ring], usable, net, ports, facts["errors"], t, per_call, progress,
+                              blocked)
             links = best(new)
             net["rounds"] = max(ring, int(net.get("rounds") or 0))
             if len(rounds) > ring and not ring_agrees(links, usable, net, t):
-                new += _run_rounds(cluster, rounds[ring:], usable, net, ports, facts["errors"], t, per_call, progress)
+                blocked.update(_proved_blocked(cluster, links, net))
+                new += _run_rounds(cluster, rounds[ring:], usable, net, ports, facts["errors"], t, per_call, progress,
+                                   blocked)
                 links = best(new)
                 net["rounds"] = len(rounds)
             return links
 
-        net["links"] = _measure_confirmed(measure, usable, net, t, progress)
+        net["links"] = _measure_confirmed(measure, usable, net, t, progress, blocked)
         net["median_gbps"] = median([ln["gbps"] for ln in ok_links(net)])
         facts["networks"].append(net)
     finally:
@@ -149,7 +153,8 @@ def _start_servers(cluster: ClusterView, net: Dict[str, Any], usable: Sequence[s
 
 
 def _measure_confirmed(measure: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]], usable: Sequence[str],
-                       net: Dict[str, Any], t: Dict[str, Any], progress: Any) -> List[Dict[str, Any]]:
+                       net: Dict[str, Any], t: Dict[str, Any], progress: Any,
+                       blocked: Set[str]) -> List[Dict[str, Any]]:
     """The links of one network: the rounds once, then again while a host is named, in doubt or below the floor,
     up to `confirm` times, each pair keeping its best rate (``measure(previous)``: each time the ring first, the
     extra rounds only where the links so far disagree)."""
@@ -165,10 +170,12 @@ def _measure_confirmed(measure: Callable[[List[Dict[str, Any]]], List[Dict[str, 
         doubt: Dict[str, Dict[str, Any]] = {}
         named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), t, doubt)
         slow = below_floor(links, usable, floor)
-        if not named and not doubt and not slow:
+        # A host the ports check proved blocked is not in doubt: its failed tests would only fail again.
+        suspects_set = (set(named) | set(doubt) | set(slow)) - blocked
+        if not suspects_set:
             break
         if progress is not None:
-            suspects = ", ".join(sorted(set(named) | set(doubt) | set(slow)))
+            suspects = ", ".join(sorted(suspects_set))
             progress.note(f"iperf3: measuring {net['network']} again to confirm {suspects}")
         net["remeasured"] = int(net.get("remeasured") or 0) + 1
         links = measure(links)  # each pair keeps its best (best_links)
@@ -185,6 +192,19 @@ def ring_agrees(links: List[Dict[str, Any]], usable: Sequence[str], net: Dict[st
     doubt: Dict[str, Dict[str, Any]] = {}
     named = find_stragglers(links, usable, float(t["straggler_warn_fraction"]), dict(t, min_deficit=agree), doubt)
     return not named and not doubt and not below_floor(links, usable, link_floor(net, t)[0])
+
+
+def _proved_blocked(cluster: ClusterView, links: List[Dict[str, Any]], net: Dict[str, Any]) -> Set[str]:
+    """The ends of this network's failed tests whose TCP the ports check proved blocked (waiting for ports, bounded
+    by the run's schedule; only once a test failed, so a healthy run never waits): a firewalled host's tests would
+    only wait out the connect timeout again, in every extra round and confirm repeat (bench/failfast.py: 5 rounds
+    of it). Empty without ports' facts."""
+    failed = {h for ln in links if ln.get("error") or ln.get("gbps") is None for h in (ln["src"], ln["dst"])}
+    wait_for = getattr(cluster, "wait_for", None)
+    if not failed or not callable(wait_for) or not wait_for("ports"):
+        return set()
+    proved = _blocked_by_ports((cluster.facts.get("*") or {}).get("ports"), net.get("addresses") or {})
+    return failed & set(proved)
 
 
 def _stop_servers(services: Dict[str, Any], ports: Dict[str, int], facts: Dict[str, Any]) -> None:
@@ -231,13 +251,16 @@ def best_links(links: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def _run_rounds(cluster: ClusterView, rounds: Sequence[Any], usable: Sequence[str], net: Dict[str, Any],
                 ports: Dict[str, int], errors: Dict[str, str], t: Dict[str, Any], per_call: float,
-                progress: Any) -> List[Dict[str, Any]]:
-    """One iperf3 test per pair of each round (the pairs of a round at once), as link records."""
+                progress: Any, blocked: AbstractSet[str] = frozenset()) -> List[Dict[str, Any]]:
+    """One iperf3 test per pair of each round (the pairs of a round at once), as link records; a pair with an end
+    in ``blocked`` is not tested (its earlier failed test stands)."""
     links: List[Dict[str, Any]] = []
     for rnd in rounds:
         params: Dict[str, Dict[str, Any]] = {}
         for a, b in rnd:
             src, dst = usable[a], usable[b]
+            if src in blocked or dst in blocked:
+                continue
             if dst not in ports:
                 links.append({"src": src, "dst": dst, "gbps": None, "retransmits": None, "blame": dst,
                               "error": f"no iperf3 server on {dst} ({errors.get(dst)})"})

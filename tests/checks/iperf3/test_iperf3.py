@@ -406,6 +406,38 @@ def test_the_extra_rounds_are_cut_where_the_ring_agrees(thresholds):
     assert (facts["rounds"], len(tests)) == (3, 6), facts
 
 
+def test_a_host_that_ports_proved_blocked_is_not_tested_again(thresholds):
+    """node04 drops inbound TCP (a firewall): its ring tests fail, so the ring disagrees and the extra round runs.
+    Testing node04 there, or again to confirm, would only wait out the connect timeout on it (a firewalled host
+    cost 5 rounds of it in bench/failfast.py): with the ports check's proof that node04 is blocked, its pairs are
+    left out and it is not measured again; node04 still FAILs. Controls: without ports' facts every pair is tested;
+    a slow host among the others is still measured on every round and named."""
+    def probes(blocked):
+        hosts = [f"node0{i}" for i in range(1, 5)]
+        return [{"src": a, "dst": b, "address": f"10.0.0.{int(b[-1])}", "port": 40000,
+                 "result": "timeout" if b == blocked else "ok"} for a in hosts for b in hosts if a != b]
+
+    def run(rate, ports=None):
+        cluster, tests = remeasure_cluster(thresholds, rate, rate)
+        if ports is not None:
+            cluster.facts["*"] = {"ports": {"probes": ports}}
+        facts = iperf3.coordinate(cluster)
+        return facts, tests, iperf3.evaluate(facts, thresholds)
+
+    firewalled = lambda pair: None if pair[1] == "node04" else 9.4  # noqa: E731 (node04: the last of a sorted pair)
+    facts, tests, out = run(firewalled, probes("node04"))
+    assert facts["rounds"] == 3 and ("node02", "node04") not in tests, (facts, tests)  # the extra round's pair
+    assert set(tests.values()) == {1} and "remeasured" not in facts["networks"][0], tests
+    assert out["node04"].status == Status.FAIL, out["node04"].message
+    assert all(out[h].status == Status.PASS for h in ("node01", "node02", "node03"))
+    facts, tests, _ = run(firewalled)  # no ports facts: nothing proves which end fails
+    assert (facts["rounds"], len(tests)) == (3, 6), facts
+    facts, tests, out = run(lambda pair: None if pair[1] == "node04" else 5.0 if "node02" in pair else 9.4,
+                            probes("node04"))  # node02 slow too: still localized and named
+    assert facts["rounds"] == 3 and ("node01", "node03") in tests, (facts, tests)
+    assert out["node02"].status != Status.PASS and out["node04"].status == Status.FAIL, out["node02"].message
+
+
 def test_a_host_caught_by_contention_once_is_confirmed_before_it_is_named(thresholds):
     # First tests: node03 at 85% on every link (another process starved its iperf3 for a while), a clear WARN by
     # the statistics; measured again it is as fast as the others, and each pair's best decides: nobody named.
