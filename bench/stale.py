@@ -35,6 +35,7 @@ _CONNECT = ["preflight/remote.py", "preflight/runner.py", "preflight/transport/*
             "preflight/checks/python.py"]
 MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("gate*", ["preflight/*", "bench/gate.py"]),  # the whole default gate, end to end
+    ("failfast*", ["preflight/*", "bench/failfast.py"]),  # the default gate, healthy and with a firewalled host
     ("scale-*", _CONNECT + ["bench/scale.py"]),
     ("profile-*", _CONNECT + ["bench/scale.py"]),
     ("old-vs-final-*", _CONNECT + ["bench/scale.py"]),
