@@ -167,6 +167,7 @@ ALL = None  # every test of the module that is not cluster, slurm or gpu
 # Tests that need root without building a NetCluster: a private mount namespace (`unshare -m`), module -> tests.
 # (Found by running the unit and slow tiers as nobody.)
 NEEDS_ROOT = {
+    "test_agent_reap": ("test_reap_spares_an_agent_of_the_same_run_in_another_hosts_uts_namespace",),  # unshare
     "test_bad_input": ("test_output_in_a_read_only_directory_is_exit_2_at_once",),
     "test_ds_config": ("test_the_unusable_nvme_path_fix_works_when_pasted_with_an_odd_path",),  # its fix chowns
     "test_gpu_expected": ("test_a_real_device_node_is_evidence",),

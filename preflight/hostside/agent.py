@@ -313,6 +313,14 @@ def _is_agent_argv(cmdline: bytes, token: bytes) -> bool:
     return len(args) >= 4 and args[1] == b"-c" and args[3] == token
 
 
+def _uts_namespace(pid: str) -> str:
+    """The process's UTS namespace (its hostname's), e.g. ``uts:[4026531838]``; "" when it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return ""
+
+
 def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
     """Last-resort cleanup: kill every process of this run still alive on the host (found by argv or environment).
 
@@ -327,6 +335,10 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
     if agent:
         marker = AGENT_ENV.encode() + b"=" + agent + b"\0"
     spared = _ancestors(os.getpid())  # our own shell also carries the token in its argv
+    # Only this host's processes: where hosts share one PID namespace but not their UTS one (a test bed of
+    # namespace hosts, one slurmd each), a node's reap killed the other nodes' agents before they answered their
+    # own reap, and a shared srun step sees no end of a killed task: the coordinator waited out its 25 s clean-up.
+    here = _uts_namespace("self")
     killed = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in spared:
@@ -339,7 +351,7 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
                 found = marker in environ or (found and environ == own_env)
             elif not found:
                 found = marker in environ
-            if not found:
+            if not found or _uts_namespace(entry) != here:
                 continue
             os.kill(int(entry), signal.SIGKILL)
             killed.append(int(entry))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 from preflight.hostside import agent
@@ -50,3 +51,31 @@ def test_reap_spares_the_launcher_whose_argv_carries_an_agents_argv():
         for p in (the_agent, launcher):
             p.kill()
             p.wait(10)
+
+
+def test_reap_spares_an_agent_of_the_same_run_in_another_hosts_uts_namespace():
+    """Namespace hosts that share one PID namespace (the Slurm test bed: one slurmd per host) each have their own
+    UTS namespace. A node's reap killed the other nodes' agents before they answered their own reap, and the
+    shared srun step saw no end of them: 2 runs in 6 waited out the coordinator's 25 s clean-up. Only this host's
+    processes go; the control, an agent in this UTS namespace, is killed."""
+    token = "preflight-test-" + uuid.uuid4().hex[:12]
+    code = "import time; time.sleep(60)"
+    here = _spawn([sys.executable, "-c", code, token])
+    elsewhere = _spawn(["unshare", "--uts", sys.executable, "-c", code, token])
+    try:
+        deadline = time.monotonic() + 10  # unshare enters the new namespace, then execs the agent: wait for both
+        while time.monotonic() < deadline and not _exec_done(elsewhere.pid):
+            time.sleep(0.05)
+        assert os.readlink(f"/proc/{elsewhere.pid}/ns/uts") != os.readlink("/proc/self/ns/uts")
+        killed = agent.reap({"token": token}, None)["killed"]  # type: ignore[arg-type]
+        assert here.pid in killed and here.wait(10) == -9
+        assert elsewhere.pid not in killed and elsewhere.poll() is None
+    finally:
+        for p in (here, elsewhere):
+            p.kill()
+            p.wait(10)
+
+
+def _exec_done(pid: int) -> bool:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().split(b"\0")[1:2] == [b"-c"]
