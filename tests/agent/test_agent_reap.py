@@ -16,6 +16,13 @@ def _spawn(argv, env=None) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
+def _stop(*procs: subprocess.Popen) -> None:
+    """Whatever the test left running goes (a process reap already killed is only waited for)."""
+    for p in procs:
+        p.kill()
+        p.wait(10)
+
+
 def test_reap_kills_by_argv_and_by_environment_and_spares_the_rest():
     token = "preflight-test-" + uuid.uuid4().hex[:12]
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -30,9 +37,7 @@ def test_reap_kills_by_argv_and_by_environment_and_spares_the_rest():
         assert other_token.pid not in killed and bystander.pid not in killed
         assert other_token.poll() is None and bystander.poll() is None
     finally:
-        for p in (by_argv, by_env, other_token, bystander):
-            p.kill()
-            p.wait(10)
+        _stop(by_argv, by_env, other_token, bystander)
 
 
 def test_reap_spares_the_launcher_whose_argv_carries_an_agents_argv():
@@ -48,9 +53,7 @@ def test_reap_spares_the_launcher_whose_argv_carries_an_agents_argv():
         assert the_agent.pid in killed and the_agent.wait(10) == -9
         assert launcher.pid not in killed and launcher.poll() is None
     finally:
-        for p in (the_agent, launcher):
-            p.kill()
-            p.wait(10)
+        _stop(the_agent, launcher)
 
 
 def test_reap_spares_an_agent_of_the_same_run_in_another_hosts_uts_namespace():
@@ -71,9 +74,7 @@ def test_reap_spares_an_agent_of_the_same_run_in_another_hosts_uts_namespace():
         assert here.pid in killed and here.wait(10) == -9
         assert elsewhere.pid not in killed and elsewhere.poll() is None
     finally:
-        for p in (here, elsewhere):
-            p.kill()
-            p.wait(10)
+        _stop(here, elsewhere)
 
 
 def _exec_done(pid: int) -> bool:

@@ -23,6 +23,7 @@ from preflight.hostfile import HostSpec
 from preflight.hostside import rehearsal as host_side
 from preflight.hostside.outcome import Status
 from preflight.rehearse import EventLog, Outcomes, RehearseOptions
+from tests.netcluster import _is_alive as _alive  # zombies (killed, not yet reaped) count as gone
 from tests.placeholders import assert_no_placeholder
 
 OP = "deepspeed_shm_comm"
@@ -456,14 +457,6 @@ def test_a_rank_that_outlives_its_run_stops_its_build_and_removes_its_lock(tmp_p
     finally:
         rank.kill()
         rank.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_descendants_reads_the_process_tree_from_proc(tmp_path):
