@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 TAG = "@@PF-REHEARSE"
 # One event is one write(2) of at most PIPE_BUF bytes: the ranks of a host share the launcher's stdout pipe, and
@@ -217,9 +217,14 @@ STALE_CHECKS = 3  # looks, 1 s apart, that find no process holding it, before it
 # rank of the run recorded (and still held when it died), kill what still builds in its directory (ninja and the
 # compilers outlive a killed rank: their working directory is the build directory, matched by identity, stat's
 # device:inode, as a container's process names another directory by the same path), then remove the lock. Nobody
-# else's lock is touched: only the paths our ranks wrote, each the lock torch's FileBaton made for them.
-RELEASE_LOCKS = ('ls "$d/' + LOCKS_DIR + '" 2>/dev/null | while read -r n; do r="$d/' + LOCKS_DIR + '/$n"; '
+# else's lock is touched: only the paths our ranks wrote, each the lock torch's FileBaton made for them, and only
+# this host's records (named "<host>-<pid>-<n>": a --workdir shared by the hosts holds every host's). A record
+# named *.try was written just before the rank tried to take the lock (it was killed before it knew whether it got
+# it): its lock goes only when it is not older than the record, i.e. when that try made it.
+RELEASE_LOCKS = ('h=$(uname -n); ls "$d/' + LOCKS_DIR + '" 2>/dev/null | while read -r n; do '
+                 'case "$n" in "$h"-*) ;; *) continue;; esac; r="$d/' + LOCKS_DIR + '/$n"; '
                  '[ -f "$r" ] || continue; l=$(cat "$r"); b=${l%/lock}; [ "$b/lock" = "$l" ] || continue; '
+                 'case "$n" in *.try) [ "$l" -ot "$r" ] && continue;; esac; '
                  'id=$(stat -c %d:%i "$b" 2>/dev/null) || continue; '
                  'for i in 1 2; do for p in /proc/[0-9]*; do '
                  'if [ "$(stat -L -c %d:%i "$p/cwd" 2>/dev/null)" = "$id" ]; then kill -9 "${p#/proc/}" 2>/dev/null; '
@@ -281,9 +286,12 @@ class OpLog:
         self.ops: List[Dict[str, Any]] = []
         self.current: Optional[str] = None
         self.record_dir = record_dir
-        self.records: Dict[str, str] = {}
-        self.taken = 0  # locks taken so far: each one's record file has its own number
+        self.records: Dict[str, Optional[str]] = {}  # each lock this rank holds: its record file, if one was written
+        self.taken = 0  # locks tried so far: each one's record file has its own number
         self.started_wall = time.time()
+        # Held from before a lock is tried until it is recorded, and by abandon() for good: the watchdog never
+        # abandons the rank between torch's O_EXCL create of a lock and its entry in ``records``.
+        self.guard = threading.Lock()
 
     def _entry(self) -> Dict[str, Any]:
         return self.ops[-1] if self.ops and self.ops[-1]["name"] == self.current else {}
@@ -338,10 +346,7 @@ class OpLog:
         try_acquire, release = FileBaton.try_acquire, FileBaton.release
 
         def acquire(baton: Any) -> Any:
-            got = try_acquire(baton)
-            if got:
-                log._held(str(baton.lock_file_path))
-            return got
+            return log._try(str(baton.lock_file_path), lambda: try_acquire(baton))
 
         def let_go(baton: Any) -> None:
             try:
@@ -357,32 +362,61 @@ class OpLog:
         baton_class.release = let_go
         baton_class.wait = wait
 
-    def _held(self, path: str) -> None:
-        entry = self._entry()
-        entry["acquired"] = True
-        if self.record_dir:
+    def _try(self, path: str, take: Callable[[], Any]) -> Any:
+        """Take a lock through ``take`` (torch's try_acquire: an O_EXCL create) with its record written first, as
+        ``<host>-<pid>-<n>.try``: a rank killed (the clean-up's pkill -KILL) right after the create still leaves
+        the path to the clean-up. Taken, the record loses its ``.try``; not taken, it goes."""
+        with self.guard:
+            self.taken += 1
+            record = self._write_record(f"{socket.gethostname()}-{os.getpid()}-{self.taken}", path)
+            got = take()
+            if not got:
+                self._drop(record)
+                return got
+            if record:
+                try:
+                    os.rename(record + ".try", record)
+                except OSError:
+                    pass
+            self.records[path] = record
+        self._entry()["acquired"] = True
+        self.rep.emit("lock", op=self.current, path=path)
+        return got
+
+    def _write_record(self, name: str, path: str) -> Optional[str]:
+        """``records/<name>.try`` naming ``path``, written whole (a rename) before the try; None when the launch
+        directory is gone (never made again here: the clean-up removed it)."""
+        if not self.record_dir:
+            return None
+        record = os.path.join(self.record_dir, name)
+        try:
             try:
-                os.makedirs(self.record_dir, exist_ok=True)
-                self.taken += 1
-                record = os.path.join(self.record_dir, f"{os.getpid()}-{self.taken}")
-                with open(record + ".new", "w") as fh:
-                    fh.write(path)
-                os.rename(record + ".new", record)
-                self.records[path] = record
+                os.mkdir(self.record_dir)
+            except FileExistsError:  # another rank of this host made it
+                pass
+            with open(record + ".new", "w") as fh:
+                fh.write(path)
+            os.rename(record + ".new", record + ".try")
+        except OSError:
+            return None
+        return record
+
+    @staticmethod
+    def _drop(record: Optional[str]) -> None:
+        for name in ((record, record + ".try") if record else ()):
+            try:
+                os.unlink(name)
             except OSError:
                 pass
-        self.rep.emit("lock", op=self.current, path=path)
 
     def _released(self, path: str) -> None:
-        record = self.records.pop(path, None)
-        if record:
-            try:
-                os.unlink(record)
-            except OSError:
-                pass
+        if path in self.records:
+            self._drop(self.records.pop(path))
 
     def abandon(self) -> None:
-        """Stop this rank's build (ninja and the compilers, which would write on) and remove the locks it holds."""
+        """Stop this rank's build (ninja and the compilers, which would write on) and remove the locks it holds.
+        It keeps the guard: no lock is taken after it, and none is half-taken while it runs."""
+        self.guard.acquire()
         for pid in _descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -11,9 +11,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -79,7 +79,8 @@ def test_a_cold_build_that_finishes_is_a_warn_per_host_with_its_time_and_the_pre
         assert f"the first job start spends {s} building {OP} on {host}" in row.message, row.message
         # The pre-build runs the pip of the interpreter the rank ran (its start event), not a bare `pip`.
         # ... and rebuilds the version the rank imported (a plain install of an installed package builds nothing).
-        assert "DS_BUILD_SHM_COMM=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==0.19.8" in row.fix, row.fix
+        assert ("DS_BUILD_SHM_COMM=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir "
+                "deepspeed==0.19.8") in row.fix, row.fix
         assert "TORCH_EXTENSIONS_DIR" in row.fix
         assert row.metrics["jit_builds"][OP]["s"] == float(s.split()[0])
     whole = out.cluster_row(rows)
@@ -112,7 +113,8 @@ def test_a_build_past_the_budget_fails_with_the_compilers_last_lines():
     assert row.status == Status.FAIL and f"was still JIT-building DeepSpeed op {OP}" in row.message
     assert "the JIT build budget ran out" in row.message and "cc1plus: still compiling" in row.message, row.message
     assert "jit_build_budget_s (now 60 s)" in row.fix
-    assert "DS_BUILD_OPS=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed" in row.fix, row.fix
+    assert ("DS_BUILD_OPS=1 /venv/bin/python3 -m pip install --force-reinstall --no-deps --no-cache-dir "
+            "deepspeed") in row.fix, row.fix
 
 
 def test_a_stale_lock_is_named_with_its_rm_not_as_a_build_in_progress():
@@ -176,6 +178,7 @@ def test_the_rank_records_the_locks_it_takes_and_a_stale_one_raises(tmp_path):
     from torch.utils.file_baton import FileBaton
     saved = (FileBaton.try_acquire, FileBaton.release, FileBaton.wait)
     rep = host_side.Reporter("t", {"rank": 0})
+    (tmp_path / "launch").mkdir()
     log = host_side.OpLog(rep, str(tmp_path / "launch" / "locks"))
     try:
         log._watch_locks()
@@ -208,13 +211,17 @@ def test_the_rank_records_the_locks_it_takes_and_a_stale_one_raises(tmp_path):
 
 
 def test_the_clean_up_removes_only_the_locks_the_runs_ranks_recorded(tmp_path):
+    """RELEASE_LOCKS follows this host's records only: it kills what still builds in the lock's directory and
+    removes the lock; a lock no record of this host names stays."""
     launch = tmp_path / "preflight-rehearse-0123"
     (launch / "locks").mkdir(parents=True)
     ours, theirs = tmp_path / "ext" / "ours" / "lock", tmp_path / "ext" / "theirs" / "lock"
     for lock in (ours, theirs):
         lock.parent.mkdir(parents=True)
         lock.write_text("")
-    (launch / "locks" / "123-1").write_text(str(ours))
+    (launch / "locks" / f"{socket.gethostname()}-123-1").write_text(str(ours))
+    # Another host's record (a --workdir the hosts share): its path names that host's lock, not this one's.
+    (launch / "locks" / f"x{socket.gethostname()}-123-1").write_text(str(theirs))
     builder = subprocess.Popen(["sleep", "60"], cwd=ours.parent)  # a compiler left running by the killed rank
     try:
         time.sleep(0.2)
@@ -225,6 +232,72 @@ def test_the_clean_up_removes_only_the_locks_the_runs_ranks_recorded(tmp_path):
         if builder.poll() is None:
             builder.kill()
     assert not ours.exists() and theirs.exists() and not launch.exists()
+
+
+# A rank in a launch directory ($1) takes the lock ($2) through OpLog._try, with a "create" that stands for torch's
+# O_EXCL create and then: "die" (SIGKILL right after the create, as the clean-up's pkill can land) or "abandon" (the
+# watchdog's abandon() starts while the create is still in progress, then the rank ends as the watchdog does).
+RANK_TAKING_A_LOCK = """
+import os, signal, sys, threading, time
+sys.path.insert(0, os.environ["PF_ROOT"])
+from preflight.hostside import rehearsal as r
+here, lock, how = sys.argv[1], sys.argv[2], sys.argv[3]
+ops = r.OpLog(r.Reporter("t", {}), os.path.join(here, r.LOCKS_DIR))
+def create():
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL)
+    if how == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(2.0)
+    return fd + 1
+if how == "abandon":
+    def watchdog():
+        time.sleep(0.5)
+        ops.abandon()
+        os._exit(124)
+    threading.Thread(target=watchdog, daemon=True).start()
+ops._try(lock, create)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("how", ["die", "abandon"])
+def test_a_lock_half_taken_when_the_rank_ends_is_still_removed(tmp_path, how):
+    """The instant between torch's O_EXCL create of a lock and the rank's record of it: a rank SIGKILLed there (the
+    clean-up's pkill) leaves a *.try record that RELEASE_LOCKS follows; the rank's own watchdog waits until the
+    record is written, then removes the lock. (Before the record was written first, both left the lock for good.)"""
+    launch, lock = tmp_path / "preflight-rehearse-0123", tmp_path / "ext" / OP / "lock"
+    launch.mkdir()
+    lock.parent.mkdir(parents=True)
+    rank = subprocess.run([sys.executable, "-c", RANK_TAKING_A_LOCK, str(launch), str(lock), how], timeout=60,
+                          env=dict(os.environ, PF_ROOT=str(ROOT)))
+    if how == "die":
+        assert rank.returncode == -signal.SIGKILL and lock.exists()
+        (record,) = (launch / host_side.LOCKS_DIR).iterdir()
+        assert record.name.endswith(".try") and record.read_text() == str(lock)
+        subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
+                       check=True, timeout=30)
+    else:
+        assert rank.returncode == 124
+    assert not lock.exists()
+
+
+def test_a_try_record_does_not_remove_a_lock_older_than_the_try(tmp_path):
+    """A *.try record whose lock was there before the try (another job's, which the try did not get) is left."""
+    launch, lock = tmp_path / "preflight-rehearse-0123", tmp_path / "ext" / OP / "lock"
+    (launch / host_side.LOCKS_DIR).mkdir(parents=True)
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    then = time.time() - 600
+    os.utime(lock, (then, then))
+    (launch / host_side.LOCKS_DIR / f"{socket.gethostname()}-123-1.try").write_text(str(lock))
+    subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
+                   check=True, timeout=30)
+    assert lock.exists() and not launch.exists()
+    # Not taken: the try's record goes at once.
+    log = host_side.OpLog(host_side.Reporter("t", {}), str(tmp_path / "again" / host_side.LOCKS_DIR))
+    (tmp_path / "again").mkdir()
+    assert not log._try(str(lock), lambda: False)
+    assert not os.listdir(tmp_path / "again" / host_side.LOCKS_DIR) and not log.records
 
 
 # ----------------------------------------------------------------------------------- on namespace hosts
@@ -400,8 +473,9 @@ def test_a_cold_rehearsal_passes_with_each_ops_build_time_and_names_the_launcher
     for host in HOSTS3:
         cell = cells[host]
         assert cell["status"] == "warn", cell
-        assert f"the first job start spends " in cell["message"] and f"building {OP} on {host}" in cell["message"]
-        assert re.search(r"DS_BUILD_SHM_COMM=1 /\S+ -m pip install --force-reinstall --no-deps --no-cache-dir deepspeed==\d", cell["fix"]), cell["fix"]
+        assert "the first job start spends " in cell["message"] and f"building {OP} on {host}" in cell["message"]
+        assert re.search(r"DS_BUILD_SHM_COMM=1 /\S+ -m pip install --force-reinstall --no-deps --no-cache-dir "
+                         r"deepspeed==\d", cell["fix"]), cell["fix"]
         times[host] = cell["metrics"]["jit_builds"][OP]["s"]
         assert times[host] > 5
     whole = cells["*"]
@@ -421,8 +495,7 @@ sys.path.insert(0, os.environ["PF_ROOT"])
 from preflight.hostside import rehearsal as r
 here, lock, lifetime = sys.argv[1], sys.argv[2], float(sys.argv[3])
 ops = r.OpLog(r.Reporter("t", {}), os.path.join(here, r.LOCKS_DIR))
-fd = os.open(lock, os.O_CREAT | os.O_EXCL)
-ops._held(lock)
+ops._try(lock, lambda: os.open(lock, os.O_CREAT | os.O_EXCL) + 1)
 child = subprocess.Popen(["sleep", "300"])
 print("child", child.pid, flush=True)
 r._watchdog(r.Reporter("t", {}), lifetime, here, ops)
