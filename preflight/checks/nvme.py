@@ -16,7 +16,6 @@ import errno
 import os
 import shlex
 import re
-import secrets
 import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -229,7 +228,7 @@ def _test_write_read(entry: Dict[str, Any], real: str, size_known: bool, ctx: Ho
                      fraction: float, min_bytes: int, cap: float) -> None:
     """Create a test file in the directory, open it with O_DIRECT, and (where the free space allows a test of at
     least `min_bytes`) measure dd's write and read rates on it; the file is removed however this ends."""
-    marker = TEST_PREFIX + secrets.token_hex(8)
+    marker = TEST_PREFIX + os.urandom(8).hex()  # not secrets: its hashlib import cost every host ~9 ms of CPU
     test_file = os.path.join(real, marker)
     tempfiles.register(test_file)  # before it exists: removed however this request ends (kill -9 of the coordinator)
     try:

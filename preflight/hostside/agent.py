@@ -74,8 +74,11 @@ class Abort(BaseException):
 # int.from_bytes and inflates a file with zlib only when it is imported (zipfile, importlib.abc and importlib.util
 # cost a bare interpreter's start again), runs the coordinator's bytecode of the hello-path modules when its magic
 # number is this Python's (else compiles the source), and says hello (hostside/hello.py) before importing the agent.
+# The garbage collector is off until the agent's imports are done, then those objects are frozen: no collection
+# walks them again, in the agent or in a forked worker (whose walk would also copy the pages it touches).
 BOOTSTRAP = r"""
-import sys, os, marshal, zlib
+import sys, os, marshal, zlib, gc
+gc.disable()
 def line():
     b = b""
     while not b.endswith(b"\n"):
@@ -129,6 +132,8 @@ first = line()
 import preflight.hostside.hello
 preflight.hostside.hello.early(first)
 import preflight.hostside.agent
+gc.freeze()
+gc.enable()
 rc = preflight.hostside.agent.main(sys.argv[1:], code, first)
 sys.stdout.flush()
 # Skip interpreter shutdown: it would wait on the lifeline thread's lock on stdin.
@@ -338,12 +343,17 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
     # Only this host's processes: where hosts share one PID namespace but not their UTS one (a test bed of
     # namespace hosts, one slurmd each), a node's reap killed the other nodes' agents before they answered their
     # own reap, and a shared srun step sees no end of a killed task: the coordinator waited out its 25 s clean-up.
+    # The namespace is looked at first: one readlink, where reading a process's argv and environment costs two
+    # reads. On such a test bed every host's /proc lists every host's processes, and a scan that read them all
+    # cost each of 1,000 hosts ~100 ms of CPU, twice at the end of every run.
     here = _uts_namespace("self")
     killed = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in spared:
             continue
         try:
+            if _uts_namespace(entry) != here:
+                continue
             # Agents carry the token in argv; their children inherit it in the environment.
             found = _is_agent_argv(_read_proc(f"/proc/{entry}/cmdline"), token)
             environ = _read_proc(f"/proc/{entry}/environ") if agent or not found else b""
@@ -351,7 +361,7 @@ def reap(params: Dict[str, Any], ctx: seams.HostContext) -> Dict[str, Any]:
                 found = marker in environ or (found and environ == own_env)
             elif not found:
                 found = marker in environ
-            if not found or _uts_namespace(entry) != here:
+            if not found:
                 continue
             os.kill(int(entry), signal.SIGKILL)
             killed.append(int(entry))

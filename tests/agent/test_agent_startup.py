@@ -34,8 +34,8 @@ exec(compile(BOOTSTRAP, "<bootstrap>", "exec"))
 
 # What the hello path may add to a bare interpreter's modules (python -S): the BOOTSTRAP's two C modules, the stub
 # packages, hello.py and the C modules it uses. Anything else is an import someone added back.
-HELLO_PATH = {"marshal", "zlib", "preflight", "preflight.hostside", "preflight.hostside.hello", "_socket",
-              "binascii"}
+HELLO_PATH = {"marshal", "zlib", "gc", "preflight", "preflight.hostside", "preflight.hostside.hello", "_socket",
+              "binascii"}  # gc is built in: the BOOTSTRAP turns it off until the agent's imports are done
 # What it imported before (zipfile, importlib.abc/util in the BOOTSTRAP; json, platform, socket, signal, threading
 # and the agent's own modules before the hello), each tens of ms on a loaded host.
 HEAVY = {"zipfile", "importlib.abc", "importlib.util", "json", "re", "enum", "typing", "dataclasses", "platform",
