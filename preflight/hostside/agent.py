@@ -31,7 +31,6 @@ too, and the next request starts a new agent.
 """
 from __future__ import annotations
 
-import base64
 import importlib
 import json
 import os
@@ -39,7 +38,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import hello as hellos
@@ -211,6 +209,7 @@ def _collect(names: Sequence[str], params: Dict[str, Any], per_check: float) -> 
                 raise
             out[name] = {"error": f"timed out after {per_check:.0f}s on the host"}
         except Exception as exc:  # a check's bug or a missing tool: that check's ERROR, not the agent's
+            import traceback  # on errors alone: every host would pay its import
             out[name] = {"error": f"{type(exc).__name__}: {exc}",
                          "traceback": traceback.format_exc(limit=6)}
         finally:
@@ -401,6 +400,7 @@ def _run_one(request: Dict[str, Any], stdin: IO[bytes]) -> int:
     except Abort as exc:
         payload.update(ok=False, error=f"aborted: {exc}")
     except Exception as exc:
+        import traceback
         payload.update(ok=False, error=f"{type(exc).__name__}: {exc}",
                        traceback=traceback.format_exc(limit=8))
     finally:
@@ -455,6 +455,7 @@ def _frame(rid: int, kind: bytes, data: bytes = b"") -> None:
     if not _line_frames[0]:
         _write_all(b"%s %d %s %d\n" % (FRAME, rid, kind, len(data)) + data)
         return
+    import base64  # a shared srun step's line frames alone
     size = _LINE_CHUNK if kind in (b"o", b"e") else max(1, len(data))  # streams may be cut; hello, exit code not
     _write_all(b"".join(b"%s %d %s %s.\n" % (LINE_FRAME, rid, kind, base64.b64encode(data[start:start + size]))
                         for start in range(0, max(1, len(data)), size)))
@@ -506,6 +507,7 @@ def _fork_one(request: Dict[str, Any], env: Optional[Dict[str, str]] = None,
             sys.stdout.flush()
         except BaseException:
             try:
+                import traceback
                 traceback.print_exc()
                 sys.stderr.flush()
             except Exception:

@@ -6,7 +6,6 @@ which the coordinator's ``runner.Cluster`` satisfies.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -96,6 +95,7 @@ class HostShell(Protocol):
 def positive(kind: Callable[[str], Any], noun: str, most: float) -> Callable[[str], Any]:
     """An ``Option.type``: a finite number of ``kind`` with 0 < value <= most; the command names the option."""
     def parse(text: str) -> Any:
+        import argparse  # the coordinator's alone: a host's agent imports this module too
         try:
             value = kind(text)
         except (ValueError, OverflowError):
@@ -110,6 +110,7 @@ def positive(kind: Callable[[str], Any], noun: str, most: float) -> Callable[[st
 
 def number(text: str) -> float:
     """An ``Option.type`` for a threshold override: any finite number (the key's own range rule bounds it)."""
+    import argparse
     try:
         value = float(text)
     except ValueError:
