@@ -1,11 +1,14 @@
 """agent.reap: the last-resort clean-up finds this run's processes by the token in argv or in the environment."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+
+import pytest
 
 from preflight.hostside import agent
 
@@ -90,3 +93,59 @@ def test_reap_spares_an_agent_of_the_same_run_in_another_hosts_uts_namespace(mon
 def _exec_done(pid: int) -> bool:
     with open(f"/proc/{pid}/cmdline", "rb") as fh:
         return fh.read().split(b"\0")[1:2] == [b"-c"]
+
+
+# Runs the agent as `python -c BOOTSTRAP TOKEN` does, with an audit hook that reports each scan of /proc (a reap)
+# made by the agent process itself, not by its forked workers.
+SCANS = r"""
+import sys, os
+me = os.getpid()
+def hook(event, args):
+    if event == "os.listdir" and args and str(args[0]) == "/proc" and os.getpid() == me:
+        os.write(2, b"@@SCAN\n")
+sys.addaudithook(hook)
+exec(compile(BOOTSTRAP, "<bootstrap>", "exec"))
+"""
+
+
+def _frames_until_exit(out, rid: int) -> None:
+    while True:
+        head = out.readline().split()
+        assert head, "the agent ended before answering"
+        out.read(int(head[3]))
+        if int(head[1]) == rid and head[2] == b"x":
+            return
+
+
+@pytest.mark.parametrize("requests, scans", [
+    ([], 1),  # no run-wide reap: the agent's own at its exit
+    (["reap"], 0),  # the run's reap ran last (in a worker): nothing is left for the agent's own to find
+    (["reap", "collect"], 1),  # a worker started after it: the agent's own reap again
+])
+def test_the_agents_exit_scans_proc_unless_the_runs_reap_came_last(requests, scans):
+    """At a thousand namespace hosts (one /proc for all), each /proc scan cost every host ~10 ms of CPU; the run's
+    reap (the coordinator's last request) and the agent's own at its exit found the same processes."""
+    from preflight.hostside.agent import BOOTSTRAP
+    from preflight.remote import serve_input
+    token = "preflight-test-" + uuid.uuid4().hex[:12]
+    proc = subprocess.Popen([sys.executable, "-c", SCANS.replace("BOOTSTRAP", repr(BOOTSTRAP)), token],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(serve_input())
+        proc.stdin.flush()
+        head = proc.stdout.readline().split()
+        assert head[2] == b"h", head
+        proc.stdout.read(int(head[3]))
+        for rid, name in enumerate(requests, 1):
+            request = ({"op": "call", "func": "hostside.agent.reap", "params": {"token": token}, "timeout": 10}
+                       if name == "reap" else {"op": "collect", "checks": [], "params": {}, "timeout": 10})
+            proc.stdin.write(json.dumps(dict(request, id=rid)).encode() + b"\n")
+            proc.stdin.flush()
+            _frames_until_exit(proc.stdout, rid)
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+        assert proc.stderr.read().decode().count("@@SCAN") == scans
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
