@@ -18,9 +18,10 @@ T(n) - floor with T(1): what the coordinator adds as hosts are added. Needs root
 --versus is the host-light series against pdsh and ClusterShell (apt: pdsh, clustershell): on the same hosts,
 each tool starts the hosts' bare Python once per host (preflight: connect, agent, the nvme check with no
 path, clean-up; pdsh and clush: `python -c 'import platform'`), all with a fan-out of 32, interleaved
-(preflight, pdsh, clush, repeated 3 times) and reported as medians. Above 250 hosts several namespace
-clusters are combined into one hostfile (one cluster holds at most 253 hosts), and the coordinator's ARP
-table is raised (see _raise_neighbour_table). Each host gets an empty ~/.bashrc. --profile records one more
+(preflight, pdsh, clush, repeated 3 times) and reported as medians, each with the machine's busy CPU over the
+run (/proc/stat), the one count that also sees the agents that outlive their SSH session. Above 250 hosts
+several namespace clusters are combined into one hostfile (one cluster holds at most 253 hosts), and the
+coordinator's ARP table is raised (see _raise_neighbour_table). Each host gets an empty ~/.bashrc. --profile records one more
 preflight run of the biggest size with py-spy (GIL-holding samples, raw stacks kept in
 bench/results/profile-N.txt) and prints the top 10 functions by own time.
 
@@ -73,6 +74,19 @@ def namespace_cpu(cluster: NetCluster) -> float:
         # After ")" field 3 (state) is index 0: utime=14, stime=15, cutime=16, cstime=17 -> 11..14.
         total += sum(int(v) for v in fields[11:15])
     return total / TICKS
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has spent busy so far (/proc/stat: every state but idle and iowait).
+
+    The namespace accounting above sees a process only once a process of the host has reaped it: an agent that
+    outlives its SSH session (the coordinator closes the channel without waiting for the exit) is reparented
+    outside the host's tree and never counted. On a machine that runs nothing else, the machine's busy CPU over a
+    run is the whole bill: coordinator, sshd, the hosts' commands and the kernel's work for all of them.
+    """
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    return (sum(values) - values[3] - values[4]) / TICKS
 
 
 def measure(n: int, workdir: Path, checks: str) -> dict:
@@ -198,10 +212,11 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
             for rep in range(reps):
                 for tool in samples:  # interleaved: a slow minute hits every tool alike
                     argv, env = _tool_argv(tool, files, workdir / f"v{n}")
-                    ns0 = sum(namespace_cpu(c) for c in clusters)
+                    ns0, busy0 = sum(namespace_cpu(c) for c in clusters), machine_cpu()
                     wall, coord, proc = _timed(argv, env, cwd=_tree(tool))
                     time.sleep(0.5)
                     host = sum(namespace_cpu(c) for c in clusters) - ns0
+                    busy = machine_cpu() - busy0
                     ok = proc.returncode == 0
                     if tool.startswith("preflight"):
                         report = json.loads((workdir / f"v{n}" / "report.json").read_text())
@@ -209,7 +224,7 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
                     else:
                         errors = 0 if ok else len([ln for ln in proc.stderr.splitlines() if ln.strip()])
                     samples[tool].append({"wall_s": wall, "coord_cpu_s": coord, "host_cpu_s": host,
-                                          "rc": proc.returncode, "errors": errors})
+                                          "machine_cpu_s": busy, "rc": proc.returncode, "errors": errors})
                     print(f"{n} hosts {tool} rep {rep}: {wall:.1f} s, coordinator {coord:.1f} CPU-s, "
                           f"rc {proc.returncode}, errors {errors}", file=sys.stderr)
             prof = None
@@ -222,10 +237,12 @@ def versus(sizes: list, workdir: Path, reps: int = 3, profile: bool = False, out
                     RESULTS.mkdir(parents=True, exist_ok=True)
                     (RESULTS / f"profile-{n}.txt").write_text(prof.read_text())
             for tool, runs in samples.items():
-                med = {k: round(median([r[k] for r in runs]), 3) for k in ("wall_s", "coord_cpu_s", "host_cpu_s")}
+                med = {k: round(median([r[k] for r in runs]), 3)
+                       for k in ("wall_s", "coord_cpu_s", "host_cpu_s", "machine_cpu_s")}
                 rows.append({"hosts": n, "tool": tool, **med,
                              "coord_ms_per_host": round(1000 * med["coord_cpu_s"] / n, 2),
                              "host_ms_per_host": round(1000 * med["host_cpu_s"] / n, 2),
+                             "machine_ms_per_host": round(1000 * med["machine_cpu_s"] / n, 2),
                              "errors": max(r["errors"] for r in runs), "runs": runs})
             if prof is not None and prof.exists():
                 rows[-len(samples)]["profile_top10"] = top_functions(prof)
@@ -278,9 +295,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             rows = versus(args.sizes, Path(tmp), args.reps, args.profile, args.out,
                           tuple(t for t in args.tools.split(",") if t))
-        print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "errors"],
+        print(table(["hosts", "tool", "wall_s", "vs_pdsh", "coord_ms/host", "host_ms/host", "machine_ms/host",
+                     "errors"],
                     [[r["hosts"], r["tool"], r["wall_s"], r["wall_vs_pdsh"], r["coord_ms_per_host"],
-                      r["host_ms_per_host"], r["errors"]] for r in rows]))
+                      r["host_ms_per_host"], r["machine_ms_per_host"], r["errors"]] for r in rows]))
         for r in rows:
             for f in r.get("profile_top10", []):
                 print(f"{f['share']:6.1%}  {f['function']}")
