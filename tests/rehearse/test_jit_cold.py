@@ -172,6 +172,12 @@ def test_a_launcher_whose_interpreter_is_not_pythons_warns_naming_both(tmp_path)
     assert f"the launcher {script} runs /usr/bin/python3, not --python /venv/bin/python3" in whole.message
 
 
+def _clean_up(launch: Path) -> None:
+    """The clean-up's line for one launch directory, as the coordinator and the supervisor run it on a host."""
+    subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
+                   check=True, timeout=30)
+
+
 def test_the_rank_records_the_locks_it_takes_and_a_stale_one_raises(tmp_path):
     """The rank's lock watch on torch's real FileBaton: a lock it takes is recorded in the launch directory until it
     releases it; waiting on a lock nobody holds from before the run raises StaleLock within seconds."""
@@ -225,8 +231,7 @@ def test_the_clean_up_removes_only_the_locks_the_runs_ranks_recorded(tmp_path):
     builder = subprocess.Popen(["sleep", "60"], cwd=ours.parent)  # a compiler left running by the killed rank
     try:
         time.sleep(0.2)
-        subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
-                       check=True, timeout=30)
+        _clean_up(launch)
         assert builder.wait(timeout=5) == -signal.SIGKILL
     finally:
         if builder.poll() is None:
@@ -274,8 +279,7 @@ def test_a_lock_half_taken_when_the_rank_ends_is_still_removed(tmp_path, how):
         assert rank.returncode == -signal.SIGKILL and lock.exists()
         (record,) = (launch / host_side.LOCKS_DIR).iterdir()
         assert record.name.endswith(".try") and record.read_text() == str(lock)
-        subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
-                       check=True, timeout=30)
+        _clean_up(launch)
     else:
         assert rank.returncode == 124
     assert not lock.exists()
@@ -290,8 +294,7 @@ def test_a_try_record_does_not_remove_a_lock_older_than_the_try(tmp_path):
     then = time.time() - 600
     os.utime(lock, (then, then))
     (launch / host_side.LOCKS_DIR / f"{socket.gethostname()}-123-1.try").write_text(str(lock))
-    subprocess.run(["sh", "-c", f'd="$1"; {host_side.RELEASE_LOCKS}; rm -rf -- "$d"', "sh", str(launch)],
-                   check=True, timeout=30)
+    _clean_up(launch)
     assert lock.exists() and not launch.exists()
     # Not taken: the try's record goes at once.
     log = host_side.OpLog(host_side.Reporter("t", {}), str(tmp_path / "again" / host_side.LOCKS_DIR))
