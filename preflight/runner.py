@@ -24,7 +24,7 @@ from preflight.hostside.proc import parallel_map
 from preflight.hostfile import HostSpec
 from preflight.causes import blocked_message, connection_check
 from preflight.results import CLUSTER, HostRecord, Report, Result
-from preflight.selfcheck import COORDINATOR, Kernel, SelfCheck
+from preflight.selfcheck import COORDINATOR, Admission, Kernel, SelfCheck
 from preflight.remote import (DEFAULT_MAX_OUTPUT, DEFAULT_START_S, INTERPRETER_MISSING, Agent, AgentError, Service,
                              collect_budget, serve_input)
 from preflight import transport as transports
@@ -288,27 +288,45 @@ class Runner:
                 if node.name in session.channels:
                     node.agent.adopt(session.channels[node.name])
 
-    def _connect_all(self) -> None:
+    def _connect_all(self, admission: Optional[Admission] = None) -> None:
         start = time.monotonic()
         try:
-            self._connect_all_nodes()
+            self._connect_all_nodes(admission)
         finally:
             self._span("connecting", start)
 
-    def _connect_all_nodes(self) -> None:
+    def _connect_all_nodes(self, admission: Optional[Admission]) -> None:
         self.progress.phase("connecting", len(self.nodes))
         self._open_shared_sessions()
-
-        def one(node: Node) -> None:
-            self._connect(node)
-            self.progress.advance(node.name, "ok" if node.reachable else "unreachable")
-
         # Each host's connect and probe are bounded (connect timeout each); hosts beyond --parallel wait for
         # a slot, so the phase's budget grows with the number of waves.
-        waves = -(-len(self.nodes) // max(1, self.o.parallel))
+        # Admitted by descriptors, as many at once as this process's open files hold.
+        at_once = min(self.o.parallel, admission.hosts_at_once() if admission else self.o.parallel)
+        waves = -(-len(self.nodes) // max(1, at_once))
         # A host behind jump hosts has the connect timeout once per hop (ProxyJump chains).
         connect = max([n.transport.connect_budget_s() for n in self.nodes] + [self.o.ssh.connect_timeout])
-        timeout = (connect + self.o.ssh.connect_timeout + 10) * max(1, waves)
+        per_host = connect + self.o.ssh.connect_timeout + 10
+        timeout = per_host * max(1, waves)
+        # A host waiting for its share gives up before the phase's backstop, in words that name this machine.
+        give_up = time.monotonic() + timeout - per_host
+
+        def one(node: Node) -> None:
+            if admission is None:
+                self._connect(node)
+            elif not admission.take(node.name, max(0.0, give_up - time.monotonic())):
+                node.ssh_facts = {"connected": False, "status": "error", "error": admission.refusal(),
+                                  "address": node.transport.address}
+            else:
+                try:
+                    self._connect(node)
+                finally:
+                    if not node.reachable:
+                        # Its socket and channel pipe are this run's to give to the next host, now, not at the end.
+                        node.agent.close()
+                        node.transport.close()
+                    admission.done(node.name, kept=node.reachable)
+            self.progress.advance(node.name, "ok" if node.reachable else "unreachable")
+
         for node, res in zip(self.nodes, parallel_map(one, self.nodes, self.o.parallel, timeout)):
             if isinstance(res, BaseException):
                 node.ssh_facts = {"connected": False, "status": "error",
@@ -557,7 +575,7 @@ class Runner:
         from preflight.recommend import add_to_inherited_row, advise
         try:
             self._check_self(check)
-            self._connect_all()
+            self._connect_all(check.admission())
             self._name_local_causes(check)
             mark_same_machines(self.nodes)
             for node in self.nodes:

@@ -32,10 +32,11 @@ import resource
 import shutil
 import socket
 import subprocess
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from preflight.hostside.proc import parallel_map
 from preflight.transport import SSHTransport, Transport, TransportError
@@ -48,6 +49,9 @@ COORDINATOR = "coordinator"
 FDS_DIRECT = 3
 FDS_INDIRECT = 5
 FDS_SPARE = 32
+# When the limit is below the run's and connects are admitted one share at a time (Admission): what the run keeps
+# back for itself once the hosts are connected (its reports, the history file, a cluster check's extra channel).
+FDS_RESERVE = 8
 # Resolving the hosts' names before the connects: at most this long in all, so a slow DNS costs the check, not the
 # run (a name not resolved by then is left out of the neighbour and port counts).
 RESOLVE_S = 5.0
@@ -268,6 +272,18 @@ class SelfCheck:
     def neighbour_fix(self, family: int) -> str:
         return f"sudo sysctl -w {_sysctl(family)}={_table_size(self.needed(family))}"
 
+    def admission(self) -> Optional["Admission"]:
+        """Connects admitted by descriptors when this process's open-file limit is below what the run holds; None
+        (every connect at once) when it is not."""
+        if not self.ssh:
+            return None
+        soft, _ = self.kernel.nofile()
+        if self.fds_needed() <= soft:
+            return None
+        indirect = {p.host for p in self.peers if not p.direct or p.proxy}
+        return Admission(soft, soft - self.kernel.open_files() - FDS_RESERVE,
+                         lambda host: FDS_INDIRECT if host in indirect else FDS_DIRECT)
+
     def fds_needed(self) -> int:
         per_host = sum(FDS_DIRECT if p.direct and not p.proxy else FDS_INDIRECT for p in self.peers)
         per_host += (len(self.ssh) - len(self.peers)) * FDS_DIRECT  # hosts whose route did not resolve
@@ -360,6 +376,49 @@ class SelfCheck:
                 out.append(LocalCause(kind, hosts, f"this machine's neighbour table overflowed{size}{refused}: {hit}; "
                                       "the hosts may be fine", self.neighbour_fix(family)))
         return out
+
+
+class Admission:
+    """Connects admitted while this process's descriptors last. At the open-file limit, connects that all start at
+    once starve each other: each holds its socket while its handshake waits, and the files and pipes the handshakes
+    need next are gone (measured: behind slow sshds, 20 of 20 hosts failed at RLIMIT_NOFILE 40, where 8 fit one by
+    one). A host whose share is not free waits for a connect in flight; a failed one gives its share back. Once
+    none is in flight, the hosts still waiting are not connected, with EMFILE's words, so that after_connect names
+    them under this machine's one cause."""
+
+    def __init__(self, soft: int, descriptors: int, cost: Callable[[str], int]):
+        self.soft = soft
+        self.free = descriptors
+        self.cost = cost
+        self.in_flight = 0
+        self._cond = threading.Condition()
+
+    def take(self, host: str, timeout: float) -> bool:
+        """Whether `host` may connect now (call done() after it); False once its share cannot be had."""
+        need = self.cost(host)
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= need or self.in_flight == 0, timeout)
+            if self.free < need:
+                return False
+            self.free -= need
+            self.in_flight += 1
+            return True
+
+    def done(self, host: str, kept: bool) -> None:
+        """The connect of a host that take() admitted has ended; `kept`: it holds its connection for the run."""
+        with self._cond:
+            self.in_flight -= 1
+            if not kept:
+                self.free += self.cost(host)
+            self._cond.notify_all()
+
+    def hosts_at_once(self) -> int:
+        """How many hosts connect at once at most (those of the cheapest kind, while none has failed)."""
+        return max(1, self.free // FDS_DIRECT)
+
+    def refusal(self) -> str:
+        return (f"not connected: the other hosts' connections held this process's open files (RLIMIT_NOFILE "
+                f"{self.soft}): {os.strerror(errno.EMFILE)}")
 
 
 def local_kind(error: str) -> Optional[str]:
