@@ -5,11 +5,14 @@ host), run `python -m preflight run` as a user would, and time it from the outsi
 """
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.netcluster import NetCluster  # noqa: E402
+
+# Every preflight a benchmark starts records into a history file of the benchmark's own, removed at its exit (unless
+# PREFLIGHT_HISTORY names one): on the user's history a loaded run's compute figures were compared with that user's
+# quiet past (bench/failfast.py named three healthy hosts), and the bench's runs would stay in the user's baselines.
+if "PREFLIGHT_HISTORY" not in os.environ:
+    _history = tempfile.mkdtemp(prefix="pf-bench-history-")
+    os.environ["PREFLIGHT_HISTORY"] = os.path.join(_history, "history.db")
+    atexit.register(shutil.rmtree, _history, True)
 
 
 @dataclass
