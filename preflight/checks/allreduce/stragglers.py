@@ -93,11 +93,13 @@ def _failed_hosts(facts: Optional[Dict[str, Any]], rates: Dict[str, Dict[str, An
 RING_CONSISTENCY = 1.19
 
 
-def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any],
+         unsure: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Dict[str, Any]]:
     """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "t", "df", "p", "p_adj", "family", "status",
     "by"}} for the hosts named slow, and {host: {"failed_pairs", "status": "fail", "by": "failed_pairs"}} for those
     whose every pair failed (see the module docstring); the rates need at least 3 measured hosts (a host and two
-    peers: one peer has no spread)."""
+    peers: one peer has no spread). A host at least ``min_deficit`` slower that the statistics do not name goes
+    into ``unsure`` (when given) with the same keys, so that the report can say so (as iperf3's "in doubt")."""
     rates = host_rates(facts or {})
     named: Dict[str, Dict[str, Any]] = {h: dict(f, status="fail", by="failed_pairs")
                                         for h, f in _failed_hosts(facts, rates).items()}
@@ -116,11 +118,16 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Dict
                                                  [RING_CONSISTENCY * d for d in stats.downside(values)])))
     family = stats.adjust(list(compared.values()))
     for h, c in compared.items():
-        if c is None or not stats.named(c, max_p, floor):
-            continue  # however large the deficit looks, noise explains it: no finding on weak evidence
+        if c is None or h in named:
+            continue
         status, by = ("fail", "fail_fraction") if c.ratio < fail_below else ("warn", "statistics")
-        named[h] = dict(rates[h], reference_GBps=c.median, ratio=c.ratio, t=c.t, df=c.df, p=c.p, p_adj=c.p_adj,
-                        family=family, peers=c.peers, status=status, by=by)
+        entry = dict(rates[h], reference_GBps=c.median, ratio=c.ratio, t=c.t, df=c.df, p=c.p, p_adj=c.p_adj,
+                     family=family, peers=c.peers, status=status, by=by)
+        if stats.named(c, max_p, floor):
+            named[h] = entry
+        elif unsure is not None and c.ratio < 1.0 - floor:
+            # However large the deficit looks, noise may explain it: no finding on weak evidence, but said.
+            unsure[h] = dict(entry, status="pass", by="weak_evidence")
     return named
 
 
@@ -135,6 +142,16 @@ def short(host: str, s: Dict[str, Any]) -> str:
         return f"{host}: all {len(s['failed_pairs'])} of its pairs failed"
     return (f"{host} at {100 * s['ratio']:.0f}% of the median of {s['peers']} peers (t {s['t']:.1f}, adjusted "
             f"{stats.p_text(s['p_adj'])})")
+
+
+def weak(unsure: Dict[str, Dict[str, Any]], cfg: Dict[str, Any]) -> str:
+    """What the cluster line adds for the hosts left unnamed on weak evidence, or "": ``not named, the evidence is
+    weak (adjusted p >= 0.01): node02 at 90% of the median of 3 peers (t -3.1, adjusted p = 0.02)``."""
+    if not unsure:
+        return ""
+    listed = "; ".join(short(h, s) for h, s in list(unsure.items())[:4])
+    more = f" and {len(unsure) - 4} more" if len(unsure) > 4 else ""
+    return f"not named, the evidence is weak (adjusted p >= {float(cfg['max_p']):g}): {listed}{more}"
 
 
 def describe(host: str, s: Dict[str, Any], facts: Dict[str, Any], cfg: Dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from .stragglers import describe as describe_straggler
 from .stragglers import failed_pairs
 from .stragglers import find as find_stragglers
 from .stragglers import host_rates, short
+from .stragglers import weak as weak_evidence
 
 def _gpu_baseline(facts: Dict[str, Any], cfg: Dict[str, Any]) -> Optional[Tuple[str, float]]:
     names = [n for ns in (facts.get("gpu_names") or {}).values() for n in ns]
@@ -200,11 +201,14 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
         findings.append(Finding(flagged[0].status, "suspect: " + "; ".join(
             f"{s['host']} ({s['reason']})" for s in suspects[:4])))
     rounds = facts.get("stragglers")
-    named = find_stragglers(rounds, cfg)
+    unsure: Dict[str, Dict[str, Any]] = {}
+    named = find_stragglers(rounds, cfg, unsure)
     if isinstance(rounds, dict):
         # The raw rounds (each pair's iteration times) as well: the detector can be rerun on a report.
-        metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named)
+        metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named, unsure=unsure)
         findings.extend(_straggler_round_findings(rounds, named))
+    if unsure:
+        summary += "; " + weak_evidence(unsure, cfg)
     out = combine(findings, summary, metrics)
     if out.status != Status.PASS:
         out.message = summary + ": " + out.message

@@ -304,6 +304,28 @@ def test_recorded_host_at_90_percent_is_named_with_ratio_and_confidence():
                      r"test, Holm-adjusted\)", text), text
 
 
+def test_a_host_left_unnamed_on_weak_evidence_is_said_on_the_cluster_line():
+    # The recorded 90% host is not named at the default max_p 0.01 (adjusted p 0.019): the PASS line says so, with its
+    # ratio and confidence, as iperf3's does, instead of nothing.
+    rounds = ROUNDS["node02-at-0.9"]
+    unsure: dict = {}
+    assert stragglers.find(rounds, CFG, unsure) == {} and list(unsure) == ["node02"]
+    assert unsure["node02"]["ratio"] == pytest.approx(0.9, abs=0.01) and unsure["node02"]["p_adj"] >= 0.01
+    out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"], stragglers=rounds),
+                             THRESHOLDS)
+    assert out["*"].status == Status.PASS and "node02" not in out
+    assert re.search(r"; not named, the evidence is weak \(adjusted p >= 0\.01\): node02 at 90% of the median of 3 "
+                     r"peers \(t -\d+\.\d, adjusted p = 0\.0\d+\)$", out["*"].message), out["*"].message
+    assert list(out["*"].metrics["stragglers"]["unsure"]) == ["node02"]
+    # A clean ring, and a host 3% slower (below min_deficit), leave nothing to say.
+    for quiet in (ROUNDS["clean"], _slowed(ROUNDS["clean"], "node03", 0.97)):
+        unsure = {}
+        stragglers.find(quiet, CFG, unsure)
+        out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"], stragglers=quiet),
+                                 THRESHOLDS)
+        assert unsure == {} and "evidence is weak" not in out["*"].message
+
+
 def test_planted_stragglers_by_statistics_fraction_and_hard_floor():
     clean = ROUNDS["clean"]
     assert list(stragglers.find(_slowed(clean, "node03", 0.85), CFG)) == ["node03"]
