@@ -81,7 +81,10 @@ def _allreduce_view(run: Any, cluster: NetCluster, slow: str) -> Dict[str, Any]:
     rates = {h: r.get("busbw_GBps") for h, r in (rounds.get("hosts") or {}).items()}
     others = [v for h, v in rates.items() if h != slow and v]
     ratio = rates[slow] / median(others) if rates.get(slow) and others else None
+    # A host the statistics left unnamed but at least min_deficit slower: the cluster line says so (weak evidence).
+    unsure = sorted(rounds.get("unsure") or {})
     return {"status": status, "measured_ratio": ratio, "check_s": run.check_seconds().get("allreduce"),
+            "unsure": unsure,
             "stragglers_s": rounds.get("duration_s"), "cluster": star.get("status"),
             "message": cells.get((slow, "allreduce"), {}).get("message") or star.get("message")}
 
@@ -183,6 +186,10 @@ def main() -> int:
                        "load_after": [round(x, 2) for x in os.getloadavg()]}
                 if args.check == "allreduce":
                     row["stragglers_s"] = median([r["stragglers_s"] for r in reps if r["stragglers_s"]])
+                    # The slow host said on weak evidence (not named), and any other host said so.
+                    row["said_weak"] = sum(r["slow"] in (r.get("unsure") or []) for r in reps) if slowed else None
+                    row["others_said_weak"] = sum(
+                        len([h for h in r.get("unsure") or [] if h != r["slow"] or not slowed]) for r in reps)
                 if old_reps:
                     row["old_reps"] = old_reps
                     row["old_" + secs] = median([r[secs] for r in old_reps if r[secs]])
@@ -201,7 +208,7 @@ def main() -> int:
                 print(f"{n_hosts} hosts, {name}: detected {found}, false positives {row['false_positives']}",
                       file=sys.stderr)
     n = args.reps
-    extra = ["stragglers_s", "added_ratio"] if args.check == "allreduce" else []
+    extra = ["stragglers_s", "added_ratio", "said_weak", "others_said_weak"] if args.check == "allreduce" else []
     print(table(["hosts", "row", "detected", "warn", "fail", "false_pos", "errors", "measured_ratio", "min", "max",
                  secs, "old_" + secs, *extra, "load_1m"],
                 [[r["hosts"], r["row"], "n/a" if r["detected"] is None else f"{r['detected']}/{n}", r["warn"],
