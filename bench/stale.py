@@ -48,7 +48,7 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("straggler-*", ["preflight/checks/iperf3/*", "preflight/hostside/*",
                      "bench/straggler.py"]),
     ("severity*", ["preflight/checks/compute.py", "preflight/checks/iperf3/*", "preflight/checks/*.toml",
-                   "preflight/hostside/*", "bench/severity.py"]),
+                   "preflight/hostside/*", "preflight/history/*", "bench/severity.py"]),
     ("compute_straggler*", ["preflight/checks/compute.py", "preflight/checks/compute.toml", "preflight/hostside/*",
                             "bench/compute_straggler.py"]),
     ("rehearse-overhead*", ["preflight/rehearse.py", "preflight/checks/launch/*", "preflight/hostside/rehearsal.py",
@@ -65,7 +65,8 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
                       "preflight/checks/allreduce/stragglers.py", "preflight/checks/allreduce/thresholds.toml",
                       "bench/calibration.py"]),
     ("healthy-fleet*", ["preflight/hostside/*", "preflight/checks/compute.py", "preflight/checks/compute.toml",
-                        "preflight/checks/iperf3/*", "preflight/checks/allreduce/*", "bench/healthy_fleet.py"]),
+                        "preflight/checks/iperf3/*", "preflight/checks/allreduce/*", "preflight/history/*",
+                        "bench/healthy_fleet.py"]),
 )
 
 _RESULTS = re.compile(r"`(bench/results/[^`]+)`")

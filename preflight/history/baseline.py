@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from preflight.hostside import stats
 from preflight.hostside.outcome import Status
 from preflight.hostside.robust import MAX_P, MEDIAN_SE, p_text, p_value, robust_z, significant
 from preflight.results import display_host
@@ -80,7 +82,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Drop:
-    """A figure significantly worse than the host's own median: the WARN's numbers."""
+    """A figure significantly worse than the host's own median: the WARN's numbers. ``fleet``: the factor every
+    host of the check moved by in this run (``Drift``) that was taken out before judging, 1.0 when none; ``p_adj``
+    and ``family``: Holm's adjustment over every figure compared in the run."""
 
     host: str
     check: str
@@ -91,6 +95,9 @@ class Drop:
     runs: int
     z: float
     p: float
+    p_adj: float = 1.0
+    family: int = 1
+    fleet: float = 1.0
 
     @property
     def ratio(self) -> float:
@@ -104,8 +111,15 @@ class Drop:
         else:
             how = f"is {self.ratio:.2g}x"
         runs = f"the last {self.runs} runs" if self.runs != 1 else "its last run"
-        return (f"{display_host(self.host)} {self.check} {self.key} {value} {how} its median of {runs} ({median}); "
-                f"robust z {self.z:+.1f}, {p_text(self.z, max_p)}")
+        fleet = ""
+        if self.fleet < 1.0:  # what is left of the drop once the fleet's common factor is taken out
+            left = self.ratio / self.fleet if self.better == "higher" else self.ratio * self.fleet
+            shown = f"{100 * left:.0f}%" if self.better == "higher" else f"{left:.2g}x"
+            fleet = f", {shown} after the fleet's common {100 * self.fleet:.0f}% is taken out"
+        adjusted = (f"; adjusted {stats.p_text(self.p_adj, max_p)} over {self.family} figures (Holm)"
+                    if self.family > 1 else "")
+        return (f"{display_host(self.host)} {self.check} {self.key} {value} {how} its median of {runs} ({median}"
+                f"{fleet}); robust z {self.z:+.1f}, {p_text(self.z, max_p)}{adjusted}")
 
     def fix(self) -> str:
         host = display_host(self.host)
@@ -114,7 +128,80 @@ class Drop:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"key": self.key, "value": self.value, "median": self.median, "runs": self.runs,
-                "ratio": round(self.ratio, 4), "z": round(self.z, 2), "p": self.p, "better": self.better}
+                "ratio": round(self.ratio, 4), "z": round(self.z, 2), "p": self.p, "p_adj": self.p_adj,
+                "family": self.family, "fleet": round(self.fleet, 4), "better": self.better}
+
+
+# A drop shared by the fleet: with at least this many hosts of a check compared on a figure, their median ratio to
+# their own pasts is the fleet's common factor (a slower machine room, a driver, a power cap): one cause, not one
+# per host.
+FLEET_MIN_HOSTS = 3
+
+
+@dataclass
+class Drift:
+    """One figure of one check that the fleet's hosts moved on together in this run: ``factor`` is the median over
+    ``hosts`` of each one's value over its own median (worse below 1, whichever way is better); ``dropped`` the
+    hosts whose own drop was significant before the common factor was taken out, with (value, median)."""
+
+    check: str
+    key: str
+    better: str
+    factor: float
+    hosts: int
+    dropped: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+
+    def adjust(self, value: float) -> float:
+        """The value with the fleet's common drop taken out (a common rise is not: the host's own past decides)."""
+        f = min(self.factor, 1.0)
+        return value / f if self.better == "higher" else value * f
+
+    def notable(self, settings: "Settings") -> bool:
+        """The fleet itself dropped: by at least min_deficit, with at least half of its hosts significantly."""
+        return 1.0 - self.factor >= settings.min_deficit and 2 * len(self.dropped) >= self.hosts
+
+    def message(self) -> str:
+        unit, scale = unit_of(self.key)
+        shown = sorted(self.dropped.items(), key=lambda kv: worse_ratio(kv[1][0], kv[1][1], self.better))[:4]
+        listed = ", ".join(f"{display_host(h)} {in_unit(v / scale, unit)} of {in_unit(m / scale, unit)}"
+                           for h, (v, m) in shown)
+        more = f" and {len(self.dropped) - 4} more" if len(self.dropped) > 4 else ""
+        return (f"{self.check} {self.key}: the fleet dropped against its own past, the median host at "
+                f"{100 * self.factor:.0f}% of its median ({self.hosts} hosts compared; {len(self.dropped)} "
+                f"significantly: {listed}{more}): one cause common to the hosts, not one per host")
+
+    def fix(self) -> str:
+        return (f"look for what changed for every host at once (clocks or power caps, a driver or firmware update, "
+                f"a shared load, the settings): preflight history --check {self.check}")
+
+
+def worse_ratio(value: float, median: float, better: str) -> float:
+    """value against its median with worse below 1, whichever way is better."""
+    if median <= 0 or value <= 0:
+        return 1.0
+    return value / median if better == "higher" else median / value
+
+
+def drifts(figures: Sequence[Tuple[str, str, str, float, Sequence[float], str]], settings: "Settings"
+           ) -> Dict[Tuple[str, str], Drift]:
+    """Each (check, key) that at least FLEET_MIN_HOSTS hosts were compared on (host, check, key, value, past,
+    better), with the fleet's common factor and the hosts whose own drop was significant."""
+    groups: Dict[Tuple[str, str], List[Tuple[str, float, Sequence[float], str]]] = {}
+    for host, check, key, value, past, better in figures:
+        if len(past) >= settings.min_runs:
+            groups.setdefault((check, key), []).append((host, value, past, better))
+    out: Dict[Tuple[str, str], Drift] = {}
+    for (check, key), members in groups.items():
+        if len(members) < FLEET_MIN_HOSTS:
+            continue
+        ratios = [worse_ratio(v, statistics.median(past), b) for _, v, past, b in members]
+        drift = Drift(check, key, members[0][3], statistics.median(ratios), len(members))
+        for host, value, past, better in members:
+            verdict = judge(value, past, better, settings)
+            if verdict:
+                drift.dropped[host] = (value, verdict[0])
+        out[(check, key)] = drift
+    return out
 
 
 def unit_of(key: str) -> Tuple[str, float]:
@@ -148,6 +235,15 @@ def judge(value: float, past: Sequence[float], better: str, settings: Settings) 
     if deficit < settings.min_deficit or worse > -settings.z_threshold or not significant(worse, settings.max_p):
         return None
     return med, z, p_value(z)
+
+
+def one_sided_p(value: float, past: Sequence[float], better: str, settings: Settings) -> float:
+    """The one-sided p of value being worse than the past's median, as ``judge`` takes it (1 where it is not worse):
+    each compared figure's member of the run's Holm family."""
+    med, sigma, _ = robust_z(past, value, settings.noise_floor)
+    sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
+    worse = (med - value if better == "lower" else value - med) / sigma
+    return p_value(worse) if worse < 0 else 1.0
 
 
 def trend(key: str, value: float, past: Sequence[float], better: str, flagged: bool,

@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.history.baseline import Cell, Drop, Settings, apply_drops, declared, direction, judge, trend
+from preflight.history.baseline import (Cell, Drift, Drop, Settings, apply_drops, declared, direction, drifts, judge,
+                                        one_sided_p, trend)
 from preflight.history.store import BAD, HistoryError, Store
+from preflight.hostside.stats import holm
 from preflight.hostside.outcome import Status
-from preflight.results import CLUSTER
+from preflight.results import CLUSTER, Result
 
 # Bounds on what one result may put in the store: a host reports its metrics, and a run of 1,000 hosts must stay
 # a few MB. Past them, the rest of that result's figures are not recorded.
@@ -77,6 +79,9 @@ def flatten(metrics: Mapping[str, Any], limit: int = MAX_METRICS_PER_RESULT) -> 
     return list(out.items())
 
 
+Figure = Tuple[str, float, str, List[float]]  # a compared figure: key, value, "higher"/"lower", its past values
+
+
 class Recorder:
     """The history of one run: open the store, judge the cells against their past, record the run. A problem with
     the store is one warning (``warn``, once) and the run goes on without history."""
@@ -90,6 +95,7 @@ class Recorder:
         self.warned = False
         self.store: Optional[Store] = None
         self.run_id: Optional[str] = None
+        self.drifts: List[Drift] = []  # judge(): the figures the fleet dropped on together in this run
         if path is not None:
             try:
                 self.store = Store(path, self.settings.busy_timeout_s)
@@ -110,11 +116,53 @@ class Recorder:
         return out
 
     def judge(self, cells: Sequence[Cell]) -> List[Drop]:
-        """Each cell's declared figures against the host's own past; a drop becomes a WARN on its cell."""
+        """Each cell's declared figures against the host's own past, after the fleet's common drop on that figure
+        is taken out (``Drift``; a notable one is kept in self.drifts for the run's cluster row); a drop, significant
+        after Holm's adjustment over every figure compared in the run, becomes a WARN on its cell."""
         if self.store is None:
             return []
+        compared = self._compared(cells)
+        if compared is None:
+            return []
+        figures = [(cell.host, cell.check, key, value, past, better) for cell, rows in compared
+                   for key, value, better, past in rows]
+        fleet = drifts(figures, self.settings)
+        self.drifts = [d for d in fleet.values() if d.notable(self.settings)]
+        # Holm over every figure compared against a baseline in this run: the stated p holds for the run.
+        family = [(cell, key, value, better, past, fleet.get((cell.check, key))) for cell, rows in compared
+                  for key, value, better, past in rows if len(past) >= self.settings.min_runs]
+        adjusted = holm([one_sided_p(d.adjust(v) if d else v, past, b, self.settings)
+                         for _, _, v, b, past, d in family])
+        p_adj = {(id(cell), key): p for (cell, key, *_), p in zip(family, adjusted)}
         found: List[Drop] = []
+        for cell, rows in compared:
+            drops, trends = [], []
+            for key, value, better, past in rows:
+                drift = fleet.get((cell.check, key))
+                judged = drift.adjust(value) if drift else value
+                verdict = judge(judged, past, better, self.settings)
+                p = p_adj.get((id(cell), key), 1.0)
+                if verdict and p < self.settings.max_p:
+                    med, z, raw = verdict
+                    drops.append(Drop(cell.host, cell.check, key, better, value, med, len(past), z, raw, p,
+                                      len(family), min(drift.factor, 1.0) if drift else 1.0))
+                line = trend(key, value, past, better, bool(drops and drops[-1].key == key), self.settings)
+                if line:
+                    trends.append(line)
+            apply_drops(cell, drops, self.settings)
+            metrics = getattr(cell.target, "metrics", None)
+            if trends and isinstance(metrics, dict):  # metrics.trend: every compared figure, flagged or not
+                metrics["trend"] = trends
+            cell.drops = len(drops)
+            found.extend(drops)
+        return found
+
+    def _compared(self, cells: Sequence[Cell]) -> Optional[List[Tuple[Cell, List[Figure]]]]:
+        """Each cell that is no victim with its declared figures as (key, value, better, past values); None when the
+        store failed (said once; the run goes on without history)."""
+        assert self.store is not None
         patterns = {c.check: declared(c.check) for c in cells}
+        out = []
         for cell in cells:
             if getattr(cell.target, "blocked_by", None):
                 continue
@@ -127,26 +175,10 @@ class Recorder:
             except HistoryError as exc:
                 self.warn(str(exc))
                 self.close()
-                return found
-            drops = []
-            trends = []
-            for key, value in cell.figures:
-                better = directions.get(key)
-                verdict = judge(value, past.get(key, []), better, self.settings) if better else None
-                if verdict:
-                    med, z, p = verdict
-                    drops.append(Drop(cell.host, cell.check, key, str(better), value, med, len(past[key]), z, p))
-                line = trend(key, value, past.get(key, []), str(better), bool(verdict), self.settings) \
-                    if better else None
-                if line:
-                    trends.append(line)
-            apply_drops(cell, drops, self.settings)
-            metrics = getattr(cell.target, "metrics", None)
-            if trends and isinstance(metrics, dict):  # metrics.trend: every compared figure, flagged or not
-                metrics["trend"] = trends
-            cell.drops = len(drops)
-            found.extend(drops)
-        return found
+                return None
+            out.append((cell, [(key, value, str(directions[key]), list(past.get(key, [])))
+                               for key, value in cell.figures if directions.get(key)]))
+        return out
 
     def record(self, kind: str, hosts: Sequence[str], cells: Sequence[Cell], exit_code: Optional[int],
                started: Optional[float] = None, causes: Optional[int] = None) -> Optional[str]:
@@ -197,6 +229,10 @@ def record_report(report: Any, thresholds: Mapping[str, Any], path: Optional[Pat
     hosts = [h.name for h in report.hosts]
     cells = recorder.cells(((r.host, r.check, r) for r in report.results), hosts)
     recorder.judge(cells)  # first: a baseline WARN is part of the causes
+    for drift in recorder.drifts:
+        added = _fleet_warning(report, drift)
+        if added is not None:  # a row of its own: its cell, at the same index as the report's results
+            cells.append(added)
     from preflight.causes import BAD as CAUSE_BAD
     from preflight.causes import causes as group
     found = group(report)
@@ -207,6 +243,27 @@ def record_report(report: Any, thresholds: Mapping[str, Any], path: Optional[Pat
     started = _parse_time(getattr(report, "started_at", ""))
     bad = sum(1 for c in found if c.status in CAUSE_BAD)
     return recorder.record(kind, hosts, cells, report.exit_code, started, bad)
+
+
+def _fleet_warning(report: Any, drift: Drift) -> Optional[Cell]:
+    """A fleet's common drop as one WARN on the check's cluster row (the report's own, or one added for it): one
+    cause, where a WARN on every host would be as many. The Cell of an added row; None where the row was the
+    report's own (its cell is there already)."""
+    line = drift.message()
+    extra = {"check": drift.check, "key": drift.key, "factor": round(drift.factor, 4), "hosts": drift.hosts,
+             "dropped": {h: {"value": v, "median": m} for h, (v, m) in drift.dropped.items()}}
+    row = next((r for r in report.results if r.host == CLUSTER and r.check == drift.check), None)
+    if row is None:
+        row = Result(CLUSTER, drift.check, Status.WARN, line, drift.fix(), {"fleet_drift": [extra]})
+        report.results.append(row)
+        return Cell(CLUSTER, drift.check, row)
+    if Status(row.status).rank < Status.WARN.rank:
+        row.status, row.message = Status.WARN, "; ".join(x for x in (line, row.message) if x)
+    else:
+        row.message = "; ".join(x for x in (row.message, line) if x)
+    row.fix = "; ".join(x for x in (row.fix, drift.fix()) if x)
+    row.metrics.setdefault("fleet_drift", []).append(extra)
+    return None
 
 
 def record_outcomes(node: str, outcomes: Sequence[Tuple[str, Any]], thresholds: Mapping[str, Any],
