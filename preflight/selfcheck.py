@@ -192,6 +192,12 @@ class _Peer:
     family: int = 4
 
 
+def _fds(peer: _Peer) -> int:
+    """The descriptors one host's connection holds: FDS_DIRECT, or FDS_INDIRECT through a jump host or a
+    ProxyCommand (their own socket or pipes)."""
+    return FDS_DIRECT if peer.direct and not peer.proxy else FDS_INDIRECT
+
+
 class SelfCheck:
     """The run's connections, as this machine will hold them, against its limits (``before``), and the local causes
     of failed connects (``after_connect``)."""
@@ -278,16 +284,18 @@ class SelfCheck:
         if not self.ssh:
             return None
         soft, _ = self.kernel.nofile()
-        if self.fds_needed() <= soft:
+        open_now = self.kernel.open_files()
+        if self.fds_needed(open_now) <= soft:
             return None
-        indirect = {p.host for p in self.peers if not p.direct or p.proxy}
-        return Admission(soft, soft - self.kernel.open_files() - FDS_RESERVE,
-                         lambda host: FDS_INDIRECT if host in indirect else FDS_DIRECT)
+        cost = {p.host: _fds(p) for p in self.peers}
+        return Admission(soft, soft - open_now - FDS_RESERVE, lambda host: cost.get(host, FDS_DIRECT))
 
-    def fds_needed(self) -> int:
-        per_host = sum(FDS_DIRECT if p.direct and not p.proxy else FDS_INDIRECT for p in self.peers)
+    def fds_needed(self, open_now: Optional[int] = None) -> int:
+        """The descriptors the run holds once every host is connected: those open now, each host's, a spare."""
+        open_now = self.kernel.open_files() if open_now is None else open_now
+        per_host = sum(_fds(p) for p in self.peers)
         per_host += (len(self.ssh) - len(self.peers)) * FDS_DIRECT  # hosts whose route did not resolve
-        return self.kernel.open_files() + per_host + FDS_SPARE
+        return open_now + per_host + FDS_SPARE
 
     def _files(self) -> Optional[Finding]:
         soft, hard = self.kernel.nofile()
