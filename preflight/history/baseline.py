@@ -171,8 +171,8 @@ class Drift:
                 f"significantly: {listed}{more}): one cause common to the hosts, not one per host")
 
     def fix(self) -> str:
-        return (f"look for what changed for every host at once (clocks or power caps, a driver or firmware update, "
-                f"a shared load, the settings): preflight history --check {self.check}")
+        return ("look for what changed for every host at once (clocks or power caps, a driver or firmware update, "
+                "a shared load, the settings); each host's figures against the last run: preflight diff --against last")
 
 
 def worse_ratio(value: float, median: float, better: str) -> float:

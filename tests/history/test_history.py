@@ -185,7 +185,11 @@ def test_a_drop_of_the_whole_fleet_is_one_cause_on_the_cluster_row_and_a_host_be
                     r"80% of its median \(6 hosts compared; 6 significantly: node06 1\.2 GB/s of 3 GB/s, node05 2\.38 "
                     r"GB/s of 3 GB/s, node01 2\.4 GB/s of 3 GB/s, node02 2\.4 GB/s of 3 GB/s and 2 more\): one cause ",
                     fleet.message), fleet.message
-    assert "preflight history --check nvme" in fleet.fix
+    # The fix's command, as pasted (with this test's store): every host's figure against the run before
+    assert fleet.fix.endswith("preflight diff --against last")
+    proc = cli("diff", "--against", "last", "--history", str(db))
+    assert proc.returncode == 0 and "node06::nvme paths[/local_nvme].write_Bps 2.97 GB/s -> 1.2 GB/s (-60%" in proc.stdout, \
+        proc.stdout
     assert fleet.metrics["fleet_drift"][0]["factor"] == pytest.approx(0.8, abs=0.005)
     node06 = cells[("node06", "nvme")]
     assert node06.status == Status.WARN and "is 40% of its median of the last 10 runs (3 GB/s, 50% after the fleet's " \
