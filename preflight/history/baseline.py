@@ -151,9 +151,15 @@ class Drift:
     hosts: int
     dropped: Dict[str, Tuple[float, float]] = field(default_factory=dict)
 
-    def adjust(self, value: float) -> float:
-        """The value with the fleet's common drop taken out (a common rise is not: the host's own past decides)."""
-        f = min(self.factor, 1.0)
+    def common(self, settings: "Settings") -> float:
+        """The common drop taken out of each host's figure: the factor, where the fleet dropped by at least the
+        noise floor (less is what one run measures differently from the next); else 1 (a common rise is not taken
+        out either: the host's own past decides)."""
+        return self.factor if 1.0 - self.factor >= settings.noise_floor else 1.0
+
+    def adjust(self, value: float, settings: "Settings") -> float:
+        """The value with the fleet's common drop taken out."""
+        f = self.common(settings)
         return value / f if self.better == "higher" else value * f
 
     def notable(self, settings: "Settings") -> bool:

@@ -131,7 +131,7 @@ class Recorder:
         # Holm over every figure compared against a baseline in this run: the stated p holds for the run.
         family = [(cell, key, value, better, past, fleet.get((cell.check, key))) for cell, rows in compared
                   for key, value, better, past in rows if len(past) >= self.settings.min_runs]
-        adjusted = holm([one_sided_p(d.adjust(v) if d else v, past, b, self.settings)
+        adjusted = holm([one_sided_p(d.adjust(v, self.settings) if d else v, past, b, self.settings)
                          for _, _, v, b, past, d in family])
         p_adj = {(id(cell), key): p for (cell, key, *_), p in zip(family, adjusted)}
         found: List[Drop] = []
@@ -139,13 +139,13 @@ class Recorder:
             drops, trends = [], []
             for key, value, better, past in rows:
                 drift = fleet.get((cell.check, key))
-                judged = drift.adjust(value) if drift else value
+                judged = drift.adjust(value, self.settings) if drift else value
                 verdict = judge(judged, past, better, self.settings)
                 p = p_adj.get((id(cell), key), 1.0)
                 if verdict and p < self.settings.max_p:
                     med, z, raw = verdict
                     drops.append(Drop(cell.host, cell.check, key, better, value, med, len(past), z, raw, p,
-                                      len(family), min(drift.factor, 1.0) if drift else 1.0))
+                                      len(family), drift.common(self.settings) if drift else 1.0))
                 line = trend(key, value, past, better, bool(drops and drops[-1].key == key), self.settings)
                 if line:
                     trends.append(line)
