@@ -317,6 +317,18 @@ def test_a_host_left_unnamed_on_weak_evidence_is_said_on_the_cluster_line():
     assert re.search(r"; not named, the evidence is weak \(adjusted p >= 0\.01\): node02 at 90% of the median of 3 "
                      r"peers \(t -\d+\.\d, adjusted p = 0\.0\d+\)$", out["*"].message), out["*"].message
     assert list(out["*"].metrics["stragglers"]["unsure"]) == ["node02"]
+    # A host 8% slower among noisy pairs (every iteration 85-100% of the rate) is no evidence even alone: not said.
+    import random
+    rng = random.Random(3)
+    noisy = copy.deepcopy(ROUNDS["clean"])
+    for p in noisy["pairs"]:
+        p["iter_s"] = [t / rng.uniform(0.85, 1.0) for t in p["iter_s"]]
+    noisy = _slowed(noisy, "node03", 0.92)
+    unsure = {}
+    assert stragglers.find(noisy, CFG, unsure) == {} and unsure["node03"]["p"] >= CFG["max_p"], unsure
+    out = allreduce.evaluate(dict(HEALTHY, hosts=["node01", "node02", "node03", "node04"], stragglers=noisy),
+                             THRESHOLDS)
+    assert "evidence is weak" not in out["*"].message and out["*"].metrics["stragglers"]["unsure"] == {}
     # A clean ring, and a host 3% slower (below min_deficit), leave nothing to say.
     for quiet in (ROUNDS["clean"], _slowed(ROUNDS["clean"], "node03", 0.97)):
         unsure = {}
