@@ -43,6 +43,9 @@ def named(run: Run) -> Dict[str, List[str]]:
 def summarize(label: str, run: Run) -> Dict[str, Any]:
     return {"run": label, "wall_s": run.wall_s, "exit_code": run.exit_code, "named": named(run),
             "per_check_s": run.check_seconds(), "summary": run.report.get("summary", {}),
+            # Every WARN and FAIL line, so that a host named in the healthy run can be read, not only counted.
+            "lines": [f"{r['host']} {r['check']} {r['status']}: {r['message'][:400]}"
+                      for r in run.report.get("results", []) if r["status"] in ("fail", "warn")],
             "allreduce": next((r["message"][:400] for r in run.report.get("results", [])
                                if r["check"] == "allreduce" and r["host"] == "*"), None)}
 
