@@ -103,7 +103,9 @@ class Drop:
     def ratio(self) -> float:
         return self.value / self.median
 
-    def message(self, max_p: float = MAX_P) -> str:
+    def figure(self) -> str:
+        """The figure against its past: ``median_gbps 4.1 is 48% of its median of the last 7 runs (8.6``, the
+        parenthesis left open for what the caller adds."""
         unit, scale = unit_of(self.key)
         value, median = in_unit(self.value / scale, unit), in_unit(self.median / scale, unit)
         if self.better == "higher":
@@ -111,6 +113,9 @@ class Drop:
         else:
             how = f"is {self.ratio:.2g}x"
         runs = f"the last {self.runs} runs" if self.runs != 1 else "its last run"
+        return f"{self.key} {value} {how} its median of {runs} ({median}"
+
+    def message(self, max_p: float = MAX_P) -> str:
         fleet = ""
         if self.fleet < 1.0:  # what is left of the drop once the fleet's common factor is taken out
             left = self.ratio / self.fleet if self.better == "higher" else self.ratio * self.fleet
@@ -118,8 +123,8 @@ class Drop:
             fleet = f", {shown} after the fleet's common {100 * self.fleet:.0f}% is taken out"
         adjusted = (f"; adjusted {stats.p_text(self.p_adj, max_p)} over {self.family} figures (Holm)"
                     if self.family > 1 else "")
-        return (f"{display_host(self.host)} {self.check} {self.key} {value} {how} its median of {runs} ({median}"
-                f"{fleet}); robust z {self.z:+.1f}, {p_text(self.z, max_p)}{adjusted}")
+        return (f"{display_host(self.host)} {self.check} {self.figure()}{fleet}); robust z {self.z:+.1f}, "
+                f"{p_text(self.z, max_p)}{adjusted}")
 
     def fix(self) -> str:
         host = display_host(self.host)
@@ -142,7 +147,8 @@ FLEET_MIN_HOSTS = 3
 class Drift:
     """One figure of one check that the fleet's hosts moved on together in this run: ``factor`` is the median over
     ``hosts`` of each one's value over its own median (worse below 1, whichever way is better); ``dropped`` the
-    hosts whose own drop was significant before the common factor was taken out, with (value, median)."""
+    hosts whose own drop was significant before the common factor was taken out, with (value, median); ``also`` the
+    cluster row's own drops of that check in the run, said on the same line (Recorder.judge): one cause."""
 
     check: str
     key: str
@@ -150,6 +156,7 @@ class Drift:
     factor: float
     hosts: int
     dropped: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    also: List[Drop] = field(default_factory=list)
 
     def common(self, settings: "Settings") -> float:
         """The common drop taken out of each host's figure: the factor, where the fleet dropped by at least the
@@ -172,9 +179,10 @@ class Drift:
         listed = ", ".join(f"{display_host(h)} {in_unit(v / scale, unit)} of {in_unit(m / scale, unit)}"
                            for h, (v, m) in shown)
         more = f" and {len(self.dropped) - 4} more" if len(self.dropped) > 4 else ""
+        cluster = "".join(f"; the cluster's own {d.figure()})" for d in self.also)
         return (f"{self.check} {self.key}: the fleet dropped against its own past, the median host at "
                 f"{100 * self.factor:.0f}% of its median ({self.hosts} hosts compared; {len(self.dropped)} "
-                f"significantly: {listed}{more}): one cause common to the hosts, not one per host")
+                f"significantly: {listed}{more}{cluster}): one cause common to the hosts, not one per host")
 
     def fix(self) -> str:
         return ("look for what changed for every host at once (clocks or power caps, a driver or firmware update, "
@@ -224,17 +232,22 @@ def in_unit(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}" if unit else f"{x:.3g}"
 
 
+def spread(value: float, past: Sequence[float], settings: Settings) -> Tuple[float, float]:
+    """(median, sigma) of a host's past runs as every comparison against them takes it: sigma is their robust spread
+    (1.4826 x MAD), at least noise_floor x the median, widened by the median's own uncertainty over n runs (as the
+    peer comparison's median of n links is)."""
+    med, sigma, _ = robust_z(past, value, settings.noise_floor)
+    return med, sigma * math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
+
+
 def judge(value: float, past: Sequence[float], better: str, settings: Settings) -> Optional[Tuple[float, float, float]]:
     """(median, z, p) of value against the host's own past runs when it is significantly worse than their median
-    (robust z beyond z_threshold, one-sided p < max_p) by at least min_deficit; else None. sigma is the past runs'
-    robust spread (1.4826 x MAD), at least noise_floor x the median, widened by the median's own uncertainty over
-    n runs (as the peer comparison's median of n links is)."""
+    (robust z beyond z_threshold, one-sided p < max_p) by at least min_deficit; else None (sigma: ``spread``)."""
     if len(past) < settings.min_runs:
         return None
-    med, sigma, _ = robust_z(past, value, settings.noise_floor)
+    med, sigma = spread(value, past, settings)
     if med <= 0:
         return None
-    sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
     z = (value - med) / sigma
     worse = -z if better == "lower" else z  # negative: worse, whichever way is better
     deficit = (1.0 - value / med) if better == "higher" else (value / med - 1.0)
@@ -246,8 +259,7 @@ def judge(value: float, past: Sequence[float], better: str, settings: Settings) 
 def one_sided_p(value: float, past: Sequence[float], better: str, settings: Settings) -> float:
     """The one-sided p of value being worse than the past's median, as ``judge`` takes it (1 where it is not worse):
     each compared figure's member of the run's Holm family."""
-    med, sigma, _ = robust_z(past, value, settings.noise_floor)
-    sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
+    med, sigma = spread(value, past, settings)
     worse = (med - value if better == "lower" else value - med) / sigma
     return p_value(worse) if worse < 0 else 1.0
 
@@ -255,12 +267,11 @@ def one_sided_p(value: float, past: Sequence[float], better: str, settings: Sett
 def trend(key: str, value: float, past: Sequence[float], better: str, flagged: bool,
           settings: Settings) -> Optional[Dict[str, Any]]:
     """The report's sparkline for one figure with a baseline: the past values (oldest first, at most TREND_POINTS),
-    this run's value, the median and the band median +/- z_threshold robust sigmas (sigma as ``judge`` takes it);
+    this run's value, the median and the band median +/- z_threshold robust sigmas (``spread``);
     None below min_runs."""
     if len(past) < settings.min_runs:
         return None
-    med, sigma, _ = robust_z(past, value, settings.noise_floor)
-    sigma *= math.sqrt(1.0 + MEDIAN_SE ** 2 / len(past))
+    med, sigma = spread(value, past, settings)
     def num(x: float) -> float:
         return float(f"{x:.6g}")
     return {"key": key, "value": num(value), "series": [num(x) for x in past[-TREND_POINTS:]], "median": num(med),

@@ -124,33 +124,44 @@ class Recorder:
         compared = self._compared(cells)
         if compared is None:
             return []
+        # The fleet is the hosts: a cluster row's figure is their aggregate, its drop said with theirs (below).
         figures = [(cell.host, cell.check, key, value, past, better) for cell, rows in compared
-                   for key, value, better, past in rows]
+                   for key, value, better, past in rows if cell.host != CLUSTER]
         fleet = drifts(figures, self.settings)
         self.drifts = [d for d in fleet.values() if d.notable(self.settings)]
+        said: Dict[str, Drift] = {}  # a check's first notable drift: its line also says the cluster row's own drops
+        for d in self.drifts:
+            said.setdefault(d.check, d)
+        # Each figure as judged: with the fleet's common drop on it taken out.
+        judged = {(id(cell), key): fleet[(cell.check, key)].adjust(value, self.settings)
+                  if (cell.check, key) in fleet and cell.host != CLUSTER else value
+                  for cell, rows in compared for key, value, _, _ in rows}
         # Holm over every figure compared against a baseline in this run: the stated p holds for the run.
-        family = [(cell, key, value, better, past, fleet.get((cell.check, key))) for cell, rows in compared
-                  for key, value, better, past in rows if len(past) >= self.settings.min_runs]
-        adjusted = holm([one_sided_p(d.adjust(v, self.settings) if d else v, past, b, self.settings)
-                         for _, _, v, b, past, d in family])
-        p_adj = {(id(cell), key): p for (cell, key, *_), p in zip(family, adjusted)}
+        family = [(id(cell), key, better, past) for cell, rows in compared
+                  for key, _, better, past in rows if len(past) >= self.settings.min_runs]
+        adjusted = holm([one_sided_p(judged[(c, key)], past, better, self.settings) for c, key, better, past in family])
+        p_adj = {(c, key): p for (c, key, *_), p in zip(family, adjusted)}
         found: List[Drop] = []
         for cell, rows in compared:
             drops, trends = [], []
             for key, value, better, past in rows:
-                drift = fleet.get((cell.check, key))
-                judged = drift.adjust(value, self.settings) if drift else value
-                verdict = judge(judged, past, better, self.settings)
+                verdict = judge(judged[(id(cell), key)], past, better, self.settings)
                 p = p_adj.get((id(cell), key), 1.0)
                 if verdict and p < self.settings.max_p:
                     med, z, raw = verdict
+                    drift = fleet.get((cell.check, key)) if cell.host != CLUSTER else None
                     drops.append(Drop(cell.host, cell.check, key, better, value, med, len(past), z, raw, p,
                                       len(family), drift.common(self.settings) if drift else 1.0))
                 line = trend(key, value, past, better, bool(drops and drops[-1].key == key), self.settings)
                 if line:
                     trends.append(line)
-            apply_drops(cell, drops, self.settings)
             metrics = getattr(cell.target, "metrics", None)
+            if cell.host == CLUSTER and cell.check in said and drops and isinstance(metrics, dict):
+                # The cluster's own figure fell with its hosts': the same cause, said once, on the fleet's line.
+                said[cell.check].also.extend(drops)
+                metrics["baseline"] = [d.to_dict() for d in drops]
+            else:
+                apply_drops(cell, drops, self.settings)
             if trends and isinstance(metrics, dict):  # metrics.trend: every compared figure, flagged or not
                 metrics["trend"] = trends
             cell.drops = len(drops)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -198,6 +199,36 @@ def test_a_drop_of_the_whole_fleet_is_one_cause_on_the_cluster_row_and_a_host_be
     from preflight.causes import causes
     found = causes(report)
     assert sorted((c.hosts, c.status) for c in found) == [([CLUSTER], Status.WARN), (["node06"], Status.WARN)]
+
+
+def test_the_cluster_rows_own_drop_with_its_fleets_is_one_line(tmp_path):
+    """A cluster row whose own figure (the hosts' median) fell with every host's is the same cause as the fleet's
+    drop: one sentence on that row, which says the cluster's figure too, and the cluster's figure is no fleet host."""
+    db = tmp_path / "h.db"
+    hosts = [f"node0{i}" for i in range(1, 7)]
+
+    def report(rates, started):
+        out = nvme_report(rates, started)
+        median = statistics.median(rates.values())
+        out.results.append(Result(CLUSTER, "nvme", Status.PASS, f"median write {median:.2f} GB/s", "",
+                                  {"paths": [{"path": "/local_nvme", "write_Bps": median * GB}]}))
+        return out
+
+    t0 = time.time() - 3600
+    for i in range(10):
+        assert history.record_report(report({h: 3.0 * (1 + 0.01 * (i % 3 - 1)) for h in hosts}, t0 + i), {}, db)
+    run = report(dict.fromkeys(hosts, 2.4), t0 + 20)
+    history.record_report(run, {}, db)
+    row = next(r for r in run.results if r.host == CLUSTER and r.check == "nvme")
+    assert row.status == Status.WARN, row
+    assert "(6 hosts compared; 6 significantly" in row.message, row.message
+    assert ("and 2 more; the cluster's own paths[/local_nvme].write_Bps 2.4 GB/s is 80% of its median of the last 10 "
+            "runs (3 GB/s)): one cause common to the hosts, not one per host; median write 2.40 GB/s") in row.message, \
+        row.message
+    assert "robust z" not in row.message and row.message.count("80% of its median") == 2, row.message
+    assert row.metrics["baseline"][0]["ratio"] == pytest.approx(0.8, abs=0.01)
+    from preflight.causes import causes
+    assert [(c.hosts, c.status) for c in causes(run)] == [([CLUSTER], Status.WARN)]
 
 
 def test_a_few_hosts_below_their_past_are_not_the_fleet(tmp_path):

@@ -98,8 +98,9 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any],
     """{host: {"busbw_GBps", "partner", "reference_GBps", "ratio", "t", "df", "p", "p_adj", "family", "status",
     "by"}} for the hosts named slow, and {host: {"failed_pairs", "status": "fail", "by": "failed_pairs"}} for those
     whose every pair failed (see the module docstring); the rates need at least 3 measured hosts (a host and two
-    peers: one peer has no spread). A host at least ``min_deficit`` slower that the statistics do not name goes
-    into ``unsure`` (when given) with the same keys, so that the report can say so (as iperf3's "in doubt")."""
+    peers: one peer has no spread). A host at least ``min_deficit`` slower, with its own p below ``max_p``, that the
+    statistics do not name among all the hosts goes into ``unsure`` (when given) with the same keys, so that the
+    report can say so (as iperf3's "in doubt")."""
     rates = host_rates(facts or {})
     named: Dict[str, Dict[str, Any]] = {h: dict(f, status="fail", by="failed_pairs")
                                         for h, f in _failed_hosts(facts, rates).items()}
@@ -125,8 +126,10 @@ def find(facts: Optional[Dict[str, Any]], cfg: Dict[str, Any],
                      family=family, peers=c.peers, status=status, by=by)
         if stats.named(c, max_p, floor):
             named[h] = entry
-        elif unsure is not None and c.ratio < 1.0 - floor:
-            # However large the deficit looks, noise may explain it: no finding on weak evidence, but said.
+        elif unsure is not None and c.ratio < 1.0 - floor and c.p < max_p:
+            # However large the deficit looks, noise may explain it: no finding on weak evidence, but said, where it
+            # would be a finding alone (its own p below max_p) but not among all the hosts compared. A deficit at
+            # t -0.7 on a loaded machine is no evidence at all: saying it would only be noise in the line.
             unsure[h] = dict(entry, status="pass", by="weak_evidence")
     return named
 
@@ -146,7 +149,7 @@ def short(host: str, s: Dict[str, Any]) -> str:
 
 def weak(unsure: Dict[str, Dict[str, Any]], cfg: Dict[str, Any]) -> str:
     """What the cluster line adds for the hosts left unnamed on weak evidence, or "": ``not named, the evidence is
-    weak (adjusted p >= 0.01): node02 at 90% of the median of 3 peers (t -3.1, adjusted p = 0.02)``."""
+    weak (adjusted p >= 0.01): node02 at 90% of the median of 3 peers (t -3.8, adjusted p = 0.02)``."""
     if not unsure:
         return ""
     listed = "; ".join(short(h, s) for h, s in list(unsure.items())[:4])

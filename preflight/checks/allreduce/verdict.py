@@ -203,9 +203,6 @@ def _evaluate_run(facts: Dict[str, Any], thresholds: Dict[str, Any]) -> Dict[str
     rounds = facts.get("stragglers")
     unsure: Dict[str, Dict[str, Any]] = {}
     named = find_stragglers(rounds, cfg, unsure)
-    # Said only where it would be a finding alone (its own p below max_p) but not among all the hosts compared: a
-    # deficit at t -0.7 on a loaded machine is no evidence at all, and saying it would only be noise in the line.
-    unsure = {h: s for h, s in unsure.items() if s["p"] < float(cfg["max_p"])}
     if isinstance(rounds, dict):
         # The raw rounds (each pair's iteration times) as well: the detector can be rerun on a report.
         metrics["stragglers"] = dict(rounds, hosts=host_rates(rounds), named=named, unsure=unsure)
