@@ -60,6 +60,7 @@ MEASURES: Tuple[Tuple[str, List[str]], ...] = (
     ("agent-startup*", ["preflight/hostside/agent.py", "preflight/hostside/hello.py", "preflight/remote.py",
                         "bench/agent_overhead.py"]),
     ("agent_overhead*", _CONNECT + ["bench/agent_overhead.py"]),
+    ("agent-life*", _CONNECT + ["preflight/checks/nvme.py", "bench/agent_life.py"]),
     ("calibration*", ["preflight/hostside/stats.py", "preflight/hostside/mesh.py", "preflight/checks/compute.py",
                       "preflight/checks/compute.toml", "preflight/checks/iperf3/*",
                       "preflight/checks/allreduce/stragglers.py", "preflight/checks/allreduce/thresholds.toml",
