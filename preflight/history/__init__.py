@@ -7,7 +7,7 @@ metric of the results, flattened: ``{"paths": [{"path": "/local_nvme", "write_Bp
 compared with the median of the same host's last healthy runs (no FAIL or ERROR, and not named itself), e.g.::
 
     node07 nvme paths[/local_nvme].write_Bps 1.9 GB/s is 61% of its median of the last 20 runs (3.1 GB/s);
-    robust z -6.2, p < 1e-9
+    robust z -6.2, p = 0.0001 (t, 7.8 df)
 
 The store is one file (default ``~/.local/share/preflight/history.db``) in WAL mode with a busy timeout: gates and
 node-checks may write it at once, each in one short transaction. A store that is corrupt, locked past the timeout or

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
-from preflight.history.baseline import Settings, declared, direction, in_unit, unit_of
+from preflight.history.baseline import Settings, declared, direction, in_unit, tail_p, unit_of
 from preflight.history.store import BAD, CAUSES_SCHEMA, KEEP_MESSAGE, HistoryError, Store
-from preflight.hostside.robust import robust_z, significant
+from preflight.hostside.robust import p_value, robust_z
 from preflight.results import CLUSTER, display_host
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -234,11 +234,13 @@ def _moved(store: Store, a: Run, b: Run, before: Mapping[Tuple[str, str], Record
             if x <= 0:
                 continue
             spread = past.get(key, [])  # the host's own run-to-run spread, once there is a baseline's worth
-            _, sigma, _ = robust_z(spread if len(spread) >= settings.min_runs else [x], x, settings.noise_floor)
+            based = len(spread) >= settings.min_runs
+            _, sigma, _ = robust_z(spread if based else [x], x, settings.noise_floor)
             z = (y - x) / sigma
             change = y / x - 1.0
-            if abs(change) < settings.min_deficit or abs(z) < settings.z_threshold \
-                    or not significant(-abs(z), settings.max_p):
+            # Without a baseline sigma is the noise floor itself, a constant: the normal tail; with one, as judged.
+            p = tail_p(-abs(z), len(spread)) if based else p_value(-abs(z))
+            if abs(change) < settings.min_deficit or abs(z) < settings.z_threshold or not p < settings.max_p:
                 continue
             better = direction(patterns, key)
             worse = (change < 0) == (better == "higher")
