@@ -161,7 +161,7 @@ def test_a_host_below_its_own_past_warns_on_its_cell_and_the_reports_stay_valid(
     node07 = cells["node07"]
     assert node07.status == Status.WARN
     assert re.match(r"node07 nvme paths\[/local_nvme\]\.write_Bps 1\.9 GB/s is 61% of its median of the last 20 runs "
-                    r"\(3\.1 GB/s\); robust z -\d+\.\d, p < 1e-9; adjusted p < 1e-9 over 4 figures \(Holm\); "
+                    r"\(3\.1 GB/s\); robust z -\d+\.\d, p = 5e-08 \(t, 7\.8 df\); adjusted p = 1e-07 over 4 figures \(Holm\); "
                     r"/local_nvme: write 1\.90 GB/s$", node07.message)
     assert "preflight history node07 --check nvme" in node07.fix
     (drop,) = node07.metrics["baseline"]
