@@ -34,7 +34,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, NetCluster, require_netcluster, table, write_json  # noqa: E402
+from common import NetCluster, preflight, require_netcluster, table, write_json  # noqa: E402
 
 PROCESSES = ("agent (nvme run, to exit)", "python -c 'import platform'")
 
@@ -60,12 +60,10 @@ def _read(log: Path) -> Dict[str, float]:
 def _one_rep(cluster: NetCluster, wrapper: Path, log: Path, work: Path) -> Dict[str, Dict[str, float]]:
     out = {}
     log.write_text("")
-    argv = [sys.executable, "-m", "preflight", "run", "--hostfile", str(cluster.hostfile(work / "hostfile")),
-            "--python", str(wrapper), "--ssh-config", str(cluster.ssh_config), "--ssh-key", str(cluster.user_key),
-            "--known-hosts", str(cluster.known_hosts), "--checks", "nvme", "-q", "--json", str(work / "r.json")]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise SystemExit(f"preflight exited {proc.returncode}: {proc.stderr[-1000:]}")
+    # common.preflight's own --python is this interpreter: the later one, the wrapper, is the one the run takes.
+    result = preflight(cluster, work, "--python", wrapper, "--checks", "nvme", timeout=600)
+    if result.exit_code != 0:
+        raise SystemExit(f"preflight exited {result.exit_code}: {result.stderr[-1000:]}")
     out[PROCESSES[0]] = _read(log)
     log.write_text("")
     for host in cluster.hosts:  # as pdsh runs it: one ssh exec per host
